@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package ration needs to build, test and benchmark. Idempotent; run as root
+# (or with sudo). Skips apt entirely when everything is already installed.
+set -euo pipefail
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libtorch-dev libopenblas0-pthread libgloo-dev zlib1g-dev
+  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc protobuf-compiler
+  python3-torch dataset-fashion-mnist
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

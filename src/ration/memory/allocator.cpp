@@ -1,0 +1,198 @@
+#include "ration/memory/allocator.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+
+#include "ration/core/check.h"
+
+#ifdef RATION_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace ration::memory {
+namespace {
+
+std::mutex g_mu;
+Stats g_stats;
+bool g_installed = false;
+thread_local Category t_category = Category::Other;
+
+void account(int64_t delta, Category c) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const int ci = static_cast<int>(c);
+  g_stats.current_bytes += delta;
+  g_stats.current[ci] += delta;
+  if (delta > 0) {
+    ++g_stats.allocations;
+    if (g_stats.current[ci] > g_stats.peak[ci]) g_stats.peak[ci] = g_stats.current[ci];
+    if (g_stats.current_bytes > g_stats.peak_bytes) {
+      g_stats.peak_bytes = g_stats.current_bytes;
+      g_stats.at_peak = g_stats.current;
+    }
+  }
+}
+
+struct Block {
+  c10::DataPtr inner;
+  int64_t size;
+  Category category;
+};
+
+void delete_block(void* ctx) {
+  auto* block = static_cast<Block*>(ctx);
+  account(-block->size, block->category);
+  delete block;  // frees `inner` through the base allocator
+}
+
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) const override {
+    c10::DataPtr inner = base_->allocate(n);
+    void* ptr = inner.get();
+    const c10::Device device = inner.device();
+    const Category c = t_category;
+    auto* block = new Block{std::move(inner), static_cast<int64_t>(n), c};
+    account(static_cast<int64_t>(n), c);
+    return {ptr, block, &delete_block, device};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+ private:
+  c10::Allocator* base_;
+};
+
+}  // namespace
+
+const char* to_string(Category c) {
+  switch (c) {
+    case Category::Other: return "other";
+    case Category::Parameters: return "parameters";
+    case Category::Gradients: return "gradients";
+    case Category::Optimizer: return "optimizer";
+    case Category::SavedActivations: return "saved_activations";
+    case Category::Workspace: return "workspace";
+    case Category::Data: return "data";
+    case Category::kCount: break;
+  }
+  return "?";
+}
+
+void install_counting_allocator() {
+  static CountingAllocator* allocator = nullptr;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (allocator == nullptr) {
+    allocator = new CountingAllocator(c10::GetDefaultCPUAllocator());
+    // Priority above the default so later default registrations do not replace it.
+    c10::SetCPUAllocator(allocator, /*priority=*/100);
+    g_installed = true;
+  }
+}
+
+bool counting_allocator_installed() { return g_installed; }
+
+Stats stats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_stats;
+}
+
+int64_t current_bytes() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_stats.current_bytes;
+}
+
+void reset_peak() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_stats.peak_bytes = g_stats.current_bytes;
+  g_stats.at_peak = g_stats.current;
+  g_stats.peak = g_stats.current;
+}
+
+Stats device_stats(const at::Device& device) {
+#ifdef RATION_CUDA
+  if (device.is_cuda()) {
+    auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    Stats out;
+    const auto agg = static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
+    out.current_bytes = s.allocated_bytes[agg].current;
+    out.peak_bytes = s.allocated_bytes[agg].peak;
+    out.allocations = s.allocation[agg].allocated;
+    return out;
+  }
+#endif
+  (void)device;
+  return stats();
+}
+
+void reset_device_peak(const at::Device& device) {
+#ifdef RATION_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    return;
+  }
+#endif
+  (void)device;
+  reset_peak();
+}
+
+Category current_category() { return t_category; }
+
+CategoryGuard::CategoryGuard(Category c) : prev_(t_category) { t_category = c; }
+CategoryGuard::~CategoryGuard() { t_category = prev_; }
+
+void retag(const at::Tensor& t, Category c) {
+  if (!t.defined() || !t.has_storage()) return;
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  if (dp.get_deleter() != &delete_block) return;
+  auto* block = static_cast<Block*>(dp.get_context());
+  if (block->category == c) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_stats.current[static_cast<int>(block->category)] -= block->size;
+  g_stats.current[static_cast<int>(c)] += block->size;
+  const int ci = static_cast<int>(c);
+  if (g_stats.current[ci] > g_stats.peak[ci]) g_stats.peak[ci] = g_stats.current[ci];
+  block->category = c;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (std::fabs(v) >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  const std::string hint = " (expected a size such as 123, 300k, 512MiB, 2GiB or 1.5G)";
+  size_t pos = 0;
+  double number = 0;
+  try {
+    number = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    RATION_CHECK(false, what, ": cannot read '", text, "' as a size", hint);
+  }
+  std::string unit = text.substr(pos);
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
+  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double scale = 1;
+  if (unit.empty() || unit == "b") scale = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") scale = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb" || unit == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
+  else RATION_CHECK(false, what, ": unknown unit '", unit, "' in '", text, "'", hint);
+  RATION_CHECK(number >= 0 && std::isfinite(number), what, ": size must be non-negative, got '", text, "'", hint);
+  return static_cast<int64_t>(std::llround(number * scale));
+}
+
+}  // namespace ration::memory

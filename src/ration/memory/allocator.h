@@ -1,0 +1,70 @@
+// allocator.h — measured memory: a counting ATen CPU allocator (and CUDA caching-allocator stats).
+// Owns: byte counters per category, current and peak, and the breakdown at the moment of the peak.
+// Every allocation is tagged with the category active on its thread (CategoryGuard); retag() moves an
+// existing storage to another category (a gradient stolen from backward, a value saved for backward).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace ration::memory {
+
+enum class Category : int {
+  Other = 0,
+  Parameters,
+  Gradients,
+  Optimizer,
+  SavedActivations,
+  Workspace,
+  Data,
+  kCount
+};
+constexpr int kNumCategories = static_cast<int>(Category::kCount);
+const char* to_string(Category c);
+
+struct Stats {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t allocations = 0;
+  std::array<int64_t, kNumCategories> current{};  // by category, now
+  std::array<int64_t, kNumCategories> at_peak{};  // by category, when the peak was reached
+  std::array<int64_t, kNumCategories> peak{};     // each category's own peak
+};
+
+// Replace ATen's CPU allocator with the counting one (idempotent). Tensors allocated before this
+// call are not counted; install first thing in main() / test setup.
+void install_counting_allocator();
+bool counting_allocator_installed();
+
+Stats stats();
+void reset_peak();  // peak := current (per category too)
+int64_t current_bytes();
+
+// Device memory (CUDA caching allocator) for the given device when built with RATION_CUDA; on CPU
+// tensors this is the counting allocator's view.
+Stats device_stats(const at::Device& device);
+void reset_device_peak(const at::Device& device);
+
+Category current_category();
+class CategoryGuard {
+ public:
+  explicit CategoryGuard(Category c);
+  ~CategoryGuard();
+  CategoryGuard(const CategoryGuard&) = delete;
+  CategoryGuard& operator=(const CategoryGuard&) = delete;
+
+ private:
+  Category prev_;
+};
+
+// Move the bytes of t's storage to category c (no-op for storages the counting allocator did not make).
+void retag(const at::Tensor& t, Category c);
+
+// Human-readable bytes: "1.50 GiB".
+std::string format_bytes(int64_t bytes);
+// Parse "123", "512MiB", "2GiB", "1.5G", "300k": throws ration::Error naming `what` on bad input.
+int64_t parse_bytes(const std::string& text, const std::string& what);
+
+}  // namespace ration::memory

@@ -1,0 +1,101 @@
+// saved_value.h — the one handle through which every tensor saved for backward passes.
+// Owns: SavedValue (state machine resident/dropped/offloaded/released, pending-use count, version
+//       check, recompute on demand) and MemoryPolicy (the hook the budget planner and the offload engine
+//       implement; installed with PolicyScope so model code never changes).
+// Does not own: the decision of what to drop (planner) or how to offload (offload engine).
+//
+// States:
+//   Unsaved   — referenced only as a recompute input; holds no data.
+//   Resident  — data held in memory (saved in forward, or rebuilt by recompute / fetched back).
+//   Dropped   — data freed by policy; backward rebuilds it by re-running the producer.
+//   Offloaded — data moved to another tier by policy; backward fetches it back (policy->fetch).
+//   Released  — backward consumed its last use; a later backward through it is an error.
+// Leaves and constants (no producer) are pinned: always Resident, never released.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ration {
+
+class Node;
+
+enum class SavedState { Unsaved, Resident, Dropped, Offloaded, Released };
+const char* to_string(SavedState s);
+
+class SavedValue {
+ public:
+  SavedValue(std::shared_ptr<Node> producer, int output_nr, int64_t nbytes);
+  // A pinned handle for a leaf or constant.
+  explicit SavedValue(const at::Tensor& leaf);
+  SavedValue(const SavedValue&) = delete;
+  SavedValue& operator=(const SavedValue&) = delete;
+
+  uint64_t id() const { return id_; }
+  SavedState state() const { return state_; }
+  bool pinned() const { return producer_ == nullptr; }
+  const std::shared_ptr<Node>& producer() const { return producer_; }
+  int output_nr() const { return output_nr_; }
+  int pending_uses() const { return pending_uses_; }
+  int64_t nbytes() const { return nbytes_; }
+  const std::string& label() const { return label_; }
+
+  // Forward: a node saves this value (data is the tensor as produced). Returns its version now.
+  uint32_t save(const at::Tensor& data);
+  // Backward: the tensor, rebuilt or fetched if needed; checks it was not modified in place.
+  at::Tensor unpack(uint32_t expected_version);
+  // Recompute: the tensor for use as a producer's input; not stored unless backward still awaits it.
+  at::Tensor materialize();
+  // Backward finished one use; frees the data after the last one (unless retained).
+  void release_use(bool retain);
+
+  // Policy actions.
+  void drop();                               // Resident -> Dropped (data freed)
+  void mark_offloaded();                     // Resident -> Offloaded (policy holds the copy)
+  void restore(const at::Tensor& data);      // Dropped/Offloaded -> Resident
+  const at::Tensor& data() const { return data_; }
+
+  // Free-form policy storage (offload tiers keep their ticket here).
+  std::shared_ptr<void> stash;
+
+ private:
+  friend class Node;
+  uint64_t id_;
+  std::shared_ptr<Node> producer_;
+  int output_nr_ = 0;
+  at::Tensor data_;
+  SavedState state_ = SavedState::Unsaved;
+  int pending_uses_ = 0;
+  int64_t nbytes_ = 0;
+  std::string label_;
+};
+
+// The memory runtime's policy hook. Default: keep everything resident.
+class MemoryPolicy {
+ public:
+  virtual ~MemoryPolicy() = default;
+  // A node finished its forward; `node.saved` lists the values it saved.
+  virtual void after_forward_node(Node& /*node*/) {}
+  // Backward is about to run `node` (prefetch point).
+  virtual void before_backward_node(Node& /*node*/) {}
+  // Backward needs an Offloaded value: return it resident.
+  virtual at::Tensor fetch(SavedValue& value);
+  // A value was rebuilt by recompute (for accounting).
+  virtual void on_recompute(Node& /*node*/, double /*ms*/) {}
+};
+
+MemoryPolicy* current_policy();  // null when none installed
+class PolicyScope {
+ public:
+  explicit PolicyScope(MemoryPolicy* policy);
+  ~PolicyScope();
+  PolicyScope(const PolicyScope&) = delete;
+  PolicyScope& operator=(const PolicyScope&) = delete;
+
+ private:
+  MemoryPolicy* prev_;
+};
+
+}  // namespace ration
