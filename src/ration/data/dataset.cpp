@@ -1,0 +1,98 @@
+// dataset.cpp — deterministic epoch orders and the resumable loader (see dataset.h).
+#include "ration/data/dataset.h"
+
+#include <numeric>
+
+#include "ration/core/check.h"
+
+namespace ration::data {
+namespace {
+
+// splitmix64: a small, well-mixed generator whose output is fixed by its definition.
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, bound) without modulo bias (rejection sampling).
+  uint64_t below(uint64_t bound) {
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+    uint64_t r;
+    do r = next();
+    while (r >= limit);
+    return r % bound;
+  }
+};
+
+}  // namespace
+
+std::vector<int64_t> shuffle_order(int64_t n, uint64_t seed, int64_t epoch) {
+  RATION_CHECK(n >= 0, "cannot shuffle a negative count ", n);
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  SplitMix64 seeder{seed};
+  SplitMix64 rng{seeder.next() ^ (static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ull)};
+  rng.next();  // decorrelate neighbouring epochs
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i) + 1));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  return order;
+}
+
+Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
+    : dataset_(std::move(dataset)), options_(options) {
+  RATION_CHECK(dataset_ != nullptr, "Loader needs a dataset");
+  RATION_CHECK(options_.batch_size > 0, "batch_size must be > 0, got ", options_.batch_size);
+  RATION_CHECK(dataset_->size() > 0, "Loader given an empty dataset");
+  RATION_CHECK(batches_per_epoch() > 0, "batch_size ", options_.batch_size, " exceeds the dataset's ",
+               dataset_->size(), " items with drop_last, so an epoch has no batch; hint: lower batch_size");
+}
+
+int64_t Loader::epoch_items() const {
+  const int64_t n = dataset_->size();
+  return options_.drop_last ? n / options_.batch_size * options_.batch_size : n;
+}
+
+int64_t Loader::batches_per_epoch() const {
+  const int64_t n = dataset_->size();
+  return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
+}
+
+bool Loader::has_next_in_epoch() const { return position_.index < epoch_items(); }
+
+void Loader::set_position(LoaderPosition position) {
+  RATION_CHECK(position.epoch >= 0 && position.index >= 0 && position.index <= epoch_items(),
+               "loader position (epoch ", position.epoch, ", index ", position.index, ") is outside an epoch of ",
+               epoch_items(), " items; hint: was it saved with another dataset or batch size?");
+  position_ = position;
+}
+
+const std::vector<int64_t>& Loader::order() {
+  if (cached_epoch_ != position_.epoch) {
+    if (options_.shuffle) {
+      order_ = shuffle_order(dataset_->size(), options_.seed, position_.epoch);
+    } else {
+      order_.resize(static_cast<size_t>(dataset_->size()));
+      std::iota(order_.begin(), order_.end(), 0);
+    }
+    cached_epoch_ = position_.epoch;
+  }
+  return order_;
+}
+
+std::vector<int64_t> Loader::next_indices() {
+  if (!has_next_in_epoch()) position_ = {position_.epoch + 1, 0};
+  const std::vector<int64_t>& ord = order();
+  const int64_t end = std::min(position_.index + options_.batch_size, epoch_items());
+  std::vector<int64_t> indices(ord.begin() + position_.index, ord.begin() + end);
+  position_.index = end;
+  return indices;
+}
+
+Batch Loader::next() { return dataset_->get(next_indices()); }
+
+}  // namespace ration::data

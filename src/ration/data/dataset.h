@@ -1,0 +1,74 @@
+// dataset.h — the dataset interface and the loader that walks it in deterministic, resumable order.
+// Owns: Dataset (size(), get(indices) -> Batch), Loader (shuffled-or-sequential epochs, batching,
+//       drop_last), and LoaderPosition, the two integers that make a resume exact.
+// Order: epoch e visits the permutation shuffle_order(size, seed, e) (or 0..size-1 unshuffled), a pure
+// function of (seed, epoch) computed with our own generator (splitmix64 + Fisher-Yates), so it does not
+// change with the libtorch version or the platform's <random>.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ration/data/batch.h"
+
+namespace ration::data {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // One batch of the items at `indices` (each in [0, size())), in that order.
+  virtual Batch get(const std::vector<int64_t>& indices) const = 0;
+};
+
+// Where a loader stands: the epoch, and how many items of that epoch's order it has handed out.
+struct LoaderPosition {
+  int64_t epoch = 0;
+  int64_t index = 0;
+  bool operator==(const LoaderPosition& o) const { return epoch == o.epoch && index == o.index; }
+};
+
+// A permutation of 0..n-1 determined by (seed, epoch).
+std::vector<int64_t> shuffle_order(int64_t n, uint64_t seed, int64_t epoch);
+
+struct LoaderOptions {
+  int64_t batch_size = 32;
+  bool shuffle = true;
+  uint64_t seed = 0;
+  bool drop_last = false;  // true: the epoch ends before a short last batch
+};
+
+class Loader {
+ public:
+  Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
+
+  // The next batch; when the current epoch is exhausted, moves to the next epoch first.
+  Batch next();
+  // The indices next() would fetch (advancing the position just as next() does), without fetching.
+  std::vector<int64_t> next_indices();
+  // Whether the current epoch has another batch (for one pass over an evaluation set).
+  bool has_next_in_epoch() const;
+  // Batches in one epoch (respecting drop_last).
+  int64_t batches_per_epoch() const;
+
+  LoaderPosition position() const { return position_; }
+  // Resume: the next batch will be the one that followed `position` when it was taken.
+  void set_position(LoaderPosition position);
+  // Move to the start of `epoch` (e.g. for an evaluation pass).
+  void start_epoch(int64_t epoch) { set_position({epoch, 0}); }
+
+  const Dataset& dataset() const { return *dataset_; }
+  const LoaderOptions& options() const { return options_; }
+
+ private:
+  int64_t epoch_items() const;  // items handed out per epoch
+  const std::vector<int64_t>& order();  // of position_.epoch (cached)
+
+  std::shared_ptr<const Dataset> dataset_;
+  LoaderOptions options_;
+  LoaderPosition position_;
+  int64_t cached_epoch_ = -1;
+  std::vector<int64_t> order_;  // (size) permutation for cached_epoch_
+};
+
+}  // namespace ration::data

@@ -1,0 +1,45 @@
+// gpt.h — "gpt": nanoGPT-style byte-level language model.
+// tokens (B, T) -> wte(tokens) + wpe(0..T-1) -> dropout -> n_layer pre-LN TransformerBlocks -> ln_f
+// -> lm head -> logits (B, T, V).
+// Config: model.vocab_size (data.vocab_size or 256), model.n_layer (4), model.n_head (4), model.n_embd (128),
+//         model.block_size (128), model.dropout (0.0), model.tie_weights (true).
+// lm head: tied (default, as GPT-2/nanoGPT) means logits = x wte.weight^T with no extra parameter and no
+// "lm_head.*" name, the one wte.weight receiving gradient from both uses; untied adds lm_head.weight (V, C),
+// no bias. Init as nanoGPT: every 2-D weight N(0, 0.02), residual projections (attn.proj, mlp.proj)
+// N(0, 0.02/sqrt(2 n_layer)), biases 0, LayerNorm 1/0.
+// Parameter count: V C + block_size C + n_layer (12 C^2 + 13 C) + 2 C (+ V C untied).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "ration/models/families.h"
+#include "ration/nn/layers.h"
+
+namespace ration::models {
+
+struct GPTOptions {
+  int64_t vocab_size = 256;
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  int64_t block_size = 128;
+  double dropout = 0.0;
+  bool tie_weights = true;
+  static GPTOptions from_config(Config& cfg);
+};
+
+class GPT : public LanguageModel {
+ public:
+  explicit GPT(const GPTOptions& options);
+  Value logits(const Value& tokens) override;
+  std::string family() const override { return "gpt"; }
+
+  GPTOptions options;
+  std::shared_ptr<nn::Embedding> wte, wpe;
+  std::shared_ptr<nn::Dropout> drop;
+  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> lm_head;  // null when tied
+};
+
+}  // namespace ration::models

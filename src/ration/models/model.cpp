@@ -1,0 +1,117 @@
+// model.cpp — build_model (the model.type factory) and the shared loss/evaluate of families.h.
+// Owns: choosing the family from model.type and the cross-entropy bookkeeping for classification and
+//       language modelling. Does not own any architecture (mlp.cpp, cnn.cpp, gpt.cpp, lstm_lm.cpp).
+#include "ration/models/model.h"
+
+#include <string>
+#include <vector>
+
+#include "ration/core/check.h"
+#include "ration/models/cnn.h"
+#include "ration/models/families.h"
+#include "ration/models/gpt.h"
+#include "ration/models/lstm_lm.h"
+#include "ration/models/mlp.h"
+#include "ration/ops/ops.h"
+
+namespace ration::models {
+
+Value to_model(const Value& v, const nn::Module& model) {
+  const at::TensorOptions p = model.parameter_options();
+  const at::Tensor& t = v.tensor();
+  at::Tensor moved = at::isFloatingType(t.scalar_type()) ? t.to(p.device(), p.dtype().toScalarType())
+                                                         : t.to(p.device());
+  if (moved.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return v;
+  return Value(moved);
+}
+
+int64_t published_int(Config& cfg, const std::string& key, int64_t def) {
+  return cfg.has(key) ? cfg.get_int(key, def) : def;
+}
+
+// ---- classification -------------------------------------------------------------------------------
+namespace {
+
+struct ClassBatch {
+  Value images;  // (B, C, H, W)
+  Value labels;  // (B)
+};
+
+ClassBatch class_batch(const data::Batch& batch, const nn::Module& model) {
+  RATION_CHECK(batch.input.defined() && batch.target.defined(), "classification batch without input or target");
+  RATION_CHECK(at::isFloatingType(batch.input.dtype()), "classification input must be floating images (B, C, H, W); got ",
+               batch.input.dtype(), " ", batch.input.sizes(), " (is this a language-model dataset?)");
+  RATION_CHECK(batch.target.dim() == 1 && batch.target.dtype() == at::kLong &&
+                   batch.target.size(0) == batch.input.size(0),
+               "classification target must be int64 labels (B) for input ", batch.input.sizes(), "; got ",
+               batch.target.dtype(), " ", batch.target.sizes());
+  return {to_model(batch.input, model), to_model(batch.target, model)};
+}
+
+struct TokenBatch {
+  Value tokens;   // (B, T)
+  Value targets;  // (B*T)
+};
+
+TokenBatch token_batch(const data::Batch& batch, const nn::Module& model) {
+  RATION_CHECK(batch.input.defined() && batch.target.defined(), "language-model batch without input or target");
+  RATION_CHECK(batch.input.dim() == 2 && batch.input.dtype() == at::kLong,
+               "language-model input must be int64 tokens (B, T); got ", batch.input.dtype(), " ",
+               batch.input.sizes(), " (is this an image dataset?)");
+  RATION_CHECK(batch.target.dtype() == at::kLong && batch.target.sizes() == batch.input.sizes(),
+               "language-model target must be int64 (B, T) like the input ", batch.input.sizes(), "; got ",
+               batch.target.dtype(), " ", batch.target.sizes());
+  Value targets = to_model(batch.target, model);
+  return {to_model(batch.input, model), Value(targets.tensor().reshape({-1}))};
+}
+
+// (B, T, V) -> (B*T, V)
+Value flat_logits(const Value& logits) { return ops::reshape(logits, {-1, logits.size(-1)}); }
+
+EvalStats stats_of(const Value& logits, const Value& targets, const Value& mean_loss) {
+  EvalStats s;
+  s.count = targets.numel();
+  s.loss_sum = mean_loss.item() * static_cast<double>(s.count);
+  s.correct = logits.tensor().argmax(-1).eq(targets.tensor()).sum().item<int64_t>();
+  return s;
+}
+
+}  // namespace
+
+Value Classifier::loss(const data::Batch& batch) {
+  ClassBatch b = class_batch(batch, *this);
+  return ops::cross_entropy(logits(b.images), b.labels);
+}
+
+EvalStats Classifier::evaluate(const data::Batch& batch) {
+  NoGradGuard no_grad;
+  ClassBatch b = class_batch(batch, *this);
+  Value lg = logits(b.images);  // (B, K)
+  return stats_of(lg, b.labels, ops::cross_entropy(lg, b.labels));
+}
+
+Value LanguageModel::loss(const data::Batch& batch) {
+  TokenBatch b = token_batch(batch, *this);
+  return ops::cross_entropy(flat_logits(logits(b.tokens)), b.targets);
+}
+
+EvalStats LanguageModel::evaluate(const data::Batch& batch) {
+  NoGradGuard no_grad;
+  TokenBatch b = token_batch(batch, *this);
+  Value lg = flat_logits(logits(b.tokens));  // (B*T, V)
+  return stats_of(lg, b.targets, ops::cross_entropy(lg, b.targets));
+}
+
+// ---- factory --------------------------------------------------------------------------------------
+std::unique_ptr<Model> build_model(Config& cfg) {
+  const std::string type = cfg.get_string("model.type", "mlp");
+  if (type == "mlp") return std::make_unique<MLP>(MLPOptions::from_config(cfg));
+  if (type == "cnn") return std::make_unique<CNN>(CNNOptions::from_config(cfg));
+  if (type == "gpt") return std::make_unique<GPT>(GPTOptions::from_config(cfg));
+  if (type == "lstm_lm") return std::make_unique<LSTMLM>(LSTMLMOptions::from_config(cfg));
+  RATION_CHECK(false, "unknown model.type '", type, "' in ", cfg.origin(),
+               "; valid types: mlp, cnn, gpt, lstm_lm (set [model] type = \"gpt\" or --set model.type=gpt)");
+  return nullptr;
+}
+
+}  // namespace ration::models

@@ -1,0 +1,46 @@
+// adamw.cpp — the AdamW update (see adamw.h for the rule; the op sequence mirrors torch.optim.AdamW's
+// single-tensor path so results agree bit for bit).
+#include "ration/optim/adamw.h"
+
+#include <cmath>
+
+#include "ration/core/check.h"
+
+namespace ration::optim {
+
+AdamW::AdamW(NamedParams params, AdamWOptions options) : Optimizer(std::move(params), options.lr), options_(options) {
+  RATION_CHECK(options.beta1 >= 0 && options.beta1 < 1, "AdamW beta1 must be in [0, 1), got ", options.beta1);
+  RATION_CHECK(options.beta2 >= 0 && options.beta2 < 1, "AdamW beta2 must be in [0, 1), got ", options.beta2);
+  RATION_CHECK(options.eps >= 0, "AdamW eps must be >= 0, got ", options.eps);
+  RATION_CHECK(options.weight_decay >= 0, "AdamW weight_decay must be >= 0, got ", options.weight_decay);
+}
+
+void AdamW::update(size_t index, at::Tensor& param, const at::Tensor& grad) {
+  const double lr = this->lr();
+  param.mul_(1 - lr * options_.weight_decay);
+
+  at::Tensor& step_t = slot(index, "step");
+  at::Tensor& exp_avg = slot(index, "exp_avg");        // (param shape)
+  at::Tensor& exp_avg_sq = slot(index, "exp_avg_sq");  // (param shape)
+  step_t.add_(1);
+  const auto step = static_cast<double>(step_t.item<int64_t>());
+
+  exp_avg.mul_(options_.beta1).add_(grad, 1 - options_.beta1);
+  exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
+
+  const double bias_correction1 = 1 - std::pow(options_.beta1, step);
+  const double bias_correction2 = 1 - std::pow(options_.beta2, step);
+  const double step_size = lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+
+  at::Tensor second_moment = exp_avg_sq;
+  if (options_.amsgrad) {
+    at::Tensor& max_exp_avg_sq = slot(index, "max_exp_avg_sq");  // (param shape)
+    at::maximum_out(max_exp_avg_sq, max_exp_avg_sq, exp_avg_sq);
+    second_moment = max_exp_avg_sq;
+  }
+  at::Tensor denom = second_moment.sqrt().div_(bias_correction2_sqrt).add_(options_.eps);  // (param shape)
+  param.addcdiv_(exp_avg, denom, -step_size);
+}
+
+}  // namespace ration::optim

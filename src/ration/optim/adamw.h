@@ -1,0 +1,43 @@
+// adamw.h — Adam with decoupled weight decay (Loshchilov & Hutter), exactly torch.optim.AdamW's
+// single-tensor update (PyTorch 1.13), per parameter p with gradient g and its own step count t:
+//   p = p * (1 - lr * weight_decay)
+//   t = t + 1
+//   m = beta1 * m + (1 - beta1) * g
+//   v = beta2 * v + (1 - beta2) * g * g
+//   v_max = max(v_max, v)                                           (amsgrad only; then v_max replaces v below)
+//   denom = sqrt(v) / sqrt(1 - beta2^t) + eps
+//   p = p - lr / (1 - beta1^t) * m / denom
+// State slots: "step" (int64 scalar; per parameter, as in PyTorch, so a parameter skipped for lack of a
+// gradient keeps its own bias correction), "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad only).
+#pragma once
+#include "ration/optim/optimizer.h"
+
+namespace ration::optim {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(NamedParams params, AdamWOptions options);
+  const char* name() const override { return "AdamW"; }
+  const AdamWOptions& options() const { return options_; }
+
+ protected:
+  void update(size_t index, at::Tensor& param, const at::Tensor& grad) override;
+  std::vector<std::string> slot_names() const override {
+    return {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  }
+  bool slot_is_scalar(const std::string& slot) const override { return slot == "step"; }
+
+ private:
+  AdamWOptions options_;
+};
+
+}  // namespace ration::optim

@@ -1,0 +1,240 @@
+#include "ration/train/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "ration/core/check.h"
+#include "ration/memory/allocator.h"
+
+namespace ration {
+namespace {
+
+void flatten(const toml::table& table, const std::string& prefix, const std::string& origin,
+             std::map<std::string, Config::Scalar>& values, std::map<std::string, std::vector<int64_t>>& lists) {
+  for (const auto& [k, node] : table) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const auto* t = node.as_table()) {
+      flatten(*t, key, origin, values, lists);
+    } else if (const auto* a = node.as_array()) {
+      std::vector<int64_t> items;
+      for (const auto& item : *a) {
+        const auto v = item.value<int64_t>();
+        RATION_CHECK(v.has_value(), origin, ": key '", key, "' must be an array of integers, e.g. [256, 128]");
+        items.push_back(*v);
+      }
+      lists[key] = items;
+    } else if (auto b = node.value_exact<bool>()) {
+      values[key] = *b;
+    } else if (auto i = node.value_exact<int64_t>()) {
+      values[key] = *i;
+    } else if (auto d = node.value_exact<double>()) {
+      values[key] = *d;
+    } else if (auto s = node.value_exact<std::string>()) {
+      values[key] = *s;
+    } else {
+      RATION_CHECK(false, origin, ": key '", key, "' has an unsupported type (use a bool, integer, float, string or "
+                   "array of integers)");
+    }
+  }
+}
+
+Config parse(const std::string& text, const std::string& origin) {
+  Config cfg;
+  toml::table table;
+  try {
+    table = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    RATION_CHECK(false, origin, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ",
+                 e.description());
+  }
+  std::map<std::string, Config::Scalar> values;
+  std::map<std::string, std::vector<int64_t>> lists;
+  flatten(table, "", origin, values, lists);
+  for (auto& [k, v] : values) cfg.set(k, v);
+  for (auto& [k, v] : lists) cfg.set(k, [&] {
+    std::ostringstream os;
+    for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+    return std::string("[") + os.str() + "]";
+  }());
+  return cfg;
+}
+
+std::string render(const Config::Scalar& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::string>) return x;
+        else {
+          std::ostringstream os;
+          os << x;
+          return os.str();
+        }
+      },
+      v);
+}
+
+}  // namespace
+
+Config Config::from_file(const std::string& path) {
+  std::ifstream in(path);
+  RATION_CHECK(in.good(), "cannot open config file '", path, "' (expected a TOML file such as configs/cnn.toml)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Config cfg = parse(ss.str(), path);
+  cfg.origin_ = path;
+  return cfg;
+}
+
+Config Config::from_string(const std::string& toml_text, const std::string& origin) {
+  Config cfg = parse(toml_text, origin);
+  cfg.origin_ = origin;
+  return cfg;
+}
+
+void Config::set(const std::string& key, Scalar value) { values_[key] = std::move(value); }
+
+void Config::set_override(const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  RATION_CHECK(eq != std::string::npos && eq > 0, "--set '", assignment,
+               "': expected section.key=value, e.g. --set optim.lr=3e-4");
+  const std::string key = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  RATION_CHECK(key.find('.') != std::string::npos, "--set '", assignment,
+               "': key must name its section, e.g. train.batch_size=64");
+  if (text == "true" || text == "false") {
+    values_[key] = (text == "true");
+    return;
+  }
+  if (!text.empty() && text.front() == '[') {
+    values_[key] = text;  // list, parsed by get_int_list
+    return;
+  }
+  try {
+    size_t pos = 0;
+    const long long i = std::stoll(text, &pos);
+    if (pos == text.size()) {
+      values_[key] = static_cast<int64_t>(i);
+      return;
+    }
+    const double d = std::stod(text, &pos);
+    if (pos == text.size()) {
+      values_[key] = d;
+      return;
+    }
+  } catch (const std::exception&) {
+  }
+  values_[key] = text;
+}
+
+bool Config::has(const std::string& key) const { return values_.count(key) != 0; }
+
+const Config::Scalar* Config::find(const std::string& key) {
+  used_.insert(key);
+  auto it = values_.find(key);
+  return it == values_.end() ? nullptr : &it->second;
+}
+
+void Config::type_error(const std::string& key, const char* expected) const {
+  RATION_CHECK(false, origin_, ": key '", key, "' must be ", expected, ", got '", render(values_.at(key)), "'");
+}
+
+int64_t Config::get_int(const std::string& key, int64_t def) {
+  const Scalar* v = find(key);
+  if (!v) {
+    defaults_read_[key] = std::to_string(def);
+    return def;
+  }
+  if (const auto* i = std::get_if<int64_t>(v)) return *i;
+  type_error(key, "an integer");
+}
+
+double Config::get_double(const std::string& key, double def) {
+  const Scalar* v = find(key);
+  if (!v) {
+    defaults_read_[key] = render(def);
+    return def;
+  }
+  if (const auto* d = std::get_if<double>(v)) return *d;
+  if (const auto* i = std::get_if<int64_t>(v)) return static_cast<double>(*i);
+  type_error(key, "a number");
+}
+
+bool Config::get_bool(const std::string& key, bool def) {
+  const Scalar* v = find(key);
+  if (!v) {
+    defaults_read_[key] = def ? "true" : "false";
+    return def;
+  }
+  if (const auto* b = std::get_if<bool>(v)) return *b;
+  type_error(key, "true or false");
+}
+
+std::string Config::get_string(const std::string& key, const std::string& def) {
+  const Scalar* v = find(key);
+  if (!v) {
+    defaults_read_[key] = def;
+    return def;
+  }
+  if (const auto* s = std::get_if<std::string>(v)) return *s;
+  type_error(key, "a string");
+}
+
+std::string Config::get_choice(const std::string& key, const std::string& def, const std::vector<std::string>& choices) {
+  const std::string s = get_string(key, def);
+  if (std::find(choices.begin(), choices.end(), s) != choices.end()) return s;
+  std::ostringstream os;
+  for (size_t i = 0; i < choices.size(); ++i) os << (i ? ", " : "") << '"' << choices[i] << '"';
+  RATION_CHECK(false, origin_, ": key '", key, "' must be one of ", os.str(), ", got \"", s, "\"");
+}
+
+std::vector<int64_t> Config::get_int_list(const std::string& key, const std::vector<int64_t>& def) {
+  const Scalar* v = find(key);
+  if (!v) return def;
+  if (const auto* i = std::get_if<int64_t>(v)) return {*i};
+  const auto* s = std::get_if<std::string>(v);
+  if (s == nullptr || s->size() < 2 || s->front() != '[' || s->back() != ']') type_error(key, "an array of integers like [256, 128]");
+  std::vector<int64_t> out;
+  std::stringstream ss(s->substr(1, s->size() - 2));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t pos = 0;
+      out.push_back(std::stoll(item, &pos));
+    } catch (const std::exception&) {
+      type_error(key, "an array of integers like [256, 128]");
+    }
+  }
+  return out;
+}
+
+int64_t Config::get_bytes(const std::string& key, int64_t def) {
+  const Scalar* v = find(key);
+  if (!v) return def;
+  if (const auto* i = std::get_if<int64_t>(v)) return *i;
+  if (const auto* s = std::get_if<std::string>(v)) return memory::parse_bytes(*s, origin_ + ": key '" + key + "'");
+  type_error(key, "a size such as 512MiB or 2GiB");
+}
+
+void Config::check_all_used() const {
+  std::vector<std::string> unknown;
+  for (const auto& [k, v] : values_) {
+    if (!used_.count(k)) unknown.push_back(k);
+  }
+  if (unknown.empty()) return;
+  std::ostringstream os;
+  for (size_t i = 0; i < unknown.size(); ++i) os << (i ? ", " : "") << "'" << unknown[i] << "'";
+  RATION_CHECK(false, origin_, ": unknown key", unknown.size() > 1 ? "s " : " ", os.str(),
+               " (not read by the selected model/data/optimiser; check spelling and section)");
+}
+
+std::map<std::string, std::string> Config::effective() const {
+  std::map<std::string, std::string> out = defaults_read_;
+  for (const auto& [k, v] : values_) out[k] = render(v);
+  return out;
+}
+
+}  // namespace ration

@@ -1,0 +1,382 @@
+#include "ration/train/trainer.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "ration/core/check.h"
+#include "ration/core/node.h"
+#include "ration/data/fashion_mnist.h"
+#include "ration/data/text.h"
+#include "ration/memory/allocator.h"
+#include "ration/optim/adamw.h"
+#include "ration/optim/clip.h"
+#include "ration/optim/schedule.h"
+#include "ration/optim/sgd.h"
+#include "ration/train/checkpoint.h"
+#include "ration/train/progress.h"
+
+namespace ration::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    while (!item.empty() && item.front() == ' ') item.erase(0, 1);
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+nlohmann::json memory_json(const memory::Stats& s) {
+  nlohmann::json breakdown, peaks;
+  for (int c = 0; c < memory::kNumCategories; ++c) {
+    breakdown[memory::to_string(static_cast<memory::Category>(c))] = s.at_peak[static_cast<size_t>(c)];
+    peaks[memory::to_string(static_cast<memory::Category>(c))] = s.peak[static_cast<size_t>(c)];
+  }
+  return {{"peak_bytes", s.peak_bytes},
+          {"current_bytes", s.current_bytes},
+          {"breakdown_at_peak", breakdown},
+          {"category_peaks", peaks},
+          {"allocations", s.allocations},
+          {"measured_by", memory::counting_allocator_installed() ? "counting ATen CPU allocator" : "not installed"}};
+}
+
+struct EvalResult {
+  double loss = 0;      // mean per item (nats)
+  double accuracy = 0;  // fraction
+  int64_t count = 0;
+};
+
+EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& set, int64_t batch_size,
+                    int64_t max_batches) {
+  data::Loader loader(set, {batch_size, /*shuffle=*/false, 0, /*drop_last=*/false});
+  models::EvalStats total;
+  const bool was_training = model.is_training();
+  model.eval();
+  int64_t batches = 0;
+  {
+    NoGradGuard no_grad;
+    while (loader.has_next_in_epoch() && (max_batches <= 0 || batches < max_batches)) {
+      data::Batch b = loader.next();
+      const auto s = model.evaluate(b);
+      total.loss_sum += s.loss_sum;
+      total.correct += s.correct;
+      total.count += s.count;
+      ++batches;
+    }
+  }
+  model.train(was_training);
+  EvalResult r;
+  r.count = total.count;
+  if (total.count > 0) {
+    r.loss = total.loss_sum / static_cast<double>(total.count);
+    r.accuracy = static_cast<double>(total.correct) / static_cast<double>(total.count);
+  }
+  return r;
+}
+
+std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params) {
+  if (r.optimizer == "sgd") {
+    optim::SGDOptions o;
+    o.lr = r.lr;
+    o.momentum = r.momentum;
+    o.dampening = r.dampening;
+    o.weight_decay = r.weight_decay;
+    o.nesterov = r.nesterov;
+    return std::make_unique<optim::SGD>(params, o);
+  }
+  optim::AdamWOptions o;
+  o.lr = r.lr;
+  o.beta1 = r.beta1;
+  o.beta2 = r.beta2;
+  o.eps = r.eps;
+  o.weight_decay = r.weight_decay;
+  o.amsgrad = r.amsgrad;
+  return std::make_unique<optim::AdamW>(params, o);
+}
+
+}  // namespace
+
+RunSettings read_run_settings(Config& cfg) {
+  RunSettings r;
+  r.optimizer = cfg.get_choice("optim.name", r.optimizer, {"adamw", "sgd"});
+  r.lr = cfg.get_double("optim.lr", r.lr);
+  RATION_CHECK(r.lr > 0, cfg.origin(), ": optim.lr must be > 0, got ", r.lr);
+  const bool sgd = r.optimizer == "sgd";
+  r.weight_decay = cfg.get_double("optim.weight_decay", sgd ? 0.0 : r.weight_decay);
+  if (sgd) {
+    r.momentum = cfg.get_double("optim.momentum", r.momentum);
+    r.dampening = cfg.get_double("optim.dampening", r.dampening);
+    r.nesterov = cfg.get_bool("optim.nesterov", r.nesterov);
+  } else {
+    r.beta1 = cfg.get_double("optim.beta1", r.beta1);
+    r.beta2 = cfg.get_double("optim.beta2", r.beta2);
+    r.eps = cfg.get_double("optim.eps", r.eps);
+    r.amsgrad = cfg.get_bool("optim.amsgrad", r.amsgrad);
+  }
+  r.schedule = cfg.get_choice("optim.schedule", r.schedule, {"cosine", "constant"});
+  r.warmup_steps = cfg.get_int("optim.warmup_steps", r.warmup_steps);
+  r.min_lr = cfg.get_double("optim.min_lr", r.schedule == "constant" ? r.lr : r.lr * 0.1);
+  r.clip_grad_norm = cfg.get_double("optim.clip_grad_norm", r.clip_grad_norm);
+  RATION_CHECK(r.warmup_steps >= 0 && r.clip_grad_norm >= 0 && r.min_lr >= 0, cfg.origin(),
+               ": optim.warmup_steps, optim.min_lr and optim.clip_grad_norm must be >= 0");
+  r.epochs = cfg.get_int("train.epochs", r.epochs);
+  r.steps = cfg.get_int("train.steps", r.steps);
+  r.eval_every = cfg.get_int("train.eval_every", r.eval_every);
+  r.eval_batches = cfg.get_int("train.eval_batches", r.eval_batches);
+  r.log_every = cfg.get_int("train.log_every", r.log_every);
+  r.checkpoint_dir = cfg.get_string("train.checkpoint_dir", r.checkpoint_dir);
+  r.checkpoint_every = cfg.get_int("train.checkpoint_every", r.checkpoint_every);
+  r.keep_checkpoints = cfg.get_int("train.keep_checkpoints", r.keep_checkpoints);
+  RATION_CHECK(r.epochs > 0 && r.steps >= 0 && r.keep_checkpoints >= 1, cfg.origin(),
+               ": train.epochs must be >= 1, train.steps >= 0 (0: use epochs), train.keep_checkpoints >= 1");
+  return r;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config cfg = Config::from_file(path);
+  for (const auto& o : overrides) cfg.set_override(o);
+  return cfg;
+}
+
+Setup build_setup(Config config) {
+  Setup s;
+  s.config = std::move(config);
+  Config& cfg = s.config;
+  s.seed = static_cast<uint64_t>(cfg.get_int("train.seed", 0));
+  s.batch_size = cfg.get_int("train.batch_size", 64);
+  RATION_CHECK(s.batch_size > 0, cfg.origin(), ": train.batch_size must be a positive integer, got ", s.batch_size);
+  const int64_t threads = cfg.get_int("train.threads", std::max(1u, std::thread::hardware_concurrency()));
+  RATION_CHECK(threads > 0, cfg.origin(), ": train.threads must be >= 1");
+  at::set_num_threads(static_cast<int>(threads));
+  at::manual_seed(s.seed);
+  manual_seed(s.seed);
+
+  s.data_kind = cfg.get_choice("data.kind", "fashion_mnist", {"fashion_mnist", "text"});
+  memory::CategoryGuard data_memory(memory::Category::Data);
+  if (s.data_kind == "fashion_mnist") {
+    const std::string dir = cfg.get_string("data.dir", data::kFashionMnistDir);
+    s.train_set = std::make_shared<data::FashionMnist>(data::FashionMnist::Split::Train, dir);
+    s.eval_set = std::make_shared<data::FashionMnist>(data::FashionMnist::Split::Test, dir);
+  } else {
+    const auto files = split_list(cfg.get_string("data.files", data::kDefaultTextFile));
+    RATION_CHECK(!files.empty(), cfg.origin(), ": data.files must name at least one file (comma-separated)");
+    const double val_fraction = cfg.get_double("data.val_fraction", 0.1);
+    RATION_CHECK(val_fraction > 0 && val_fraction < 1, cfg.origin(), ": data.val_fraction must be in (0, 1)");
+    data::TextCorpus corpus(files, val_fraction);
+    // The window length: data.seq_len, defaulting to the model's block_size when it has one.
+    const int64_t block = cfg.has("model.block_size") ? cfg.get_int("model.block_size", 64) : 64;
+    const int64_t seq_len = cfg.get_int("data.seq_len", block);
+    RATION_CHECK(seq_len > 0, cfg.origin(), ": data.seq_len must be positive");
+    s.train_set = std::make_shared<data::TextWindows>(corpus.train(), seq_len, 1);
+    s.eval_set = std::make_shared<data::TextWindows>(corpus.val(), seq_len, seq_len);
+    s.unigram_entropy_nats = corpus.unigram_entropy(/*bits=*/false);
+  }
+  {
+    memory::CategoryGuard param_memory(memory::Category::Parameters);
+    s.model = models::build_model(cfg);
+  }
+  for (auto& [name, p] : s.model->named_parameters()) memory::retag(p.tensor(), memory::Category::Parameters);
+  return s;
+}
+
+data::Batch sample_batch(const Setup& setup, int64_t batch_size, uint64_t seed) {
+  data::Loader loader(setup.train_set, {batch_size, /*shuffle=*/true, seed, /*drop_last=*/true});
+  return loader.next();
+}
+
+nlohmann::json run_training(const TrainOptions& options) {
+  const auto t_start = Clock::now();
+  Config cfg = load_config(options.config_path, options.overrides);
+  Setup setup = build_setup(std::move(cfg));
+  Config& c = setup.config;
+  models::Model& model = *setup.model;
+
+  auto params = model.named_parameters();
+  const RunSettings run = read_run_settings(c);
+  c.check_all_used();
+  auto optimizer = build_optimizer(run, params);
+  const double clip = run.clip_grad_norm;
+  const int64_t epochs = options.epochs.value_or(run.epochs);
+  const int64_t eval_every = run.eval_every;
+  const std::string& ckpt_dir = run.checkpoint_dir;
+
+  data::Loader loader(setup.train_set, {setup.batch_size, /*shuffle=*/true, setup.seed, /*drop_last=*/true});
+  const int64_t per_epoch = loader.batches_per_epoch();
+  RATION_CHECK(per_epoch > 0, c.origin(), ": train.batch_size ", setup.batch_size, " is larger than the training set (",
+               setup.train_set->size(), " items)");
+  const int64_t total_steps = options.steps ? *options.steps : (run.steps > 0 ? run.steps : epochs * per_epoch);
+  const optim::WarmupCosine schedule(run.lr, run.schedule == "constant" ? run.lr : run.min_lr, run.warmup_steps,
+                                     total_steps);
+
+  Progress progress(options.json, run.log_every);
+  int64_t step = 0;
+  if (!options.resume.empty()) {
+    const Checkpoint ckpt = load_checkpoint(options.resume);
+    restore_weights(ckpt, params, model.named_buffers());
+    optimizer->import_state(ckpt.optimizer);
+    loader.set_position({ckpt.metadata.ints.at("epoch"), ckpt.metadata.ints.at("loader_index")});
+    step = ckpt.step;
+    progress.note("resumed from " + ckpt.path + " at step " + std::to_string(step));
+  }
+
+  auto save = [&](int64_t at_step) {
+    if (ckpt_dir.empty()) return std::string();
+    Metadata meta;
+    meta.ints["epoch"] = loader.position().epoch;
+    meta.ints["loader_index"] = loader.position().index;
+    meta.ints["seed"] = static_cast<int64_t>(setup.seed);
+    NamedTensors weights;
+    for (auto& [n, p] : params) weights.emplace_back(n, p.tensor());
+    for (auto& [n, b] : model.named_buffers()) weights.emplace_back(n, b);
+    return save_checkpoint(ckpt_dir, at_step, weights, optimizer->export_state(), meta,
+                           static_cast<int>(run.keep_checkpoints));
+  };
+
+  const bool is_lm = setup.data_kind == "text";
+  const char* unit = is_lm ? "tok/s" : "img/s";
+  nlohmann::json losses = nlohmann::json::array();
+  nlohmann::json evals = nlohmann::json::array();
+  std::vector<double> step_ms;
+  std::vector<int64_t> step_peaks;
+  int64_t items_done = 0;
+  double train_seconds = 0;
+  model.train();
+  memory::reset_peak();
+  const int64_t first_step = step;
+
+  auto do_eval = [&](int64_t at_step) {
+    const auto t0 = Clock::now();
+    const EvalResult r = evaluate(model, setup.eval_set, setup.batch_size, run.eval_batches);
+    nlohmann::json e = {{"step", at_step}, {"loss", r.loss}, {"items", r.count}, {"seconds", seconds_since(t0)}};
+    char line[256];
+    if (is_lm) {
+      e["bits_per_byte"] = r.loss / std::log(2.0);
+      e["unigram_entropy_bits"] = setup.unigram_entropy_nats / std::log(2.0);
+      std::snprintf(line, sizeof line, "eval @%lld: loss %.4f nats/byte = %.3f bits/byte (unigram entropy %.3f bits)",
+                    static_cast<long long>(at_step), r.loss, r.loss / std::log(2.0),
+                    setup.unigram_entropy_nats / std::log(2.0));
+    } else {
+      e["accuracy"] = r.accuracy;
+      std::snprintf(line, sizeof line, "eval @%lld: loss %.4f, accuracy %.2f%% (%lld images)",
+                    static_cast<long long>(at_step), r.loss, 100 * r.accuracy, static_cast<long long>(r.count));
+    }
+    progress.note(line);
+    evals.push_back(e);
+  };
+
+  for (; step < total_steps; ++step) {
+    const double lr = schedule.apply(*optimizer, step);
+    data::Batch batch;
+    {
+      memory::CategoryGuard data_memory(memory::Category::Data);
+      batch = loader.next();
+    }
+    const auto t0 = Clock::now();
+    memory::reset_peak();
+    double loss_value = 0;
+    {
+      memory::CategoryGuard workspace(memory::Category::Workspace);
+      Value loss = model.loss(batch);
+      loss_value = loss.item();
+      loss.backward();
+    }
+    double gnorm = 0;
+    if (clip > 0) gnorm = optim::clip_grad_norm(params, clip);
+    optimizer->step();
+    optimizer->zero_grad();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const memory::Stats ms_now = memory::stats();
+    step_peaks.push_back(ms_now.peak_bytes);
+    RATION_CHECK(std::isfinite(loss_value), "loss became ", loss_value, " at step ", step,
+                 "; lower optim.lr or set optim.clip_grad_norm");
+    step_ms.push_back(ms);
+    train_seconds += ms / 1000.0;
+    items_done += batch.items;
+    losses.push_back(loss_value);
+
+    const double rate = static_cast<double>(items_done) / std::max(train_seconds, 1e-9);
+    const double eta = (total_steps - step - 1) * (train_seconds / static_cast<double>(step - first_step + 1));
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s | eta %s",
+                  static_cast<long long>(step + 1), static_cast<long long>(total_steps), loss_value, rate, unit,
+                  memory::format_bytes(ms_now.current_bytes).c_str(), memory::format_bytes(ms_now.peak_bytes).c_str(),
+                  lr, clip > 0 ? (std::string(" | gnorm ") + std::to_string(gnorm).substr(0, 6)).c_str() : "",
+                  format_duration(eta).c_str());
+    progress.update(step + 1, line, step + 1 == total_steps);
+
+    const bool epoch_end = !is_lm && (step + 1) % per_epoch == 0;
+    if ((eval_every > 0 && (step + 1) % eval_every == 0) || (eval_every == 0 && epoch_end)) do_eval(step + 1);
+    if (run.checkpoint_every > 0 && (step + 1) % run.checkpoint_every == 0 && step + 1 < total_steps) {
+      const std::string path = save(step + 1);
+      if (!path.empty()) progress.note("checkpoint " + path);
+    }
+  }
+  progress.finish();
+  if (evals.empty() || evals.back()["step"].get<int64_t>() != total_steps) do_eval(total_steps);
+  std::string final_ckpt = save(total_steps);
+  if (!final_ckpt.empty()) progress.note("checkpoint " + final_ckpt);
+
+  memory::Stats peak_stats = memory::stats();
+  int64_t worst = 0;
+  for (auto p : step_peaks) worst = std::max(worst, p);
+  nlohmann::json mem = memory_json(peak_stats);
+  mem["peak_bytes"] = worst;  // max over steps of each step's measured peak
+  // The first step allocates optimiser state and warms caches: leave it out of the median when possible.
+  const std::vector<double> steady(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
+  nlohmann::json report = {
+      {"config", options.config_path},
+      {"model", model.family()},
+      {"parameters", model.num_parameters()},
+      {"steps", total_steps},
+      {"first_step", first_step},
+      {"loss", losses},
+      {"eval", evals},
+      {"memory", mem},
+      {"time",
+       {{"step_ms_median", median(steady)},
+        {"train_seconds", train_seconds},
+        {"wall_seconds", seconds_since(t_start)},
+        {"items_per_second", static_cast<double>(items_done) / std::max(train_seconds, 1e-9)}}},
+      {"checkpoint", final_ckpt},
+      {"effective_config", setup.config.effective()},
+  };
+  if (!options.report_path.empty()) {
+    const std::filesystem::path p(options.report_path);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    const std::string tmp = options.report_path + ".tmp";
+    {
+      std::ofstream out(tmp);
+      RATION_CHECK(out.good(), "cannot write report '", options.report_path, "'");
+      out << report.dump(2) << "\n";
+    }
+    std::filesystem::rename(tmp, options.report_path);
+    progress.note("report " + options.report_path);
+  }
+  return report;
+}
+
+}  // namespace ration::train

@@ -1,0 +1,68 @@
+// trainer.h — `ration train`: config -> data, model, optimiser -> steps with progress, evaluation,
+// checkpoints and a JSON report.
+// Owns: the training loop and its report. Does not own: the model (models/), the data (data/), the
+//       update rule (optim/), the on-disk checkpoint layout (train/checkpoint.h), or memory policy
+//       (memory/, installed around the step when a budget is set).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ration/data/dataset.h"
+#include "ration/models/model.h"
+#include "ration/train/config.h"
+
+namespace ration::train {
+
+struct TrainOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;  // "section.key=value"
+  std::optional<int64_t> steps;
+  std::optional<int64_t> epochs;
+  std::string report_path;             // empty: no file
+  std::string resume;                  // checkpoint dir, or a run dir (follows latest)
+  bool json = false;                   // quiet; the report goes to stdout
+};
+
+// Everything a run is built from, shared by train, gradcheck and bench.
+struct Setup {
+  Config config;
+  std::unique_ptr<models::Model> model;
+  std::shared_ptr<data::Dataset> train_set;
+  std::shared_ptr<data::Dataset> eval_set;
+  std::string data_kind;        // "fashion_mnist" or "text"
+  double unigram_entropy_nats = 0;  // text only
+  uint64_t seed = 0;
+  int64_t batch_size = 0;
+};
+
+// The [optim] and remaining [train] keys: read once, validated, shared by train and gradcheck.
+struct RunSettings {
+  std::string optimizer = "adamw";  // "adamw" | "sgd"
+  double lr = 1e-3, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double momentum = 0.9, dampening = 0, min_lr = 1e-4, clip_grad_norm = 0;
+  bool nesterov = false, amsgrad = false;
+  std::string schedule = "cosine";  // "cosine" | "constant"
+  int64_t warmup_steps = 0;
+  int64_t epochs = 1, steps = 0, eval_every = 0, eval_batches = 0, log_every = 10;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0, keep_checkpoints = 2;
+};
+RunSettings read_run_settings(Config& cfg);
+
+// Reads [data], [model] and train.seed/batch_size/threads. Leaves other sections for the caller.
+Setup build_setup(Config config);
+// A deterministic batch from the training set (for gradcheck and benchmarks).
+data::Batch sample_batch(const Setup& setup, int64_t batch_size, uint64_t seed);
+
+// Runs training; returns the report (also written to options.report_path when set).
+nlohmann::json run_training(const TrainOptions& options);
+
+// Loads a config file and applies --set overrides, with errors naming the file.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+}  // namespace ration::train
