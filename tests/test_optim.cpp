@@ -2,6 +2,7 @@
 // torch::optim::SGD / torch::optim::AdamW and torch::nn::utils::clip_grad_norm_ on identical
 // parameters and gradients.
 #include <gtest/gtest.h>
+#include <torch/types.h>  // clip_grad.h is not self-contained
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>

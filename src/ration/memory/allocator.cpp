@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <mutex>
+#include <unordered_map>
 
 #include "ration/core/check.h"
 
@@ -36,16 +37,32 @@ void account(int64_t delta, Category c) {
   }
 }
 
+// Live allocations by address. ATen's raw_allocate() requires DataPtr context == data pointer, so
+// the per-allocation record lives here rather than in the context.
 struct Block {
-  c10::DataPtr inner;
+  c10::DataPtr inner;  // the base allocator's pointer; destroying it frees the memory
   int64_t size;
   Category category;
 };
+std::unordered_map<void*, Block>& blocks() {
+  static auto* map = new std::unordered_map<void*, Block>();
+  return *map;
+}
 
-void delete_block(void* ctx) {
-  auto* block = static_cast<Block*>(ctx);
-  account(-block->size, block->category);
-  delete block;  // frees `inner` through the base allocator
+void delete_block(void* ptr) {
+  c10::DataPtr inner;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = blocks().find(ptr);
+    if (it == blocks().end()) return;
+    inner = std::move(it->second.inner);
+    const int64_t size = it->second.size;
+    const Category c = it->second.category;
+    blocks().erase(it);
+    g_stats.current_bytes -= size;
+    g_stats.current[static_cast<int>(c)] -= size;
+  }
+  // `inner` frees the memory here, outside the lock.
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -55,12 +72,16 @@ class CountingAllocator final : public c10::Allocator {
     c10::DataPtr inner = base_->allocate(n);
     void* ptr = inner.get();
     const c10::Device device = inner.device();
+    if (ptr == nullptr) return inner;  // zero-size allocation
     const Category c = t_category;
-    auto* block = new Block{std::move(inner), static_cast<int64_t>(n), c};
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      blocks().emplace(ptr, Block{std::move(inner), static_cast<int64_t>(n), c});
+    }
     account(static_cast<int64_t>(n), c);
-    return {ptr, block, &delete_block, device};
+    return {ptr, ptr, &delete_block, device};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
 
  private:
   c10::Allocator* base_;
@@ -148,14 +169,15 @@ void retag(const at::Tensor& t, Category c) {
   if (!t.defined() || !t.has_storage()) return;
   const c10::DataPtr& dp = t.storage().data_ptr();
   if (dp.get_deleter() != &delete_block) return;
-  auto* block = static_cast<Block*>(dp.get_context());
-  if (block->category == c) return;
   std::lock_guard<std::mutex> lock(g_mu);
-  g_stats.current[static_cast<int>(block->category)] -= block->size;
-  g_stats.current[static_cast<int>(c)] += block->size;
+  auto it = blocks().find(dp.get());
+  if (it == blocks().end() || it->second.category == c) return;
+  Block& block = it->second;
+  g_stats.current[static_cast<int>(block.category)] -= block.size;
+  g_stats.current[static_cast<int>(c)] += block.size;
   const int ci = static_cast<int>(c);
   if (g_stats.current[ci] > g_stats.peak[ci]) g_stats.peak[ci] = g_stats.current[ci];
-  block->category = c;
+  block.category = c;
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -97,9 +97,10 @@ Value batch_norm(const Value& x, const Value& w, const Value& b, at::Tensor runn
   Values outs = apply_op(
       spec("batch_norm", {0, 1}, {3, 4}, /*visible_outputs=*/3), {x, w, b},
       [eps](const Tensors& in, ForwardCtx&) {
-        const int64_t c = in[0].size(1);
-        at::Tensor batch_mean = at::zeros({c}, in[0].options().requires_grad(false));
-        at::Tensor batch_var = at::zeros({c}, in[0].options().requires_grad(false));
+        // The stats take the parameters' dtype when given (CPU mixed precision: bf16 input, float params).
+        const at::TensorOptions stat_options = (in[1].defined() ? in[1] : in[0]).options().requires_grad(false);
+        at::Tensor batch_mean = at::zeros({in[0].size(1)}, stat_options);  // (C)
+        at::Tensor batch_var = at::zeros({in[0].size(1)}, stat_options);   // (C)
         auto [y, save_mean, save_invstd] =
             at::native_batch_norm(in[0], in[1], in[2], batch_mean, batch_var, /*training=*/true, /*momentum=*/1.0, eps);
         return Tensors{y, batch_mean, batch_var, save_mean, save_invstd};

@@ -126,11 +126,13 @@ std::string unique_suffix(int64_t step) {
   return std::to_string(step) + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
-void remove_leftover_temps(const fs::path& dir, const fs::path& keep) {
+// Entries a crashed save left behind (and the replaced checkpoint moved aside above).
+void remove_leftover_temps(const fs::path& dir) {
+  std::vector<fs::path> doomed;
   for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (starts_with(name, kTmpPrefix) && entry.path() != keep) fs::remove_all(entry.path());
+    if (starts_with(entry.path().filename().string(), kTmpPrefix)) doomed.push_back(entry.path());
   }
+  for (const auto& p : doomed) fs::remove_all(p);
 }
 
 std::string trim(const std::string& s) {
@@ -197,12 +199,14 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const NamedTen
   fs::rename(latest_tmp, root / kLatestFile);
   fsync_path(root, /*directory=*/true);
 
-  remove_leftover_temps(root, fs::path());
-  auto all = list_checkpoints(dir);
-  const auto excess = static_cast<int64_t>(all.size()) - keep_last;
-  for (int64_t i = 0; i < excess; ++i) {
-    if (all[static_cast<size_t>(i)].first != step) fs::remove_all(all[static_cast<size_t>(i)].second);
+  remove_leftover_temps(root);
+  // Keep the new checkpoint and the keep_last - 1 highest-step others.
+  std::vector<std::pair<int64_t, std::string>> others;
+  for (auto& entry : list_checkpoints(dir)) {
+    if (entry.first != step) others.push_back(std::move(entry));
   }
+  const auto excess = static_cast<int64_t>(others.size()) - (keep_last - 1);
+  for (int64_t i = 0; i < excess; ++i) fs::remove_all(others[static_cast<size_t>(i)].second);
   return final_dir.string();
 }
 

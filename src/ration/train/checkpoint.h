@@ -41,8 +41,9 @@ struct Checkpoint {
   Metadata metadata;
 };
 
-// Writes DIR/ckpt-<step> atomically, points DIR/latest at it, deletes leftover .tmp-* entries and all
-// but the `keep_last` highest-step checkpoints (never the one just written). Returns its path.
+// Writes DIR/ckpt-<step> atomically (replacing one of the same step), points DIR/latest at it, deletes
+// leftover .tmp-* entries, and keeps only the new checkpoint plus the keep_last - 1 highest-step others.
+// Returns its path.
 // Weight and optimiser names must be unique; optimiser names may not start with "meta." or "checkpoint.".
 std::string save_checkpoint(const std::string& dir, int64_t step, const NamedTensors& weights,
                             const NamedTensors& optimizer_state, const Metadata& metadata, int keep_last = 3);

@@ -228,7 +228,8 @@ nlohmann::json run_training(const TrainOptions& options) {
   RATION_CHECK(per_epoch > 0, c.origin(), ": train.batch_size ", setup.batch_size, " is larger than the training set (",
                setup.train_set->size(), " items)");
   const int64_t total_steps = options.steps ? *options.steps : (run.steps > 0 ? run.steps : epochs * per_epoch);
-  const optim::WarmupCosine schedule(run.lr, run.schedule == "constant" ? run.lr : run.min_lr, run.warmup_steps,
+  const optim::WarmupCosine schedule(run.lr, run.schedule == "constant" ? run.lr : run.min_lr,
+                                     std::min(run.warmup_steps, total_steps),
                                      total_steps);
 
   Progress progress(options.json, run.log_every);
