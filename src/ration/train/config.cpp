@@ -104,7 +104,7 @@ void Config::set_override(const std::string& assignment) {
   const std::string key = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
   RATION_CHECK(key.find('.') != std::string::npos, "--set '", assignment,
-               "': key must name its section, e.g. train.batch_size=64");
+               "': expected section.key=value (the key names its section), e.g. train.batch_size=64");
   if (text == "true" || text == "false") {
     values_[key] = (text == "true");
     return;

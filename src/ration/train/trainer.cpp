@@ -295,6 +295,8 @@ nlohmann::json run_training(const TrainOptions& options) {
       memory::CategoryGuard data_memory(memory::Category::Data);
       batch = loader.next();
     }
+    // Dropout masks are a function of (seed, step), so a resumed run draws exactly what it would have.
+    manual_seed(setup.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(step));
     const auto t0 = Clock::now();
     memory::reset_peak();
     double loss_value = 0;
