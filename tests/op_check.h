@@ -26,7 +26,7 @@ struct OpInput {
 // Drops every saved value right after its node's forward: backward must recompute all of them.
 class DropAllPolicy : public MemoryPolicy {
  public:
-  void after_forward_node(Node& node) override {
+  void after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) override {
     for (auto& ref : node.saved) {
       if (!ref.value->pinned() && ref.value->state() == SavedState::Resident) ref.value->drop();
     }

@@ -1,4 +1,4 @@
-// main.cpp — the `ration` command line: train, gradcheck.
+// main.cpp — the `ration` command line: train, gradcheck, plan.
 // Owns: argument parsing and exit codes (0 ok, 1 check failed, 2 user error). Work happens in train/.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -8,10 +8,61 @@
 
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
+#include "ration/memory/budget_policy.h"
+#include "ration/train/budget.h"
 #include "ration/train/gradcheck.h"
 #include "ration/train/trainer.h"
 
 namespace {
+
+// Budget flags are config keys ([memory] section) set from the command line.
+struct BudgetFlags {
+  std::string budget, plan, keep_bytes;
+  int64_t keep_groups = -1;
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--memory-budget", budget, "whole device-memory budget, e.g. 512MiB, 2GiB, 1.5G (memory.budget)");
+    cmd->add_option("--plan", plan, "planner strategy: knapsack (default), ordered, ordered-sets, uniform, sqrt, optimal-chain (memory.plan)");
+    cmd->add_option("--keep-groups", keep_groups, "keep at most N saved groups (may only lower the plan's figure)");
+    cmd->add_option("--keep-bytes", keep_bytes, "keep at most SIZE of saved groups (may only lower the plan's figure)");
+  }
+  void apply(std::vector<std::string>& overrides) const {
+    if (!budget.empty()) overrides.push_back("memory.budget=" + budget);
+    if (!plan.empty()) overrides.push_back("memory.plan=" + plan);
+    if (keep_groups >= 0) overrides.push_back("memory.keep_groups=" + std::to_string(keep_groups));
+    if (!keep_bytes.empty()) overrides.push_back("memory.keep_bytes=" + keep_bytes);
+  }
+};
+
+// Profile one step of the configured model on its first training batch and plan for the budget.
+struct Planned {
+  ration::train::Setup setup;
+  ration::data::Batch batch;
+  ration::memory::StepProfile profile;
+  ration::memory::Plan plan;
+};
+Planned plan_for(ration::train::Setup setup, int64_t batch_size) {
+  using namespace ration;
+  const train::BudgetSettings budget = train::read_budget_settings(setup.config);
+  const train::RunSettings run = train::read_run_settings(setup.config);
+  setup.config.check_all_used();
+  RATION_CHECK(budget.budget_bytes.has_value(), "a memory budget is needed: --memory-budget SIZE (or memory.budget)");
+  setup.model->train();
+  Planned p{std::move(setup), {}, {}, {}};
+  p.batch = train::sample_batch(p.setup, batch_size > 0 ? batch_size : p.setup.batch_size, p.setup.seed);
+  p.profile = train::profile_step(*p.setup.model, p.batch, p.setup.seed + 1);
+  memory::PlanOptions po = budget.plan;
+  po.extra_fixed_bytes = train::predicted_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *p.setup.model);
+  p.plan = memory::make_plan(p.profile, po);
+  return p;
+}
+
+int cmd_plan(const std::string& config_path, const std::vector<std::string>& overrides, int64_t batch_size, bool json) {
+  using namespace ration;
+  Planned p = plan_for(train::build_setup(train::load_config(config_path, overrides)), batch_size);
+  if (json) std::cout << p.plan.to_json().dump(2) << "\n";
+  else std::cout << p.plan.to_table();
+  return 0;
+}
 
 int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>& overrides, double tol,
                   int64_t batch_size, bool json) {
@@ -20,13 +71,56 @@ int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>
   // The training keys do not change a single step, but they are validated (and so not unknown).
   Config& c = setup.config;
   (void)train::read_run_settings(c);
-  c.check_all_used();
-
+  const bool budgeted = c.has("memory.budget");
+  if (!budgeted) {
+    (void)train::read_budget_settings(c);
+    c.check_all_used();
+  }
   setup.model->train();
-  const data::Batch batch = train::sample_batch(setup, batch_size > 0 ? batch_size : setup.batch_size, setup.seed);
-  const GradcheckResult r = gradcheck(*setup.model, batch, setup.seed + 1, tol);
+  std::optional<Planned> planned;
+  data::Batch batch;
+  if (budgeted) {
+    planned.emplace(plan_for(std::move(setup), batch_size));
+    batch = planned->batch;
+  } else {
+    batch = train::sample_batch(setup, batch_size > 0 ? batch_size : setup.batch_size, setup.seed);
+  }
+  models::Model& model = budgeted ? *planned->setup.model : *setup.model;
+  const uint64_t seed = (budgeted ? planned->setup.seed : setup.seed) + 1;
+  // With a budget: our gradients are computed under the plan (dropped values recomputed in backward) and
+  // must also equal the unconstrained engine's bit for bit.
+  std::unique_ptr<memory::BudgetPolicy> policy;
+  int64_t not_bitwise = 0;
+  if (budgeted) {
+    std::vector<std::string> ops;
+    for (const auto& n : planned->profile.nodes) ops.push_back(n.op);
+    policy = std::make_unique<memory::BudgetPolicy>(planned->plan.dropped_keys(planned->profile), ops);
+    const auto plain = engine_gradients(model, batch, seed);
+    std::vector<std::pair<std::string, at::Tensor>> budget_grads;
+    {
+      PolicyScope scope(policy.get());
+      policy->begin_step();
+      budget_grads = engine_gradients(model, batch, seed);
+    }
+    for (size_t i = 0; i < plain.size(); ++i) not_bitwise += at::equal(plain[i].second, budget_grads[i].second) ? 0 : 1;
+    if (!json) {
+      std::cout << planned->plan.to_table();
+      std::printf("budgeted step: %lld values dropped, %lld producers re-run (%.2f ms); gradients bitwise equal to the "
+                  "unconstrained engine: %s (%lld of %zu differ)\n",
+                  static_cast<long long>(policy->dropped_values()), static_cast<long long>(policy->recomputed_nodes()),
+                  policy->recompute_ms(), not_bitwise == 0 ? "yes" : "NO", static_cast<long long>(not_bitwise), plain.size());
+    }
+  }
+  GradcheckResult r;
+  {
+    PolicyScope scope(policy.get());
+    if (policy) policy->begin_step();
+    r = gradcheck(model, batch, seed, tol);
+  }
+  r.passed = r.passed && not_bitwise == 0;
   if (json) {
-    nlohmann::json j = {{"loss_ours", r.loss_ours}, {"loss_torch", r.loss_torch},
+    nlohmann::json j = {{"loss_ours", r.loss_ours}, {"loss_torch", r.loss_torch}, {"memory_budget", budgeted},
+                        {"budget_vs_unconstrained_params_differing", not_bitwise},
                         {"worst_rel_error", r.worst_rel_error}, {"tolerance", tol}, {"passed", r.passed}};
     for (const auto& p : r.params)
       j["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"max_abs_error", p.max_abs_error},
@@ -76,7 +170,25 @@ int main(int argc, char** argv) {
   gc->add_option("--batch-size", gc_batch, "batch size for the check (default: train.batch_size)");
   gc->add_flag("--json", gc_json, "print JSON");
 
+  BudgetFlags train_budget, gc_budget, plan_budget;
+  train_budget.add_to(train);
+  gc_budget.add_to(gc);
+
+  std::string plan_config;
+  std::vector<std::string> plan_overrides;
+  int64_t plan_batch = 0;
+  bool plan_json = false;
+  auto* plan = app.add_subcommand("plan", "profile one step and print the keep/recompute plan for a memory budget");
+  plan->add_option("config", plan_config, "CONFIG.toml")->required()->check(CLI::ExistingFile);
+  plan->add_option("--set", plan_overrides, "override a config key: section.key=value (repeatable)");
+  plan->add_option("--batch-size", plan_batch, "batch size (default: train.batch_size)");
+  plan->add_flag("--json", plan_json, "print the plan as JSON");
+  plan_budget.add_to(plan);
+
   CLI11_PARSE(app, argc, argv);
+  train_budget.apply(topt.overrides);
+  gc_budget.apply(gc_overrides);
+  plan_budget.apply(plan_overrides);
   try {
     if (*train) {
       if (steps > 0) topt.steps = steps;
@@ -86,6 +198,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*gc) return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json);
+    if (*plan) return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json);
   } catch (const ration::Error& e) {
     std::fprintf(stderr, "\nerror: %s\n", e.what());
     return 2;

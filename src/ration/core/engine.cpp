@@ -118,6 +118,7 @@ void run_backward(const Values& roots, const std::vector<at::Tensor>& grads, boo
     std::vector<at::Tensor> grad_in;
     {
       at::NoGradGuard no_grad;
+      RecomputeCache recompute_cache;
       BackwardCtx ctx(*n);
       grad_in = n->backward(ctx, grad_out);
     }
@@ -129,6 +130,7 @@ void run_backward(const Values& roots, const std::vector<at::Tensor>& grads, boo
       n->saved.clear();
       n->released = true;
     }
+    if (policy) policy->after_backward_node(*n);
 
     for (size_t i = 0; i < grad_in.size(); ++i) {
       const Edge& e = n->next_edges[i];

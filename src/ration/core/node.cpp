@@ -90,6 +90,19 @@ at::Generator make_generator(uint64_t seed, const at::Device& device) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
 
+namespace {
+thread_local RecomputeCache* t_recompute_cache = nullptr;
+}  // namespace
+
+RecomputeCache::RecomputeCache() : prev_(t_recompute_cache) { t_recompute_cache = this; }
+RecomputeCache::~RecomputeCache() { t_recompute_cache = prev_; }
+RecomputeCache* RecomputeCache::current() { return t_recompute_cache; }
+const std::vector<at::Tensor>* RecomputeCache::find(const Node* node) const {
+  auto it = entries_.find(node);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+void RecomputeCache::insert(const Node* node, std::vector<at::Tensor> outputs) { entries_[node] = std::move(outputs); }
+
 ScopeGuard::ScopeGuard(const std::string& name) : prev_len_(t_scope.size()) {
   if (name.empty()) return;
   if (!t_scope.empty()) t_scope += '.';
@@ -107,6 +120,15 @@ std::shared_ptr<SavedValue> Node::output_handle(int j) {
 }
 
 std::vector<at::Tensor> Node::recompute() {
+  RecomputeCache* cache = RecomputeCache::current();
+  if (cache != nullptr) {
+    if (const auto* hit = cache->find(this)) {
+      for (size_t j = 0; j < hit->size(); ++j) {
+        if (auto h = outputs[j].lock(); h && h->state() == SavedState::Dropped) h->restore((*hit)[j]);
+      }
+      return *hit;
+    }
+  }
   std::vector<at::Tensor> in(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i]) in[i] = inputs[i]->materialize();
@@ -128,6 +150,7 @@ std::vector<at::Tensor> Node::recompute() {
     }
   }
   if (MemoryPolicy* policy = current_policy()) policy->on_recompute(*this, ms);
+  if (cache != nullptr) cache->insert(this, outs);
   return outs;
 }
 
@@ -234,7 +257,7 @@ Values apply_op(const OpSpec& spec, const Values& inputs, ForwardFn forward, Bac
     }
     result.emplace_back(std::move(impl));
   }
-  if (MemoryPolicy* policy = current_policy()) policy->after_forward_node(*node);
+  if (MemoryPolicy* policy = current_policy()) policy->after_forward_node(*node, in, outs);
   return result;
 }
 

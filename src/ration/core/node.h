@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ration/core/value.h"
@@ -113,6 +114,24 @@ class BackwardCtx {
 // Run an op: in engine mode records a Node (when any input requires grad and grad mode is on); in oracle
 // mode runs the forward on torch-autograd tensors. Returns the visible outputs.
 Values apply_op(const OpSpec& spec, const Values& inputs, ForwardFn forward, BackwardFn backward);
+
+// While one backward node runs, every producer re-run to rebuild its saved values is remembered, so
+// values sharing producers (q, k, v split from one projection) are rebuilt once. The engine opens one
+// cache per backward node; the tensors it holds are freed when that node finishes.
+class RecomputeCache {
+ public:
+  RecomputeCache();
+  ~RecomputeCache();
+  RecomputeCache(const RecomputeCache&) = delete;
+  RecomputeCache& operator=(const RecomputeCache&) = delete;
+  static RecomputeCache* current();
+  const std::vector<at::Tensor>* find(const Node* node) const;
+  void insert(const Node* node, std::vector<at::Tensor> outputs);
+
+ private:
+  std::unordered_map<const Node*, std::vector<at::Tensor>> entries_;
+  RecomputeCache* prev_;
+};
 
 // Module scope: nodes record the dotted path of the modules active when they are created.
 class ScopeGuard {

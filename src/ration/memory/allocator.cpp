@@ -121,6 +121,9 @@ Stats stats() {
   return g_stats;
 }
 
+int64_t device_peak_bytes(const Stats& s) { return s.peak_bytes - s.at_peak[static_cast<int>(Category::Data)]; }
+int64_t device_current_bytes(const Stats& s) { return s.current_bytes - s.current[static_cast<int>(Category::Data)]; }
+
 int64_t current_bytes() {
   std::lock_guard<std::mutex> lock(g_mu);
   return g_stats.current_bytes;

@@ -39,6 +39,10 @@ void install_counting_allocator();
 bool counting_allocator_installed();
 
 Stats stats();
+// Device memory in the budget's sense: everything counted except Category::Data, the dataset a loader
+// keeps in host memory (batches cut from it are workspace and do count).
+int64_t device_peak_bytes(const Stats& s);
+int64_t device_current_bytes(const Stats& s);
 void reset_peak();  // peak := current (per category too)
 int64_t current_bytes();
 

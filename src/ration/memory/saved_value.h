@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ration {
 
@@ -76,10 +77,14 @@ class SavedValue {
 class MemoryPolicy {
  public:
   virtual ~MemoryPolicy() = default;
-  // A node finished its forward; `node.saved` lists the values it saved.
-  virtual void after_forward_node(Node& /*node*/) {}
+  // A node finished its forward; `node.saved` lists the values it saved. `inputs` / `outputs` are the
+  // tensors it consumed and produced (all outputs, internal ones included).
+  virtual void after_forward_node(Node& /*node*/, const std::vector<at::Tensor>& /*inputs*/,
+                                  const std::vector<at::Tensor>& /*outputs*/) {}
   // Backward is about to run `node` (prefetch point).
   virtual void before_backward_node(Node& /*node*/) {}
+  // Backward finished `node` and released what it no longer needs.
+  virtual void after_backward_node(Node& /*node*/) {}
   // Backward needs an Offloaded value: return it resident.
   virtual at::Tensor fetch(SavedValue& value);
   // A value was rebuilt by recompute (for accounting).

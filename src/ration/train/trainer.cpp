@@ -20,6 +20,8 @@
 #include "ration/optim/clip.h"
 #include "ration/optim/schedule.h"
 #include "ration/optim/sgd.h"
+#include "ration/memory/budget_policy.h"
+#include "ration/train/budget.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/progress.h"
 
@@ -216,6 +218,7 @@ nlohmann::json run_training(const TrainOptions& options) {
 
   auto params = model.named_parameters();
   const RunSettings run = read_run_settings(c);
+  const BudgetSettings budget = read_budget_settings(c);
   c.check_all_used();
   auto optimizer = build_optimizer(run, params);
   const double clip = run.clip_grad_norm;
@@ -268,6 +271,26 @@ nlohmann::json run_training(const TrainOptions& options) {
   memory::reset_peak();
   const int64_t first_step = step;
 
+  // Memory budget: profile one step (no update), plan keep/recompute, execute the plan every step.
+  std::optional<memory::Plan> plan;
+  std::unique_ptr<memory::BudgetPolicy> policy;
+  if (budget.budget_bytes) {
+    const data::LoaderPosition here = loader.position();
+    const data::Batch first = loader.next();
+    loader.set_position(here);
+    const memory::StepProfile profile = profile_step(model, first, setup.seed);
+    memory::PlanOptions po = budget.plan;
+    const int64_t state_now = memory::stats().current[static_cast<int>(memory::Category::Optimizer)];
+    po.extra_fixed_bytes = std::max<int64_t>(
+        0, predicted_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, model) - state_now);
+    plan = memory::make_plan(profile, po);
+    std::vector<std::string> ops;
+    for (const auto& n : profile.nodes) ops.push_back(n.op);
+    policy = std::make_unique<memory::BudgetPolicy>(plan->dropped_keys(profile), std::move(ops));
+    progress.note(plan->to_table());
+  }
+  std::vector<double> recompute_ms;
+
   auto do_eval = [&](int64_t at_step) {
     const auto t0 = Clock::now();
     const EvalResult r = evaluate(model, setup.eval_set, setup.batch_size, run.eval_batches);
@@ -290,11 +313,7 @@ nlohmann::json run_training(const TrainOptions& options) {
 
   for (; step < total_steps; ++step) {
     const double lr = schedule.apply(*optimizer, step);
-    data::Batch batch;
-    {
-      memory::CategoryGuard data_memory(memory::Category::Data);
-      batch = loader.next();
-    }
+    data::Batch batch = loader.next();  // workspace: batches are device memory, the dataset is not
     // Dropout masks are a function of (seed, step), so a resumed run draws exactly what it would have.
     manual_seed(setup.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(step));
     const auto t0 = Clock::now();
@@ -302,9 +321,12 @@ nlohmann::json run_training(const TrainOptions& options) {
     double loss_value = 0;
     {
       memory::CategoryGuard workspace(memory::Category::Workspace);
+      PolicyScope scope(policy.get());
+      if (policy) policy->begin_step();
       Value loss = model.loss(batch);
       loss_value = loss.item();
       loss.backward();
+      if (policy) recompute_ms.push_back(policy->recompute_ms());
     }
     double gnorm = 0;
     if (clip > 0) gnorm = optim::clip_grad_norm(params, clip);
@@ -312,7 +334,7 @@ nlohmann::json run_training(const TrainOptions& options) {
     optimizer->zero_grad();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     const memory::Stats ms_now = memory::stats();
-    step_peaks.push_back(ms_now.peak_bytes);
+    step_peaks.push_back(memory::device_peak_bytes(ms_now));
     RATION_CHECK(std::isfinite(loss_value), "loss became ", loss_value, " at step ", step,
                  "; lower optim.lr or set optim.clip_grad_norm");
     step_ms.push_back(ms);
@@ -326,7 +348,8 @@ nlohmann::json run_training(const TrainOptions& options) {
     std::snprintf(line, sizeof line,
                   "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s | eta %s",
                   static_cast<long long>(step + 1), static_cast<long long>(total_steps), loss_value, rate, unit,
-                  memory::format_bytes(ms_now.current_bytes).c_str(), memory::format_bytes(ms_now.peak_bytes).c_str(),
+                  memory::format_bytes(memory::device_current_bytes(ms_now)).c_str(),
+                  memory::format_bytes(memory::device_peak_bytes(ms_now)).c_str(),
                   lr, clip > 0 ? (std::string(" | gnorm ") + std::to_string(gnorm).substr(0, 6)).c_str() : "",
                   format_duration(eta).c_str());
     progress.update(step + 1, line, step + 1 == total_steps);
@@ -347,7 +370,24 @@ nlohmann::json run_training(const TrainOptions& options) {
   int64_t worst = 0;
   for (auto p : step_peaks) worst = std::max(worst, p);
   nlohmann::json mem = memory_json(peak_stats);
-  mem["peak_bytes"] = worst;  // max over steps of each step's measured peak
+  mem["peak_bytes"] = worst;  // max over steps of each step's measured device peak (dataset excluded)
+  mem["dataset_host_bytes"] = peak_stats.current[static_cast<int>(memory::Category::Data)];
+  nlohmann::json time_extra = nlohmann::json::object();
+  if (plan) {
+    mem["budget_bytes"] = plan->budget_bytes;
+    mem["predicted_peak_bytes"] = plan->prediction.peak_bytes;
+    mem["activation_capacity_bytes"] = plan->capacity_bytes;
+    mem["fixed_bytes"] = plan->fixed_bytes;
+    mem["within_budget"] = worst <= plan->budget_bytes;
+    mem["prediction_error"] = static_cast<double>(plan->prediction.peak_bytes - worst) / static_cast<double>(std::max<int64_t>(worst, 1));
+    double total = 0;
+    for (double r : recompute_ms) total += r;
+    time_extra["recompute_ms"] = median(recompute_ms);
+    time_extra["recompute_ms_total"] = total;
+    if (worst > plan->budget_bytes)
+      progress.note("warning: measured peak " + memory::format_bytes(worst) + " exceeded the budget " +
+                    memory::format_bytes(plan->budget_bytes));
+  }
   // The first step allocates optimiser state and warms caches: leave it out of the median when possible.
   const std::vector<double> steady(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
   nlohmann::json report = {
@@ -365,8 +405,10 @@ nlohmann::json run_training(const TrainOptions& options) {
         {"wall_seconds", seconds_since(t_start)},
         {"items_per_second", static_cast<double>(items_done) / std::max(train_seconds, 1e-9)}}},
       {"checkpoint", final_ckpt},
+      {"plan", plan ? plan->to_json() : nlohmann::json(nullptr)},
       {"effective_config", setup.config.effective()},
   };
+  for (auto& [k, v] : time_extra.items()) report["time"][k] = v;
   if (!options.report_path.empty()) {
     const std::filesystem::path p(options.report_path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());

@@ -1,0 +1,43 @@
+#include "ration/memory/budget_policy.h"
+
+#include "ration/core/check.h"
+#include "ration/core/node.h"
+
+namespace ration::memory {
+
+BudgetPolicy::BudgetPolicy(std::set<ValueKey> dropped, std::vector<std::string> ops)
+    : dropped_(std::move(dropped)), ops_(std::move(ops)) {}
+
+void BudgetPolicy::begin_step() {
+  ordinal_of_seq_.clear();
+  recompute_ms_ = 0;
+  recomputed_nodes_ = 0;
+  dropped_values_ = 0;
+}
+
+void BudgetPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {
+  const int64_t ordinal = static_cast<int64_t>(ordinal_of_seq_.size());
+  RATION_CHECK(ordinal < static_cast<int64_t>(ops_.size()) && ops_[static_cast<size_t>(ordinal)] == node.spec.name,
+               "the model's graph differs from the profiled one at node ", ordinal, " (",
+               ordinal < static_cast<int64_t>(ops_.size()) ? ops_[static_cast<size_t>(ordinal)] : std::string("end"),
+               " profiled, ", node.spec.name,
+               " now): memory plans assume a static graph and same-shaped batches (use train.drop_last-style batching)");
+  ordinal_of_seq_[node.seq] = ordinal;
+  for (auto& ref : node.saved) {
+    SavedValue& v = *ref.value;
+    if (v.pinned() || v.state() != SavedState::Resident) continue;
+    auto it = ordinal_of_seq_.find(v.producer()->seq);
+    if (it == ordinal_of_seq_.end()) continue;
+    if (dropped_.count({it->second, v.output_nr()})) {
+      v.drop();
+      ++dropped_values_;
+    }
+  }
+}
+
+void BudgetPolicy::on_recompute(Node&, double ms) {
+  recompute_ms_ += ms;
+  ++recomputed_nodes_;
+}
+
+}  // namespace ration::memory

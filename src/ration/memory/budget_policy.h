@@ -1,0 +1,38 @@
+// budget_policy.h — executes a keep/recompute plan (seed method M0) on every training step.
+// Owns: mapping this step's nodes to the profiled ordinals (checking the graph is the one profiled),
+//       dropping the planned saved values right after their node's forward, and measuring the time
+//       spent re-running producers in backward. The model code never changes: install with PolicyScope.
+#pragma once
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ration/memory/profile.h"
+#include "ration/memory/saved_value.h"
+
+namespace ration::memory {
+
+class BudgetPolicy : public MemoryPolicy {
+ public:
+  // `ops` are the profiled nodes' op names by ordinal (to detect a graph that differs from the plan's).
+  BudgetPolicy(std::set<ValueKey> dropped, std::vector<std::string> ops);
+  void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& outputs) override;
+  void on_recompute(Node& node, double ms) override;
+  // Call at the start of each step.
+  void begin_step();
+  double recompute_ms() const { return recompute_ms_; }   // this step
+  int64_t recomputed_nodes() const { return recomputed_nodes_; }
+  int64_t dropped_values() const { return dropped_values_; }
+
+ private:
+  std::set<ValueKey> dropped_;
+  std::vector<std::string> ops_;
+  std::unordered_map<uint64_t, int64_t> ordinal_of_seq_;
+  double recompute_ms_ = 0;
+  int64_t recomputed_nodes_ = 0;
+  int64_t dropped_values_ = 0;
+};
+
+}  // namespace ration::memory

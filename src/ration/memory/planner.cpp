@@ -1,0 +1,555 @@
+#include "ration/memory/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <unordered_set>
+
+#include "ration/core/check.h"
+#include "ration/memory/allocator.h"
+
+namespace ration::memory {
+namespace {
+
+bool is_number(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// ---- the simulator ------------------------------------------------------------------------------
+// Mirrors SavedValue/Node::recompute/engine: a key is usable without recompute iff it is pinned, or saved
+// and kept (until its last use), or restored by a recompute (until its last use). Memory is counted by
+// storage instance: the original (alive while a kept key holds it), a recomputed instance (alive while a
+// restored key holds it), and per-backward-node transients (freed when the node's recompute cache ends).
+class Simulator {
+ public:
+  Simulator(const StepProfile& p, const std::vector<char>& dropped, int64_t extra)
+      : p_(p), dropped_(dropped), extra_(extra) {
+    const size_t ns = p.storages.size();
+    saved_at_.assign(ns, -1);
+    last_fwd_use_.assign(ns, -1);
+    for (size_t k = 0; k < p.nodes.size(); ++k) {
+      for (const auto& key : p.nodes[k].saved) {
+        ++pending_[key];
+        const int64_t s = p.storage_of(key);
+        if (s >= 0 && saved_at_[static_cast<size_t>(s)] < 0) saved_at_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+      }
+      for (const auto& key : p.nodes[k].inputs) {
+        const int64_t s = p.storage_of(key);
+        if (s >= 0) last_fwd_use_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+      }
+    }
+  }
+
+  // Droppable: saved, and allocated by a recorded node.
+  bool droppable(int64_t s) const {
+    return s >= 0 && saved_at_[static_cast<size_t>(s)] >= 0 && p_.storages[static_cast<size_t>(s)].allocated_by >= 0;
+  }
+  bool is_dropped(int64_t s) const { return s >= 0 && droppable(s) && dropped_[static_cast<size_t>(s)]; }
+
+  Prediction run() {
+    Prediction pred;
+    const size_t ns = p_.storages.size();
+    // ---- forward: measured peak minus saved storages the measured run held, plus what this plan holds.
+    // Events per node: storages allocated there (both runs hold them), dropped storages released after
+    // their last forward use (this plan only).
+    std::vector<int64_t> alloc_at(p_.nodes.size(), 0), release_after(p_.nodes.size(), 0);
+    for (size_t s = 0; s < ns; ++s) {
+      if (!droppable(static_cast<int64_t>(s))) continue;
+      alloc_at[static_cast<size_t>(p_.storages[s].allocated_by)] += p_.storages[s].bytes;
+      if (dropped_[s]) release_after[static_cast<size_t>(std::max(last_fwd_use_[s], saved_at_[s]))] += p_.storages[s].bytes;
+    }
+    int64_t measured_saved = 0, planned_saved = 0;
+    for (size_t k = 0; k < p_.nodes.size(); ++k) {
+      measured_saved += alloc_at[k];
+      planned_saved += alloc_at[k];
+      const int64_t peak = p_.nodes[k].peak_bytes - measured_saved + planned_saved + extra_;
+      if (peak > pred.peak_bytes) {
+        pred.peak_bytes = peak;
+        pred.peak_at = "forward " + p_.nodes[k].op + "#" + std::to_string(k);
+      }
+      planned_saved -= release_after[k];
+    }
+    // ---- backward.
+    orig_holders_.assign(ns, 0);
+    rec_holders_.assign(ns, 0);
+    std::map<ValueKey, int> measured_pending = pending_;
+    std::vector<int64_t> measured_holders(ns, 0);
+    resident_ = 0;
+    for (const auto& [key, n] : pending_) {
+      const int64_t s = p_.storage_of(key);
+      if (!droppable(s)) continue;
+      measured_holders[static_cast<size_t>(s)] += 1;
+      if (!dropped_[static_cast<size_t>(s)]) {
+        hold(orig_holders_, s, +1);
+        state_[key] = KeyState::Kept;
+      } else {
+        state_[key] = KeyState::Dropped;
+      }
+    }
+    // What the measured (keep-everything) run held: every saved storage until its last use.
+    int64_t measured_resident = 0;
+    for (size_t s = 0; s < ns; ++s)
+      if (measured_holders[s] > 0) measured_resident += p_.storages[s].bytes;
+    for (size_t j = 0; j < p_.backward_order.size(); ++j) {
+      const int64_t ord = p_.backward_order[j];
+      const ProfiledNode& node = p_.nodes[static_cast<size_t>(ord)];
+      const int64_t transient_other = p_.backward_peak_bytes[j] - measured_resident;
+      cache_.clear();
+      transient_bytes_ = 0;
+      transient_peak_ = 0;
+      for (const auto& key : node.saved) ensure(key, pred);
+      const int64_t peak = transient_other + resident_bytes() + transient_peak_ + extra_;
+      if (peak > pred.peak_bytes) {
+        pred.peak_bytes = peak;
+        pred.peak_at = "backward " + node.op + "#" + std::to_string(ord);
+      }
+      // Release after the node: pending uses of its saved keys.
+      for (const auto& key : node.saved) {
+        const int64_t s = p_.storage_of(key);
+        if (--measured_pending[key] == 0 && droppable(s) && --measured_holders[static_cast<size_t>(s)] == 0)
+          measured_resident -= p_.storages[static_cast<size_t>(s)].bytes;
+        auto& n = pending_[key];
+        if (--n > 0) continue;
+        auto st = state_.find(key);
+        if (st == state_.end() || s < 0) continue;
+        if (st->second == KeyState::Kept) hold(orig_holders_, s, -1);
+        if (st->second == KeyState::Restored) hold(rec_holders_, s, -1);
+        st->second = KeyState::Released;
+      }
+    }
+    return pred;
+  }
+
+ private:
+  enum class KeyState { Kept, Dropped, Restored, Released };
+
+  int64_t resident_bytes() const { return resident_; }
+  // A storage instance is resident while it has holders; track the byte total incrementally.
+  void hold(std::vector<int64_t>& holders, int64_t s, int delta) {
+    int64_t& h = holders[static_cast<size_t>(s)];
+    const bool before = h > 0;
+    h += delta;
+    const bool after = h > 0;
+    if (before != after) resident_ += (after ? 1 : -1) * p_.storages[static_cast<size_t>(s)].bytes;
+  }
+
+  bool usable(const ValueKey& key) const {
+    if (key.first < 0) return true;
+    auto it = state_.find(key);
+    return it != state_.end() && (it->second == KeyState::Kept || it->second == KeyState::Restored);
+  }
+
+  void ensure(const ValueKey& key, Prediction& pred) {
+    if (usable(key)) return;
+    rerun(key.first, pred);
+  }
+
+  // Re-run producer `ord` (once per backward node): rebuild non-usable inputs, allocate its storages,
+  // store outputs whose keys are dropped and still awaited.
+  void rerun(int64_t ord, Prediction& pred) {
+    if (!cache_.insert(ord).second) return;
+    const ProfiledNode& n = p_.nodes[static_cast<size_t>(ord)];
+    for (const auto& in : n.inputs) ensure(in, pred);
+    pred.recompute_ms += n.forward_ms;
+    pred.recomputed_nodes += 1;
+    std::unordered_set<int64_t> held;
+    for (size_t j = 0; j < n.output_storage.size(); ++j) {
+      const ValueKey key{ord, static_cast<int>(j)};
+      auto st = state_.find(key);
+      if (st == state_.end() || st->second != KeyState::Dropped) continue;
+      st->second = KeyState::Restored;
+      const int64_t s = n.output_storage[j];
+      if (s >= 0) {
+        hold(rec_holders_, s, +1);
+        held.insert(s);
+      }
+    }
+    // Freshly allocated storages not held by a restored key live in the cache until the node ends.
+    for (int64_t s : n.allocated_storage) {
+      if (!held.count(s)) transient_bytes_ += p_.storages[static_cast<size_t>(s)].bytes;
+    }
+    transient_peak_ = std::max(transient_peak_, transient_bytes_);
+  }
+
+  const StepProfile& p_;
+  const std::vector<char>& dropped_;
+  int64_t extra_;
+  std::vector<int64_t> saved_at_, last_fwd_use_;
+  std::map<ValueKey, int> pending_;
+  std::map<ValueKey, KeyState> state_;
+  std::vector<int64_t> orig_holders_, rec_holders_;
+  std::unordered_set<int64_t> cache_;
+  int64_t transient_bytes_ = 0, transient_peak_ = 0;
+  int64_t resident_ = 0;
+};
+
+// Cost of re-running the producer of storage s if only s were dropped (its unsaved inputs re-run too).
+double single_cost(const StepProfile& p, const std::set<ValueKey>& saved, int64_t producer,
+                   std::unordered_set<int64_t>& seen) {
+  if (producer < 0 || !seen.insert(producer).second) return 0;
+  const ProfiledNode& n = p.nodes[static_cast<size_t>(producer)];
+  double cost = n.forward_ms;
+  for (const auto& in : n.inputs) {
+    if (in.first >= 0 && !saved.count(in)) cost += single_cost(p, saved, in.first, seen);
+  }
+  return cost;
+}
+
+void fill_counts(Plan& plan) {
+  plan.kept_groups = plan.kept_bytes = plan.dropped_groups = plan.dropped_bytes = 0;
+  for (const auto& g : plan.groups) {
+    if (g.keep) {
+      ++plan.kept_groups;
+      plan.kept_bytes += g.bytes;
+    } else {
+      ++plan.dropped_groups;
+      plan.dropped_bytes += g.bytes;
+    }
+  }
+}
+
+std::vector<char> dropped_vector(const StepProfile& p, const std::vector<Group>& groups) {
+  std::vector<char> d(p.storages.size(), 0);
+  for (const auto& g : groups) d[static_cast<size_t>(g.storage)] = g.keep ? 0 : 1;
+  return d;
+}
+
+}  // namespace
+
+Strategy parse_strategy(const std::string& name) {
+  if (name == "knapsack") return Strategy::Knapsack;
+  if (name == "ordered") return Strategy::Ordered;
+  if (name == "ordered-sets") return Strategy::OrderedSets;
+  if (name == "uniform") return Strategy::Uniform;
+  if (name == "sqrt") return Strategy::Sqrt;
+  if (name == "optimal-chain") return Strategy::OptimalChain;
+  RATION_CHECK(false, "unknown plan strategy '", name,
+               "' (expected knapsack, ordered, ordered-sets, uniform, sqrt or optimal-chain)");
+}
+
+const char* to_string(Strategy s) {
+  switch (s) {
+    case Strategy::Knapsack: return "knapsack";
+    case Strategy::Ordered: return "ordered";
+    case Strategy::OrderedSets: return "ordered-sets";
+    case Strategy::Uniform: return "uniform";
+    case Strategy::Sqrt: return "sqrt";
+    case Strategy::OptimalChain: return "optimal-chain";
+  }
+  return "?";
+}
+
+std::string node_set_of(const std::string& scope) {
+  if (scope.empty()) return "(top)";
+  const auto dot = scope.find('.');
+  if (dot == std::string::npos) return scope;
+  const auto dot2 = scope.find('.', dot + 1);
+  const std::string second = scope.substr(dot + 1, dot2 == std::string::npos ? std::string::npos : dot2 - dot - 1);
+  return is_number(second) ? scope.substr(0, dot2) : scope.substr(0, dot);
+}
+
+Prediction simulate(const StepProfile& profile, const std::vector<char>& dropped_storage, int64_t extra_fixed_bytes) {
+  RATION_ASSERT(dropped_storage.size() == profile.storages.size(), "dropped vector size mismatch");
+  Simulator sim(profile, dropped_storage, extra_fixed_bytes);
+  return sim.run();
+}
+
+int64_t revolve_min_recomputes(int64_t n, int64_t c) {
+  RATION_CHECK(n >= 1 && c >= 1, "revolve needs n >= 1 steps and c >= 1 checkpoints");
+  if (c >= n - 1) return 0;
+  // beta(c, r) = C(c + r, c): the longest chain reversible with c checkpoints and r sweeps.
+  auto binom = [](int64_t a, int64_t b) {
+    if (b < 0 || b > a) return 0.0;
+    double r = 1;
+    for (int64_t i = 1; i <= b; ++i) r = r * static_cast<double>(a - b + i) / static_cast<double>(i);
+    return r;
+  };
+  int64_t r = 1;
+  while (binom(c + r, c) < static_cast<double>(n)) ++r;
+  const double forward_steps = static_cast<double>(r * n) - binom(c + r, c + 1);
+  return std::max<int64_t>(0, static_cast<int64_t>(std::llround(forward_steps)) - (n - 1));
+}
+
+std::set<ValueKey> Plan::dropped_keys(const StepProfile& profile) const {
+  std::set<int64_t> dropped;
+  for (const auto& g : groups)
+    if (!g.keep) dropped.insert(g.storage);
+  std::set<ValueKey> keys;
+  for (const auto& n : profile.nodes)
+    for (const auto& k : n.saved)
+      if (k.first >= 0 && dropped.count(profile.storage_of(k))) keys.insert(k);
+  return keys;
+}
+
+Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
+  Plan plan;
+  plan.strategy = options.strategy;
+  plan.budget_bytes = options.budget_bytes;
+  std::vector<char> none(profile.storages.size(), 0);
+  Simulator probe(profile, none, 0);
+  std::set<ValueKey> saved_keys;
+  for (const auto& node : profile.nodes)
+    for (const auto& k : node.saved) saved_keys.insert(k);
+  // Groups in forward order of their producers.
+  for (int64_t s : profile.saved_storages()) {
+    if (!probe.droppable(s)) continue;
+    Group g;
+    g.storage = s;
+    g.bytes = profile.storages[static_cast<size_t>(s)].bytes;
+    g.producer = profile.storages[static_cast<size_t>(s)].allocated_by;
+    g.op = profile.nodes[static_cast<size_t>(g.producer)].op;
+    g.node_set = node_set_of(profile.nodes[static_cast<size_t>(g.producer)].scope);
+    std::unordered_set<int64_t> seen;
+    g.recompute_ms = single_cost(profile, saved_keys, g.producer, seen);
+    plan.groups.push_back(g);
+  }
+  std::stable_sort(plan.groups.begin(), plan.groups.end(),
+                   [](const Group& a, const Group& b) { return a.producer < b.producer; });
+  const int64_t extra = options.extra_fixed_bytes;
+  auto predict = [&](const std::vector<Group>& gs) { return simulate(profile, dropped_vector(profile, gs), extra); };
+
+  const Prediction full = predict(plan.groups);
+  plan.unconstrained_peak_bytes = full.peak_bytes;
+  int64_t saved_total = 0;
+  for (const auto& g : plan.groups) saved_total += g.bytes;
+  // Fixed occupancy: the measured peak of everything that is not a saved activation.
+  plan.fixed_bytes = std::max<int64_t>(0, full.peak_bytes - saved_total);
+  plan.capacity_bytes = options.budget_bytes - plan.fixed_bytes;
+  const int64_t budget = options.budget_bytes;
+  const size_t n = plan.groups.size();
+
+  // Knapsack order: cheapest measured recompute per byte freed first.
+  std::vector<size_t> by_ratio(n);
+  std::iota(by_ratio.begin(), by_ratio.end(), 0);
+  std::stable_sort(by_ratio.begin(), by_ratio.end(), [&](size_t a, size_t b) {
+    return plan.groups[a].recompute_ms / static_cast<double>(std::max<int64_t>(plan.groups[a].bytes, 1)) <
+           plan.groups[b].recompute_ms / static_cast<double>(std::max<int64_t>(plan.groups[b].bytes, 1));
+  });
+  // Greedy descent: take drops in knapsack order when they lower the predicted peak, in passes, until
+  // the prediction fits `target` or no drop helps. (Dropping is not monotone: a dropped run of values is
+  // rebuilt and held together, so a drop that only adds recompute transients is skipped.)
+  auto descend = [&](std::vector<Group>& gs, int64_t target) {
+    int64_t peak = predict(gs).peak_bytes;
+    bool progress = true;
+    while (peak > target && progress) {
+      progress = false;
+      for (size_t i : by_ratio) {
+        if (!gs[i].keep) continue;
+        gs[i].keep = false;
+        const int64_t p = predict(gs).peak_bytes;
+        if (p < peak) {
+          peak = p;
+          progress = true;
+          if (peak <= target) break;
+        } else {
+          gs[i].keep = true;
+        }
+      }
+    }
+    return peak;
+  };
+  // The feasible floor we can reach: the lowest of a full descent and the checkpointing baselines.
+  {
+    std::vector<Group> floor_plan = plan.groups;
+    plan.minimum_peak_bytes = std::min(full.peak_bytes, descend(floor_plan, 0));
+  }
+  RATION_CHECK(budget >= plan.minimum_peak_bytes, "memory budget ", format_bytes(budget),
+               " is below the feasible minimum ", format_bytes(plan.minimum_peak_bytes),
+               " for this model and batch (fixed occupancy ", format_bytes(plan.fixed_bytes),
+               ": parameters, gradients, optimiser state and workspace, plus what must stay saved). "
+               "Raise --memory-budget or lower train.batch_size.");
+
+  auto fits = [&](const std::vector<Group>& gs) { return predict(gs).peak_bytes <= budget; };
+
+  switch (options.strategy) {
+    case Strategy::Knapsack:
+    case Strategy::OptimalChain: {
+      descend(plan.groups, budget);
+      // Keep as much as fits: re-keep the most expensive drops first while the prediction still fits.
+      for (size_t r = n; r-- > 0;) {
+        const size_t i = by_ratio[r];
+        if (plan.groups[i].keep) continue;
+        plan.groups[i].keep = true;
+        if (!fits(plan.groups)) plan.groups[i].keep = false;
+      }
+      break;
+    }
+    case Strategy::Ordered: {
+      for (size_t i = 0; i < n && !fits(plan.groups); ++i) plan.groups[i].keep = false;
+      break;
+    }
+    case Strategy::OrderedSets: {
+      // The largest number of groups G that fits, split across node sets in proportion to their sizes;
+      // within each set, groups are deleted in the preset (forward) order until its target is met.
+      std::map<std::string, std::vector<size_t>> sets;
+      std::vector<std::string> set_order;
+      for (size_t i = 0; i < n; ++i) {
+        if (!sets.count(plan.groups[i].node_set)) set_order.push_back(plan.groups[i].node_set);
+        sets[plan.groups[i].node_set].push_back(i);
+      }
+      for (int64_t target = static_cast<int64_t>(n); target >= 0; --target) {
+        // Proportional split with largest remainders.
+        std::vector<int64_t> per(set_order.size());
+        std::vector<std::pair<double, size_t>> rema;
+        int64_t assigned = 0;
+        for (size_t k = 0; k < set_order.size(); ++k) {
+          const double exact = static_cast<double>(target) * static_cast<double>(sets[set_order[k]].size()) /
+                               static_cast<double>(std::max<size_t>(n, 1));
+          per[k] = static_cast<int64_t>(std::floor(exact));
+          assigned += per[k];
+          rema.emplace_back(exact - std::floor(exact), k);
+        }
+        std::stable_sort(rema.begin(), rema.end(), [](auto& a, auto& b) { return a.first > b.first; });
+        for (size_t r = 0; assigned < target && r < rema.size(); ++r, ++assigned) per[rema[r].second] += 1;
+        for (size_t k = 0; k < set_order.size(); ++k) {
+          const auto& idx = sets[set_order[k]];
+          const int64_t to_delete = static_cast<int64_t>(idx.size()) - per[k];
+          for (size_t m = 0; m < idx.size(); ++m) plan.groups[idx[m]].keep = static_cast<int64_t>(m) >= to_delete;
+        }
+        if (fits(plan.groups)) break;
+      }
+      break;
+    }
+    case Strategy::Uniform:
+    case Strategy::Sqrt: {
+      // Checkpointing as PyTorch users do it: inside numbered blocks keep only the block's outputs
+      // (groups used outside the block) of every k-th block; everything else in blocks is recomputed.
+      std::vector<std::string> blocks;
+      for (const auto& g : plan.groups) {
+        const auto dot = g.node_set.find('.');
+        if (dot != std::string::npos && std::find(blocks.begin(), blocks.end(), g.node_set) == blocks.end())
+          blocks.push_back(g.node_set);
+      }
+      if (blocks.empty()) {  // no numbered blocks: every top-level module is a block
+        for (const auto& g : plan.groups)
+          if (std::find(blocks.begin(), blocks.end(), g.node_set) == blocks.end() && g.node_set != "(top)")
+            blocks.push_back(g.node_set);
+      }
+      const int64_t k = options.strategy == Strategy::Sqrt
+                            ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(blocks.size())))))
+                            : std::max<int64_t>(1, options.checkpoint_every);
+      for (auto& g : plan.groups) {
+        const auto it = std::find(blocks.begin(), blocks.end(), g.node_set);
+        if (it == blocks.end()) continue;  // outside blocks: kept
+        const int64_t index = it - blocks.begin();
+        bool used_outside = false;
+        for (const auto& node : profile.nodes) {
+          if (node_set_of(node.scope) == g.node_set) continue;
+          for (const auto& in : node.inputs)
+            if (profile.storage_of(in) == g.storage) used_outside = true;
+        }
+        g.keep = used_outside && ((index + 1) % k == 0);
+      }
+      break;
+    }
+  }
+  fill_counts(plan);
+  plan.initial_kept_groups = plan.kept_groups;
+  plan.initial_kept_bytes = plan.kept_bytes;
+
+  // User feedback (seed step 5): the user may lower what is kept, never raise it.
+  if (options.keep_groups) {
+    RATION_CHECK(*options.keep_groups <= plan.initial_kept_groups, "--keep-groups ", *options.keep_groups,
+                 " asks to keep more than the plan's initial figure of ", plan.initial_kept_groups,
+                 " groups; keeping more would not fit the budget of ", format_bytes(budget),
+                 " (predicted peak with the initial plan: ", format_bytes(predict(plan.groups).peak_bytes), ")");
+  }
+  if (options.keep_bytes) {
+    RATION_CHECK(*options.keep_bytes <= plan.initial_kept_bytes, "--keep-bytes ", format_bytes(*options.keep_bytes),
+                 " asks to keep more than the plan's initial figure of ", format_bytes(plan.initial_kept_bytes),
+                 "; keeping more would not fit the budget of ", format_bytes(budget));
+  }
+  if (options.keep_groups || options.keep_bytes) {
+    // Drop further groups, cheapest recompute per byte first, until both limits hold.
+    for (size_t i : by_ratio) {
+      fill_counts(plan);
+      const bool ok = (!options.keep_groups || plan.kept_groups <= *options.keep_groups) &&
+                      (!options.keep_bytes || plan.kept_bytes <= *options.keep_bytes);
+      if (ok) break;
+      plan.groups[i].keep = false;
+    }
+  }
+  fill_counts(plan);
+  plan.prediction = predict(plan.groups);
+  plan.fits = plan.prediction.peak_bytes <= budget;
+  RATION_CHECK(plan.fits, "strategy '", to_string(options.strategy), "' cannot meet the budget of ", format_bytes(budget),
+               ": its plan's predicted peak is ", format_bytes(plan.prediction.peak_bytes), " at ",
+               plan.prediction.peak_at, " (feasible minimum ", format_bytes(plan.minimum_peak_bytes),
+               "). Use --plan knapsack or raise the budget.");
+  return plan;
+}
+
+nlohmann::json Plan::to_json() const {
+  nlohmann::json sets = nlohmann::json::object();
+  for (const auto& g : groups) {
+    auto& s = sets[g.node_set];
+    if (s.is_null()) s = {{"kept_groups", 0}, {"kept_bytes", 0}, {"dropped_groups", 0}, {"dropped_bytes", 0}};
+    s[g.keep ? "kept_groups" : "dropped_groups"] = s[g.keep ? "kept_groups" : "dropped_groups"].get<int64_t>() + 1;
+    s[g.keep ? "kept_bytes" : "dropped_bytes"] = s[g.keep ? "kept_bytes" : "dropped_bytes"].get<int64_t>() + g.bytes;
+  }
+  nlohmann::json gs = nlohmann::json::array();
+  for (const auto& g : groups)
+    gs.push_back({{"storage", g.storage}, {"bytes", g.bytes}, {"producer", g.producer}, {"op", g.op},
+                  {"node_set", g.node_set}, {"recompute_ms", g.recompute_ms}, {"decision", g.keep ? "keep" : "recompute"}});
+  return {{"strategy", to_string(strategy)},
+          {"budget_bytes", budget_bytes},
+          {"fixed_bytes", fixed_bytes},
+          {"activation_capacity_bytes", capacity_bytes},
+          {"unconstrained_peak_bytes", unconstrained_peak_bytes},
+          {"minimum_peak_bytes", minimum_peak_bytes},
+          {"initial_kept_groups", initial_kept_groups},
+          {"initial_kept_bytes", initial_kept_bytes},
+          {"kept_groups", kept_groups},
+          {"kept_bytes", kept_bytes},
+          {"dropped_groups", dropped_groups},
+          {"dropped_bytes", dropped_bytes},
+          {"predicted_peak_bytes", prediction.peak_bytes},
+          {"predicted_peak_at", prediction.peak_at},
+          {"predicted_recompute_ms", prediction.recompute_ms},
+          {"predicted_recomputed_nodes", prediction.recomputed_nodes},
+          {"node_sets", sets},
+          {"groups", gs}};
+}
+
+std::string Plan::to_table() const {
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line, "plan (%s): budget %s = fixed occupancy %s + activation capacity %s\n",
+                to_string(strategy), format_bytes(budget_bytes).c_str(), format_bytes(fixed_bytes).c_str(),
+                format_bytes(capacity_bytes).c_str());
+  os << line;
+  std::snprintf(line, sizeof line, "  keep %lld of %lld groups (%s of %s); initial figure %lld groups / %s\n",
+                static_cast<long long>(kept_groups), static_cast<long long>(groups.size()),
+                format_bytes(kept_bytes).c_str(), format_bytes(kept_bytes + dropped_bytes).c_str(),
+                static_cast<long long>(initial_kept_groups), format_bytes(initial_kept_bytes).c_str());
+  os << line;
+  std::snprintf(line, sizeof line,
+                "  predicted peak %s at %s (unconstrained %s, feasible minimum %s); predicted recompute %.2f ms "
+                "(%lld node re-runs)\n",
+                format_bytes(prediction.peak_bytes).c_str(), prediction.peak_at.c_str(),
+                format_bytes(unconstrained_peak_bytes).c_str(), format_bytes(minimum_peak_bytes).c_str(),
+                prediction.recompute_ms, static_cast<long long>(prediction.recomputed_nodes));
+  os << line;
+  std::map<std::string, std::array<int64_t, 4>> sets;
+  std::vector<std::string> order;
+  for (const auto& g : groups) {
+    if (!sets.count(g.node_set)) order.push_back(g.node_set);
+    auto& s = sets[g.node_set];
+    s[g.keep ? 0 : 2] += 1;
+    s[g.keep ? 1 : 3] += g.bytes;
+  }
+  std::snprintf(line, sizeof line, "  %-24s %8s %12s %8s %12s\n", "node set", "kept", "kept bytes", "dropped", "dropped bytes");
+  os << line;
+  for (const auto& name : order) {
+    const auto& s = sets[name];
+    std::snprintf(line, sizeof line, "  %-24s %8lld %12s %8lld %12s\n", name.c_str(), static_cast<long long>(s[0]),
+                  format_bytes(s[1]).c_str(), static_cast<long long>(s[2]), format_bytes(s[3]).c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace ration::memory

@@ -1,0 +1,88 @@
+// planner.h — the budget planner (seed method M0): from a measured StepProfile and a device-memory
+// budget, decide keep or recompute for every saved group so that the predicted peak at every point of
+// forward and backward (recompute transients included) fits the budget.
+// Owns: the memory simulator (which mirrors the executor's rules exactly: what is resident, what a
+//       recompute rebuilds and stores, what it frees), the strategies, user overrides, and the plan as
+//       data (printable, JSON). Does not own: executing the plan (budget_policy.h).
+//
+// Terms: a group is one saved storage (views share their base's storage), owned by the node that
+// allocated it; a node set is the module a group's producer belongs to ("blocks.3", "conv1").
+// Capacity for saved activations = budget − fixed occupancy, where fixed occupancy is the measured peak
+// of everything that is not a saved activation (parameters, gradients, optimiser state, data, workspace
+// and backward transients).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ration/memory/profile.h"
+
+namespace ration::memory {
+
+enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt, OptimalChain };
+Strategy parse_strategy(const std::string& name);  // throws listing the valid names
+const char* to_string(Strategy s);
+
+struct PlanOptions {
+  int64_t budget_bytes = 0;                 // whole device budget
+  Strategy strategy = Strategy::Knapsack;
+  int64_t extra_fixed_bytes = 0;            // memory the profile did not see (e.g. optimiser state)
+  int64_t checkpoint_every = 1;             // uniform: keep block boundaries of every k-th block
+  std::optional<int64_t> keep_groups;       // user override: keep at most this many groups
+  std::optional<int64_t> keep_bytes;        // user override: keep at most this many bytes
+};
+
+struct Prediction {
+  int64_t peak_bytes = 0;
+  std::string peak_at;             // "forward <op>#k" or "backward <op>#k"
+  double recompute_ms = 0;         // predicted: sum of re-run producers' measured forward times
+  int64_t recomputed_nodes = 0;
+};
+
+struct Group {
+  int64_t storage = -1;
+  int64_t bytes = 0;
+  int64_t producer = -1;           // ordinal of the node that allocated it
+  std::string op, node_set;
+  double recompute_ms = 0;         // producer chain cost if this group alone were dropped
+  bool keep = true;
+};
+
+struct Plan {
+  Strategy strategy = Strategy::Knapsack;
+  int64_t budget_bytes = 0;
+  int64_t fixed_bytes = 0;         // fixed occupancy
+  int64_t capacity_bytes = 0;      // budget − fixed
+  int64_t unconstrained_peak_bytes = 0;  // predicted with everything kept
+  int64_t minimum_peak_bytes = 0;  // predicted with every group dropped (the feasible floor we know)
+  int64_t initial_kept_groups = 0, initial_kept_bytes = 0;  // before user overrides
+  int64_t kept_groups = 0, kept_bytes = 0, dropped_groups = 0, dropped_bytes = 0;
+  std::vector<Group> groups;       // in forward order
+  Prediction prediction;
+  bool fits = false;
+
+  // Keys (producer ordinal, output) of every saved value whose group is dropped.
+  std::set<ValueKey> dropped_keys(const StepProfile& profile) const;
+  nlohmann::json to_json() const;
+  std::string to_table() const;
+};
+
+// Simulate one step with the given groups dropped (by storage id).
+Prediction simulate(const StepProfile& profile, const std::vector<char>& dropped_storage, int64_t extra_fixed_bytes);
+
+// Plan. Throws ration::Error when the budget is below the feasible minimum (stating it), when the
+// strategy cannot meet the budget, or when an override asks to keep more than the initial figure.
+Plan make_plan(const StepProfile& profile, const PlanOptions& options);
+
+// Node set of a module scope: "blocks.3.attn.qkv" -> "blocks.3", "conv1" -> "conv1", "" -> "(top)".
+std::string node_set_of(const std::string& scope);
+
+// Revolve (Griewank) yardstick: the minimum number of forward re-evaluations needed to reverse a chain
+// of n steps holding at most c checkpoints (each step's state is one checkpoint-sized value).
+int64_t revolve_min_recomputes(int64_t n, int64_t c);
+
+}  // namespace ration::memory

@@ -1,0 +1,124 @@
+#include "ration/memory/profile.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "ration/core/check.h"
+#include "ration/core/node.h"
+#include "ration/memory/allocator.h"
+
+namespace ration::memory {
+namespace {
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+int64_t StepProfile::storage_of(const ValueKey& k) const {
+  auto it = value_storage.find(k);
+  return it == value_storage.end() ? -1 : it->second;
+}
+
+std::vector<int64_t> StepProfile::saved_storages() const {
+  std::vector<int64_t> out;
+  std::vector<bool> seen(storages.size(), false);
+  for (const auto& n : nodes) {
+    for (const auto& k : n.saved) {
+      const int64_t s = storage_of(k);
+      if (s < 0 || seen[static_cast<size_t>(s)]) continue;
+      seen[static_cast<size_t>(s)] = true;
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+ProfilePolicy::ProfilePolicy() {
+  const Stats now = stats();
+  excluded_bytes_ = now.current[static_cast<int>(Category::Data)];
+  profile_.baseline_bytes = now.current_bytes - excluded_bytes_;
+  reset_peak();
+}
+
+int64_t ProfilePolicy::storage_id(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return -1;
+  const c10::Storage& st = t.storage();
+  const void* impl = st.unsafeGetStorageImpl();
+  auto it = storage_ids_.find(impl);
+  if (it != storage_ids_.end() && !it->second.weak.expired()) return it->second.id;
+  const int64_t id = static_cast<int64_t>(profile_.storages.size());
+  profile_.storages.push_back({static_cast<int64_t>(st.nbytes()), -1});
+  storage_ids_.erase(impl);
+  storage_ids_.emplace(impl, Seen{id, st.getWeakStorageImpl()});
+  return id;
+}
+
+ValueKey ProfilePolicy::key_of(const SavedValue& v) const {
+  if (v.pinned()) return {-1, static_cast<int>(v.id())};
+  auto it = ordinal_of_seq_.find(v.producer()->seq);
+  RATION_ASSERT(it != ordinal_of_seq_.end(), "saved value ", v.label(), " from a node outside the profiled step");
+  return {it->second, v.output_nr()};
+}
+
+void ProfilePolicy::after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
+                                       const std::vector<at::Tensor>& outputs) {
+  const int64_t ordinal = static_cast<int64_t>(profile_.nodes.size());
+  ordinal_of_seq_[node.seq] = ordinal;
+  ProfiledNode pn;
+  pn.op = node.spec.name;
+  pn.scope = node.scope;
+  pn.forward_ms = node.forward_ms;
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    if (!node.inputs[i]) continue;
+    const ValueKey k = key_of(*node.inputs[i]);
+    pn.inputs.push_back(k);
+    if (!profile_.value_storage.count(k)) profile_.value_storage[k] = storage_id(inputs[i]);
+  }
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    bool is_new = false;
+    if (outputs[j].defined() && outputs[j].has_storage()) {
+      auto it = storage_ids_.find(outputs[j].storage().unsafeGetStorageImpl());
+      is_new = it == storage_ids_.end() || it->second.weak.expired();
+    }
+    const int64_t s = storage_id(outputs[j]);
+    pn.output_storage.push_back(s);
+    profile_.value_storage[{ordinal, static_cast<int>(j)}] = s;
+    if (is_new && s >= 0) {
+      profile_.storages[static_cast<size_t>(s)].allocated_by = ordinal;
+      pn.allocated_storage.push_back(s);
+    }
+  }
+  for (const auto& ref : node.saved) pn.saved.push_back(key_of(*ref.value));
+  pn.peak_bytes = stats().peak_bytes - excluded_bytes_;
+  reset_peak();
+  profile_.forward_ms += node.forward_ms;
+  profile_.nodes.push_back(std::move(pn));
+}
+
+void ProfilePolicy::before_backward_node(Node& node) {
+  auto it = ordinal_of_seq_.find(node.seq);
+  RATION_ASSERT(it != ordinal_of_seq_.end(), "backward of a node outside the profiled step");
+  if (profile_.backward_order.empty()) reset_peak();  // loss seeding etc. belongs to the first backward node
+  current_backward_ = it->second;
+  backward_start_ms_ = now_ms();
+  profile_.backward_order.push_back(it->second);
+}
+
+void ProfilePolicy::after_backward_node(Node& node) {
+  const double ms = now_ms() - backward_start_ms_;
+  profile_.nodes[static_cast<size_t>(current_backward_)].backward_ms = ms;
+  profile_.backward_ms += ms;
+  profile_.backward_peak_bytes.push_back(stats().peak_bytes - excluded_bytes_);
+  reset_peak();
+  (void)node;
+}
+
+StepProfile ProfilePolicy::finish() {
+  int64_t peak = 0;
+  for (const auto& n : profile_.nodes) peak = std::max(peak, n.peak_bytes);
+  for (auto p : profile_.backward_peak_bytes) peak = std::max(peak, p);
+  profile_.measured_peak_bytes = peak;
+  return std::move(profile_);
+}
+
+}  // namespace ration::memory

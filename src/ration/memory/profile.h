@@ -1,0 +1,84 @@
+// profile.h — one measured step: what every node produced, saved and cost, and the memory measured at
+// every node boundary of forward and backward. The budget planner plans from this, never from guesses.
+// Owns: ProfilePolicy (a MemoryPolicy that keeps everything and records), StepProfile (the trace).
+//
+// Keys: a graph value is named within a step by (producer ordinal, output index); ordinals count the
+// recorded nodes of the step from 0 in creation order, so the same model on a same-shaped batch gives
+// the same keys every step. Storages: tensors that share memory (views) map to one storage id; a
+// "group" (seed M0) is a saved storage, owned by the node that allocated it.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ration/memory/saved_value.h"
+
+namespace ration::memory {
+
+using ValueKey = std::pair<int64_t, int>;  // (producer ordinal, output index); producer -1 = leaf/constant
+
+struct ProfiledNode {
+  std::string op;
+  std::string scope;              // module path ("blocks.3.attn")
+  double forward_ms = 0;          // measured
+  double backward_ms = 0;         // measured
+  std::vector<ValueKey> inputs;   // undefined inputs omitted
+  std::vector<int64_t> output_storage;     // storage id of each output (-1: undefined)
+  std::vector<int64_t> allocated_storage;  // storages this node's forward allocated (not views of inputs)
+  std::vector<ValueKey> saved;    // values its backward reads
+  int64_t peak_bytes = 0;         // measured peak during its forward
+  int64_t last_forward_use = -1;  // (filled later) unused
+};
+
+struct ProfiledStorage {
+  int64_t bytes = 0;
+  int64_t allocated_by = -1;      // node ordinal (-1: leaf, constant or allocated outside the graph)
+};
+
+struct StepProfile {
+  std::vector<ProfiledNode> nodes;                // by ordinal
+  std::vector<ProfiledStorage> storages;          // by storage id
+  std::map<ValueKey, int64_t> value_storage;      // every value seen -> storage id
+  std::vector<int64_t> backward_order;            // node ordinals in execution order
+  std::vector<int64_t> backward_peak_bytes;       // measured peak during each backward node (same order)
+  int64_t baseline_bytes = 0;                     // measured before forward
+  // All byte figures exclude Category::Data (the dataset held in host memory); see allocator.h.
+  int64_t measured_peak_bytes = 0;                // whole step
+  double forward_ms = 0, backward_ms = 0;
+
+  int64_t storage_of(const ValueKey& k) const;
+  // Saved storages in order of first save, with the nodes that save them.
+  std::vector<int64_t> saved_storages() const;
+};
+
+class ProfilePolicy : public MemoryPolicy {
+ public:
+  ProfilePolicy();
+  void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& outputs) override;
+  void before_backward_node(Node& node) override;
+  void after_backward_node(Node& node) override;
+  // Call after backward returned.
+  StepProfile finish();
+
+ private:
+  int64_t storage_id(const at::Tensor& t);
+  ValueKey key_of(const SavedValue& v) const;
+  StepProfile profile_;
+  std::unordered_map<uint64_t, int64_t> ordinal_of_seq_;
+  struct Seen {
+    int64_t id;
+    c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // a freed-and-reused address is a new storage
+  };
+  std::unordered_map<const void*, Seen> storage_ids_;
+  int64_t excluded_bytes_ = 0;  // host-side dataset storage (Category::Data): not device memory
+  double backward_start_ms_ = 0;
+  int64_t current_backward_ = -1;
+};
+
+}  // namespace ration::memory

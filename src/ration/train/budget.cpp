@@ -1,0 +1,64 @@
+#include "ration/train/budget.h"
+
+#include "ration/core/check.h"
+#include "ration/core/node.h"
+#include "ration/memory/allocator.h"
+
+namespace ration::train {
+
+BudgetSettings read_budget_settings(Config& cfg) {
+  BudgetSettings s;
+  if (cfg.has("memory.budget")) {
+    s.budget_bytes = cfg.get_bytes("memory.budget", 0);
+    RATION_CHECK(*s.budget_bytes > 0, cfg.origin(), ": memory.budget must be a positive size such as 2GiB");
+    s.plan.budget_bytes = *s.budget_bytes;
+  }
+  s.plan.strategy = memory::parse_strategy(
+      cfg.get_choice("memory.plan", "knapsack", {"knapsack", "ordered", "ordered-sets", "uniform", "sqrt", "optimal-chain"}));
+  s.plan.checkpoint_every = cfg.get_int("memory.checkpoint_every", 1);
+  RATION_CHECK(s.plan.checkpoint_every >= 1, cfg.origin(), ": memory.checkpoint_every must be >= 1");
+  if (cfg.has("memory.keep_groups")) {
+    s.plan.keep_groups = cfg.get_int("memory.keep_groups", 0);
+    RATION_CHECK(*s.plan.keep_groups >= 0, cfg.origin(), ": memory.keep_groups must be >= 0");
+  }
+  if (cfg.has("memory.keep_bytes")) s.plan.keep_bytes = cfg.get_bytes("memory.keep_bytes", 0);
+  RATION_CHECK(s.budget_bytes || (!s.plan.keep_groups && !s.plan.keep_bytes), cfg.origin(),
+               ": memory.keep_groups / memory.keep_bytes (--keep-groups / --keep-bytes) need a memory budget "
+               "(--memory-budget SIZE)");
+  return s;
+}
+
+memory::StepProfile profile_step(models::Model& model, const data::Batch& batch, uint64_t seed) {
+  std::vector<at::Tensor> buffers;
+  for (auto& [name, b] : model.named_buffers()) buffers.push_back(b.clone());
+  model.zero_grad();
+  memory::StepProfile profile;
+  {
+    memory::ProfilePolicy policy;
+    PolicyScope scope(&policy);
+    manual_seed(seed);
+    memory::CategoryGuard workspace(memory::Category::Workspace);
+    Value loss = model.loss(batch);
+    loss.backward();
+    profile = policy.finish();
+  }
+  model.zero_grad();
+  auto live = model.named_buffers();
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < live.size(); ++i) live[i].second.copy_(buffers[i]);
+  return profile;
+}
+
+int64_t predicted_optimizer_bytes(const std::string& optimizer, double momentum, bool amsgrad,
+                                  const models::Model& model) {
+  int64_t param_bytes = 0;
+  int64_t count = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    param_bytes += p.numel() * static_cast<int64_t>(p.tensor().element_size());
+    ++count;
+  }
+  if (optimizer == "adamw") return (amsgrad ? 3 : 2) * param_bytes + count * 8;  // + int64 step per parameter
+  return momentum != 0 ? param_bytes : 0;
+}
+
+}  // namespace ration::train

@@ -1,0 +1,33 @@
+// budget.h — glue between a run and the memory planner: the [memory] config keys (and the CLI flags
+// that set them), the profiling step, and the plan for a model and batch.
+// Keys: memory.budget ("2GiB"; absent = unconstrained), memory.plan (knapsack | ordered | ordered-sets |
+//       uniform | sqrt | optimal-chain), memory.checkpoint_every (uniform), memory.keep_groups,
+//       memory.keep_bytes (user overrides that may only lower what is kept).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ration/data/batch.h"
+#include "ration/memory/planner.h"
+#include "ration/memory/profile.h"
+#include "ration/models/model.h"
+#include "ration/train/config.h"
+
+namespace ration::train {
+
+struct BudgetSettings {
+  std::optional<int64_t> budget_bytes;
+  memory::PlanOptions plan;  // budget_bytes filled when set
+};
+BudgetSettings read_budget_settings(Config& cfg);
+
+// One measured forward+backward on `batch` under a ProfilePolicy; gradients and buffers (batch-norm
+// statistics) are restored afterwards, so the run continues as if it had not happened.
+memory::StepProfile profile_step(models::Model& model, const data::Batch& batch, uint64_t seed);
+
+// Bytes of optimiser state the optimiser will create at its first step but the profile did not see.
+int64_t predicted_optimizer_bytes(const std::string& optimizer, double momentum, bool amsgrad,
+                                  const models::Model& model);
+
+}  // namespace ration::train
