@@ -80,7 +80,10 @@ class Simulator {
     resident_ = 0;
     for (const auto& [key, n] : pending_) {
       const int64_t s = p_.storage_of(key);
-      if (!droppable(s)) continue;
+      if (!droppable(s)) {  // e.g. a view of a parameter: never dropped, its memory is not ours to plan
+        state_[key] = KeyState::Kept;
+        continue;
+      }
       measured_holders[static_cast<size_t>(s)] += 1;
       if (!dropped_[static_cast<size_t>(s)]) {
         hold(orig_holders_, s, +1);
@@ -115,8 +118,8 @@ class Simulator {
         if (--n > 0) continue;
         auto st = state_.find(key);
         if (st == state_.end() || s < 0) continue;
-        if (st->second == KeyState::Kept) hold(orig_holders_, s, -1);
-        if (st->second == KeyState::Restored) hold(rec_holders_, s, -1);
+        if (droppable(s) && st->second == KeyState::Kept) hold(orig_holders_, s, -1);
+        if (droppable(s) && st->second == KeyState::Restored) hold(rec_holders_, s, -1);
         st->second = KeyState::Released;
       }
     }

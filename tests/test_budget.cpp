@@ -1,0 +1,230 @@
+// The budget planner and executor (seed method M0): measured peak within the budget, prediction
+// within 5% of the measurement, gradients bit-identical to unconstrained training (dropout on), the
+// user-override rule and the below-minimum error.
+#include <gtest/gtest.h>
+
+#include "ration/core/check.h"
+#include "ration/core/node.h"
+#include "ration/memory/allocator.h"
+#include "ration/memory/budget_policy.h"
+#include "ration/memory/planner.h"
+#include "ration/models/model.h"
+#include "ration/train/budget.h"
+#include "ration/train/gradcheck.h"
+
+namespace ration {
+namespace {
+
+struct Case {
+  std::string name;
+  std::string toml;
+};
+
+data::Batch batch_for(const std::string& name) {
+  at::manual_seed(5);
+  data::Batch b;
+  if (name == "cnn") {
+    b.input = Value(at::randn({32, 1, 28, 28}));
+    b.target = Value(at::randint(0, 10, {32}, at::kLong));
+    b.items = 32;
+  } else {
+    at::Tensor tokens = at::randint(0, 256, {8, 33}, at::kLong);
+    b.input = Value(tokens.slice(1, 0, 32).contiguous());
+    b.target = Value(tokens.slice(1, 1, 33).contiguous());
+    b.items = 256;
+  }
+  return b;
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {"gpt", "[model]\ntype='gpt'\nn_layer=3\nn_head=2\nn_embd=32\nblock_size=32\ndropout=0.1\n"},
+      {"cnn", "[model]\ntype='cnn'\nchannels=[8,16]\nfc_hidden=32\ndropout=0.25\n"},
+      {"lstm_lm", "[model]\ntype='lstm_lm'\nn_embd=16\nhidden_size=32\nn_layer=2\ndropout=0.1\n"},
+  };
+  return c;
+}
+
+// Peaks are compared above each run's own baseline (bytes live before the step), so tensors the test
+// itself keeps alive between runs (the reference gradients) do not blur the comparison.
+struct Measured {
+  int64_t peak = 0;       // measured device peak during the step, minus the baseline
+  int64_t baseline = 0;
+  std::vector<std::pair<std::string, at::Tensor>> grads;
+  double recompute_ms = 0;
+};
+
+// One step of the engine under `policy` (may be null): measured device peak and gradients.
+Measured run_step(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy) {
+  model.zero_grad();
+  Measured m;
+  PolicyScope scope(policy);
+  if (policy) policy->begin_step();
+  m.baseline = memory::device_current_bytes(memory::stats());
+  memory::reset_peak();
+  {
+    manual_seed(11);
+    Value loss = model.loss(batch);
+    loss.backward();
+  }
+  m.peak = memory::device_peak_bytes(memory::stats()) - m.baseline;
+  for (auto& [name, p] : model.named_parameters()) m.grads.emplace_back(name, p.grad().clone());
+  model.zero_grad();
+  if (policy) m.recompute_ms = policy->recompute_ms();
+  return m;
+}
+
+std::unique_ptr<memory::BudgetPolicy> policy_for(const memory::Plan& plan, const memory::StepProfile& profile) {
+  std::vector<std::string> ops;
+  for (const auto& n : profile.nodes) ops.push_back(n.op);
+  return std::make_unique<memory::BudgetPolicy>(plan.dropped_keys(profile), ops);
+}
+
+class Budget : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Budget, PeakFitsPredictionWithinFivePercentGradientsBitwiseEqual) {
+  Config cfg = Config::from_string(GetParam().toml, GetParam().name + ".toml");
+  at::manual_seed(3);
+  auto model = models::build_model(cfg);
+  model->train();
+  const data::Batch batch = batch_for(GetParam().name);
+  const memory::StepProfile profile = train::profile_step(*model, batch, 11);
+  const Measured plain = run_step(*model, batch, nullptr);
+  const int64_t base = profile.baseline_bytes;
+
+  memory::PlanOptions probe;
+  probe.budget_bytes = int64_t{1} << 40;
+  const memory::Plan loose = memory::make_plan(profile, probe);
+  const int64_t hi = loose.unconstrained_peak_bytes, lo = loose.minimum_peak_bytes;
+  ASSERT_LT(lo, hi) << "planner found no saving at all";
+  EXPECT_NEAR(static_cast<double>(hi - base), static_cast<double>(plain.peak), 0.05 * static_cast<double>(plain.peak))
+      << "unconstrained prediction vs measurement";
+
+  int64_t previous_recomputed = -1;
+  for (double f : {1.0, 0.75, 0.5, 0.25, 0.0}) {
+    memory::PlanOptions o;
+    o.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
+    const memory::Plan plan = memory::make_plan(profile, o);
+    auto policy = policy_for(plan, profile);
+    const Measured m = run_step(*model, batch, policy.get());
+    SCOPED_TRACE("budget " + memory::format_bytes(o.budget_bytes) + ": " + plan.to_table());
+    EXPECT_LE(m.peak, o.budget_bytes - base) << "measured peak over budget";
+    const int64_t predicted = plan.prediction.peak_bytes - base;
+    EXPECT_LE(std::abs(static_cast<double>(predicted - m.peak)), 0.05 * static_cast<double>(m.peak))
+        << "predicted " << predicted << " measured " << m.peak << " (above baseline)";
+    ASSERT_EQ(m.grads.size(), plain.grads.size());
+    for (size_t i = 0; i < m.grads.size(); ++i)
+      EXPECT_TRUE(at::equal(m.grads[i].second, plain.grads[i].second)) << m.grads[i].first << " differs";
+    EXPECT_GE(plan.prediction.recomputed_nodes, previous_recomputed) << "a tighter budget recomputed less";
+    previous_recomputed = plan.prediction.recomputed_nodes;
+    if (f == 0.0) EXPECT_GT(plan.dropped_groups, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Budget, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+class PlannerRules : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Config cfg = Config::from_string(cases()[0].toml, "gpt.toml");
+    at::manual_seed(3);
+    model = models::build_model(cfg);
+    model->train();
+    batch = batch_for("gpt");
+    profile = train::profile_step(*model, batch, 11);
+    memory::PlanOptions probe;
+    probe.budget_bytes = int64_t{1} << 40;
+    const memory::Plan loose = memory::make_plan(profile, probe);
+    hi = loose.unconstrained_peak_bytes;
+    lo = loose.minimum_peak_bytes;
+  }
+  std::unique_ptr<models::Model> model;
+  data::Batch batch;
+  memory::StepProfile profile;
+  int64_t hi = 0, lo = 0;
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(PlannerRules, BudgetBelowMinimumFailsStatingTheMinimum) {
+  memory::PlanOptions o;
+  o.budget_bytes = lo - 1024 * 1024;
+  const std::string msg = error_of([&] { memory::make_plan(profile, o); });
+  EXPECT_NE(msg.find("below the feasible minimum " + memory::format_bytes(lo)), std::string::npos) << msg;
+}
+
+TEST_F(PlannerRules, OverrideMayOnlyLowerWhatIsKept) {
+  memory::PlanOptions o;
+  o.budget_bytes = (lo + hi) / 2;
+  const memory::Plan initial = memory::make_plan(profile, o);
+  ASSERT_GT(initial.kept_groups, 2);
+
+  o.keep_groups = initial.kept_groups + 1;
+  const std::string msg = error_of([&] { memory::make_plan(profile, o); });
+  EXPECT_NE(msg.find("initial figure of " + std::to_string(initial.kept_groups)), std::string::npos) << msg;
+
+  o.keep_groups = initial.kept_groups - 2;
+  const memory::Plan lower = memory::make_plan(profile, o);
+  EXPECT_LE(lower.kept_groups, initial.kept_groups - 2);
+  EXPECT_EQ(lower.initial_kept_groups, initial.kept_groups);
+  EXPECT_TRUE(lower.fits);
+
+  o.keep_groups.reset();
+  o.keep_bytes = initial.kept_bytes + 1;
+  EXPECT_NE(error_of([&] { memory::make_plan(profile, o); }).find("initial figure"), std::string::npos);
+  o.keep_bytes = initial.kept_bytes / 2;
+  const memory::Plan by_bytes = memory::make_plan(profile, o);
+  EXPECT_LE(by_bytes.kept_bytes, initial.kept_bytes / 2);
+
+  // The lowered plan still trains with identical gradients.
+  const Measured plain = run_step(*model, batch, nullptr);
+  auto policy = policy_for(by_bytes, profile);
+  const Measured m = run_step(*model, batch, policy.get());
+  for (size_t i = 0; i < m.grads.size(); ++i) EXPECT_TRUE(at::equal(m.grads[i].second, plain.grads[i].second));
+}
+
+TEST_F(PlannerRules, EveryStrategyGivesAValidPlanOrAClearError) {
+  const Measured plain = run_step(*model, batch, nullptr);
+  for (auto s : {memory::Strategy::Knapsack, memory::Strategy::Ordered, memory::Strategy::OrderedSets,
+                 memory::Strategy::Uniform, memory::Strategy::Sqrt}) {
+    SCOPED_TRACE(memory::to_string(s));
+    memory::PlanOptions o;
+    o.strategy = s;
+    o.budget_bytes = hi;  // every strategy can meet the unconstrained peak
+    memory::Plan plan;
+    ASSERT_NO_THROW(plan = memory::make_plan(profile, o));
+    EXPECT_LE(plan.prediction.peak_bytes, o.budget_bytes);
+    auto policy = policy_for(plan, profile);
+    const Measured m = run_step(*model, batch, policy.get());
+    EXPECT_LE(m.peak, static_cast<int64_t>(1.05 * static_cast<double>(plan.prediction.peak_bytes - profile.baseline_bytes)));
+    for (size_t i = 0; i < m.grads.size(); ++i) EXPECT_TRUE(at::equal(m.grads[i].second, plain.grads[i].second));
+    if (s == memory::Strategy::Uniform) EXPECT_GT(plan.dropped_groups, 0) << "per-block checkpointing drops inside blocks";
+  }
+  memory::PlanOptions tight;
+  tight.strategy = memory::Strategy::Ordered;
+  tight.budget_bytes = lo;
+  const std::string msg = error_of([&] { memory::make_plan(profile, tight); });
+  if (!msg.empty()) EXPECT_NE(msg.find("cannot meet the budget"), std::string::npos) << msg;
+}
+
+TEST(Planner, NodeSetsAndRevolve) {
+  EXPECT_EQ(memory::node_set_of("blocks.3.attn.qkv"), "blocks.3");
+  EXPECT_EQ(memory::node_set_of("conv1"), "conv1");
+  EXPECT_EQ(memory::node_set_of("lstm.cell"), "lstm");
+  EXPECT_EQ(memory::node_set_of(""), "(top)");
+  EXPECT_EQ(memory::revolve_min_recomputes(10, 9), 0);
+  EXPECT_EQ(memory::revolve_min_recomputes(10, 1), 36);  // (n-1)(n-2)/2 with one checkpoint
+  EXPECT_EQ(memory::revolve_min_recomputes(10, 2), 11);
+  EXPECT_THROW(memory::parse_strategy("greedy"), Error);
+}
+
+}  // namespace
+}  // namespace ration
