@@ -1,0 +1,236 @@
+// budget_curve.cpp — memory vs step time for every planner strategy on one model, with the PyTorch
+// peer (plain autograd and torch.utils.checkpoint on every block, bench/peer_checkpoint.py under
+// Debian's /usr/bin/python3) run in the same invocation and measured by the same counting allocator.
+// Each point: plan for a budget, then median forward+backward time over N steps and the measured peak
+// (bytes above the pre-step baseline, and absolute). Checks the targets and prints them.
+//
+// usage: bench_budget_curve [--steps N] [--out FILE.json] [--no-peer] [CONFIG.toml] [--set k=v ...]
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ration/core/check.h"
+#include "ration/core/node.h"
+#include "ration/memory/allocator.h"
+#include "ration/memory/budget_policy.h"
+#include "ration/memory/planner.h"
+#include "ration/train/budget.h"
+#include "ration/train/trainer.h"
+
+using namespace ration;
+
+namespace {
+
+struct Point {
+  std::string strategy;
+  int64_t budget = 0;
+  int64_t predicted = 0;
+  int64_t peak_abs = 0, peak_above = 0;
+  double ms = 0, recompute_ms = 0;
+  int64_t kept_groups = 0, dropped_groups = 0, recomputed_nodes = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+Point measure(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy, int steps) {
+  Point p;
+  std::vector<double> times, rec;
+  for (int s = 0; s < steps + 2; ++s) {
+    model.zero_grad();
+    const int64_t base = memory::device_current_bytes(memory::stats());
+    memory::reset_peak();
+    PolicyScope scope(policy);
+    if (policy) policy->begin_step();
+    const auto t0 = std::chrono::steady_clock::now();
+    manual_seed(100 + static_cast<uint64_t>(s));
+    {
+      Value loss = model.loss(batch);
+      loss.backward();
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t peak = memory::device_peak_bytes(memory::stats());
+    if (s < 2) continue;  // warm-up
+    times.push_back(ms);
+    if (policy) rec.push_back(policy->recompute_ms());
+    p.peak_abs = std::max(p.peak_abs, peak);
+    p.peak_above = std::max(p.peak_above, peak - base);
+  }
+  model.zero_grad();
+  p.ms = median(times);
+  p.recompute_ms = median(rec);
+  return p;
+}
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return out;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  pclose(f);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  memory::install_counting_allocator();
+  int steps = 5;
+  bool peer = true;
+  std::string out = "bench/results/budget_curve.json", config = "configs/gpt.toml";
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
+    else if (a == "--out" && i + 1 < argc) out = argv[++i];
+    else if (a == "--set" && i + 1 < argc) overrides.push_back(argv[++i]);
+    else if (a == "--no-peer") peer = false;
+    else config = a;
+  }
+  train::Setup setup = train::build_setup(train::load_config(config, overrides));
+  Config& cfg = setup.config;
+  (void)train::read_run_settings(cfg);
+  (void)train::read_budget_settings(cfg);
+  const int64_t n_layer = cfg.get_int("model.n_layer", 4), n_head = cfg.get_int("model.n_head", 4),
+                n_embd = cfg.get_int("model.n_embd", 128), block = cfg.get_int("model.block_size", 128);
+  const double dropout = cfg.get_double("model.dropout", 0.1);
+  const int threads = static_cast<int>(cfg.get_int("train.threads", 1));
+  models::Model& model = *setup.model;
+  model.train();
+  const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
+  const memory::StepProfile profile = train::profile_step(model, batch, 100);
+  const int64_t base = profile.baseline_bytes;
+
+  memory::PlanOptions loose;
+  loose.budget_bytes = int64_t{1} << 40;
+  const memory::Plan full = memory::make_plan(profile, loose);
+  const int64_t hi = full.unconstrained_peak_bytes, lo = full.minimum_peak_bytes;
+
+  std::vector<Point> points;
+  auto add = [&](memory::Strategy s, int64_t budget, int64_t every, const std::string& label) {
+    memory::PlanOptions o;
+    o.strategy = s;
+    o.budget_bytes = budget;
+    o.checkpoint_every = every;
+    memory::Plan plan;
+    try {
+      plan = memory::make_plan(profile, o);
+    } catch (const Error&) {
+      std::printf("  %-14s budget %-11s: %s\n", label.c_str(), memory::format_bytes(budget).c_str(), "does not fit");
+      return;
+    }
+    std::vector<std::string> ops;
+    for (const auto& n : profile.nodes) ops.push_back(n.op);
+    memory::BudgetPolicy policy(plan.dropped_keys(profile), ops);
+    Point p = measure(model, batch, &policy, steps);
+    p.strategy = label;
+    p.budget = budget;
+    p.predicted = plan.prediction.peak_bytes;
+    p.kept_groups = plan.kept_groups;
+    p.dropped_groups = plan.dropped_groups;
+    p.recomputed_nodes = plan.prediction.recomputed_nodes;
+    points.push_back(p);
+  };
+  Point none = measure(model, batch, nullptr, steps);
+  none.strategy = "unconstrained";
+  none.predicted = hi;
+  none.budget = hi;
+  points.push_back(none);
+  const std::vector<double> fractions = {0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0};
+  for (double f : fractions) add(memory::Strategy::Knapsack, lo + static_cast<int64_t>(f * static_cast<double>(hi - lo)), 1, "knapsack");
+  for (double f : fractions) add(memory::Strategy::Ordered, lo + static_cast<int64_t>(f * static_cast<double>(hi - lo)), 1, "ordered");
+  for (double f : {0.75, 0.5, 0.25, 0.0}) add(memory::Strategy::OrderedSets, lo + static_cast<int64_t>(f * static_cast<double>(hi - lo)), 1, "ordered-sets");
+  add(memory::Strategy::Uniform, hi, 1, "uniform-k1");
+  add(memory::Strategy::Uniform, hi, 2, "uniform-k2");
+  add(memory::Strategy::Sqrt, hi, 1, "sqrt");
+  // Half the unconstrained activation memory (the overhead target).
+  const int64_t fixed = full.fixed_bytes;
+  const int64_t half_budget = fixed + (hi - fixed) / 2;
+  add(memory::Strategy::Knapsack, half_budget, 1, "knapsack-half");
+
+  std::printf("\n%-14s %11s %11s %11s %12s %9s %9s %7s %6s\n", "strategy", "budget", "predicted", "measured",
+              "above base", "step ms", "recomp ms", "kept", "drop");
+  nlohmann::json jpoints = nlohmann::json::array();
+  for (const auto& p : points) {
+    std::printf("%-14s %11s %11s %11s %12s %9.1f %9.1f %7lld %6lld\n", p.strategy.c_str(),
+                memory::format_bytes(p.budget).c_str(), memory::format_bytes(p.predicted).c_str(),
+                memory::format_bytes(p.peak_abs).c_str(), memory::format_bytes(p.peak_above).c_str(), p.ms,
+                p.recompute_ms, static_cast<long long>(p.kept_groups), static_cast<long long>(p.dropped_groups));
+    jpoints.push_back({{"strategy", p.strategy}, {"budget_bytes", p.budget}, {"predicted_peak_bytes", p.predicted},
+                       {"measured_peak_bytes", p.peak_abs}, {"peak_above_baseline_bytes", p.peak_above},
+                       {"step_ms_median", p.ms}, {"recompute_ms_median", p.recompute_ms},
+                       {"kept_groups", p.kept_groups}, {"dropped_groups", p.dropped_groups},
+                       {"within_budget", p.peak_abs <= p.budget}});
+  }
+
+  nlohmann::json peers = nlohmann::json::array();
+  if (peer) {
+    char cmd[1024];
+    std::snprintf(cmd, sizeof cmd,
+                  "/usr/bin/python3 %s/bench/peer_checkpoint.py --probe %s --n-layer %lld --n-head %lld --n-embd %lld "
+                  "--block-size %lld --batch %lld --dropout %g --steps %d --threads %d",
+                  RATION_SOURCE_DIR, RATION_PROBE_PATH, static_cast<long long>(n_layer), static_cast<long long>(n_head),
+                  static_cast<long long>(n_embd), static_cast<long long>(block),
+                  static_cast<long long>(setup.batch_size), dropout, steps, threads);
+    std::string text = run_command(cmd);
+    size_t pos = 0;
+    while ((pos = text.find('{', pos)) != std::string::npos) {
+      const size_t end = text.find('\n', pos);
+      try {
+        peers.push_back(nlohmann::json::parse(text.substr(pos, end - pos)));
+      } catch (...) {
+      }
+      pos = end;
+    }
+    for (const auto& p : peers)
+      std::printf("%-14s %11s %11s %11s %12s %9.1f\n", ("torch:" + p["mode"].get<std::string>()).c_str(), "-", "-", "-",
+                  memory::format_bytes(p["peak_above_baseline_bytes"].get<int64_t>()).c_str(),
+                  p["step_ms_median"].get<double>());
+    if (peers.empty()) std::printf("(PyTorch peer did not run: %s)\n", cmd);
+  }
+
+  // Targets, read off the measured points.
+  const auto find = [&](const std::string& s) -> const Point* {
+    for (const auto& p : points)
+      if (p.strategy == s) return &p;
+    return nullptr;
+  };
+  nlohmann::json targets;
+  if (const Point* pb = find("uniform-k1")) {
+    bool dominates = true;
+    double best_at_15 = -1;
+    for (const auto& p : points) {
+      if (p.strategy != "knapsack") continue;
+      if (p.peak_above >= pb->peak_above && p.ms > pb->ms * 1.02) dominates = false;  // 2% timing noise allowance
+      if (p.peak_above <= 1.5 * static_cast<double>(pb->peak_above)) best_at_15 = std::max(best_at_15, static_cast<double>(p.peak_above));
+    }
+    double ms_at_15 = 0;
+    for (const auto& p : points)
+      if (p.strategy == "knapsack" && static_cast<double>(p.peak_above) == best_at_15) ms_at_15 = p.ms;
+    targets["knapsack_no_slower_than_per_block_at_or_above_its_peak"] = dominates;
+    targets["per_block_peak_above_baseline_bytes"] = pb->peak_above;
+    targets["per_block_step_ms"] = pb->ms;
+    targets["knapsack_step_ms_at_1_5x_per_block_peak"] = ms_at_15;
+    targets["speedup_at_1_5x"] = ms_at_15 > 0 ? 1.0 - ms_at_15 / pb->ms : 0.0;
+  }
+  if (const Point* half = find("knapsack-half")) targets["overhead_at_half_activation_memory"] = half->ms / none.ms - 1.0;
+  std::printf("\ntargets: %s\n", targets.dump().c_str());
+
+  const auto slash = out.find_last_of('/');
+  if (slash != std::string::npos) std::system(("mkdir -p " + out.substr(0, slash)).c_str());
+  std::ofstream(out) << nlohmann::json{{"benchmark", "budget_curve"}, {"config", config}, {"batch_size", setup.batch_size},
+                                       {"profile_baseline_bytes", base}, {"points", jpoints}, {"peers", peers},
+                                       {"targets", targets}}.dump(2)
+                     << "\n";
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
+}
