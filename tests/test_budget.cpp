@@ -24,9 +24,9 @@ data::Batch batch_for(const std::string& name) {
   at::manual_seed(5);
   data::Batch b;
   if (name == "cnn") {
-    b.input = Value(at::randn({32, 1, 28, 28}));
-    b.target = Value(at::randint(0, 10, {32}, at::kLong));
-    b.items = 32;
+    b.input = Value(at::randn({64, 1, 28, 28}));
+    b.target = Value(at::randint(0, 10, {64}, at::kLong));
+    b.items = 64;
   } else {
     at::Tensor tokens = at::randint(0, 256, {8, 33}, at::kLong);
     b.input = Value(tokens.slice(1, 0, 32).contiguous());

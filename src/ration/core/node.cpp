@@ -255,6 +255,7 @@ Values apply_op(const OpSpec& spec, const Values& inputs, ForwardFn forward, Bac
       impl->output_nr = j;
       if (auto h = node->outputs[static_cast<size_t>(j)].lock()) impl->saved = h;
     }
+    node->output_values.push_back(impl);
     result.emplace_back(std::move(impl));
   }
   if (MemoryPolicy* policy = current_policy()) policy->after_forward_node(*node, in, outs);

@@ -83,6 +83,7 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<TensorMeta> input_meta;               // to check gradient shapes
   std::vector<TensorMeta> output_meta;              // all outputs, to zero-fill missing gradients
   std::vector<std::weak_ptr<SavedValue>> outputs;   // handles of outputs, created lazily
+  std::vector<std::weak_ptr<ValueImpl>> output_values;  // the Values handed to model code (lifetime probes)
   std::vector<SavedRef> saved;                      // what backward reads
   bool released = false;                            // backward ran and freed its saved values
 

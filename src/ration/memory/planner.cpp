@@ -30,6 +30,16 @@ class Simulator {
     const size_t ns = p.storages.size();
     saved_at_.assign(ns, -1);
     last_fwd_use_.assign(ns, -1);
+    // A dropped storage is freed once no Value held by model code refers to it: the latest
+    // "last alive" of the values on it (held past forward = never freed in forward).
+    last_alive_.assign(ns, -1);
+    const int64_t past_forward = static_cast<int64_t>(p.nodes.size());
+    for (const auto& [key, s] : p.value_storage) {
+      if (s < 0 || key.first < 0) continue;
+      auto it = p.value_last_alive.find(key);
+      const int64_t last = it == p.value_last_alive.end() ? past_forward : it->second;
+      last_alive_[static_cast<size_t>(s)] = std::max(last_alive_[static_cast<size_t>(s)], last);
+    }
     for (size_t k = 0; k < p.nodes.size(); ++k) {
       for (const auto& key : p.nodes[k].saved) {
         ++pending_[key];
@@ -59,13 +69,17 @@ class Simulator {
     for (size_t s = 0; s < ns; ++s) {
       if (!droppable(static_cast<int64_t>(s))) continue;
       alloc_at[static_cast<size_t>(p_.storages[s].allocated_by)] += p_.storages[s].bytes;
-      if (dropped_[s]) release_after[static_cast<size_t>(std::max(last_fwd_use_[s], saved_at_[s]))] += p_.storages[s].bytes;
+      if (dropped_[s]) {
+        const int64_t last = std::max(last_alive_[s], saved_at_[s]);
+        if (last < static_cast<int64_t>(p_.nodes.size())) release_after[static_cast<size_t>(last)] += p_.storages[s].bytes;
+      }
     }
     int64_t measured_saved = 0, planned_saved = 0;
     for (size_t k = 0; k < p_.nodes.size(); ++k) {
       measured_saved += alloc_at[k];
       planned_saved += alloc_at[k];
       const int64_t peak = p_.nodes[k].peak_bytes - measured_saved + planned_saved + extra_;
+      pred.forward_peaks.push_back(peak);
       if (peak > pred.peak_bytes) {
         pred.peak_bytes = peak;
         pred.peak_at = "forward " + p_.nodes[k].op + "#" + std::to_string(k);
@@ -99,12 +113,18 @@ class Simulator {
     for (size_t j = 0; j < p_.backward_order.size(); ++j) {
       const int64_t ord = p_.backward_order[j];
       const ProfiledNode& node = p_.nodes[static_cast<size_t>(ord)];
+      // Measured in the keep-everything run: what the node needs beyond saved values (gradients,
+      // its backward workspace) and what was live besides saved values as it started.
       const int64_t transient_other = p_.backward_peak_bytes[j] - measured_resident;
+      const int64_t start_other = p_.backward_start_bytes[j] - measured_resident;
       cache_.clear();
       transient_bytes_ = 0;
-      transient_peak_ = 0;
+      recompute_peak_ = resident_;
       for (const auto& key : node.saved) ensure(key, pred);
-      const int64_t peak = transient_other + resident_bytes() + transient_peak_ + extra_;
+      // Two phases: rebuilding (producers' forward workspace on top of what is live), then the node's
+      // own backward with rebuilt values held by the recompute cache.
+      const int64_t peak = std::max(start_other + recompute_peak_, transient_other + resident_ + transient_bytes_) + extra_;
+      pred.backward_peaks.push_back(peak);
       if (peak > pred.peak_bytes) {
         pred.peak_bytes = peak;
         pred.peak_at = "backward " + node.op + "#" + std::to_string(ord);
@@ -170,22 +190,32 @@ class Simulator {
         held.insert(s);
       }
     }
+    // While the producer runs: everything live, plus its outputs, plus its measured forward workspace
+    // (interval peak above what was left when it returned).
+    int64_t fresh = 0;
+    for (int64_t s : n.allocated_storage) fresh += p_.storages[static_cast<size_t>(s)].bytes;
+    const int64_t workspace = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
+    recompute_peak_ = std::max(recompute_peak_, resident_ + transient_bytes_ + workspace + fresh -
+                                                    [&] {
+                                                      int64_t h = 0;
+                                                      for (int64_t s : held) h += p_.storages[static_cast<size_t>(s)].bytes;
+                                                      return h;
+                                                    }());
     // Freshly allocated storages not held by a restored key live in the cache until the node ends.
     for (int64_t s : n.allocated_storage) {
       if (!held.count(s)) transient_bytes_ += p_.storages[static_cast<size_t>(s)].bytes;
     }
-    transient_peak_ = std::max(transient_peak_, transient_bytes_);
   }
 
   const StepProfile& p_;
   const std::vector<char>& dropped_;
   int64_t extra_;
-  std::vector<int64_t> saved_at_, last_fwd_use_;
+  std::vector<int64_t> saved_at_, last_fwd_use_, last_alive_;
   std::map<ValueKey, int> pending_;
   std::map<ValueKey, KeyState> state_;
   std::vector<int64_t> orig_holders_, rec_holders_;
   std::unordered_set<int64_t> cache_;
-  int64_t transient_bytes_ = 0, transient_peak_ = 0;
+  int64_t transient_bytes_ = 0, recompute_peak_ = 0;
   int64_t resident_ = 0;
 };
 

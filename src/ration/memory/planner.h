@@ -41,6 +41,8 @@ struct Prediction {
   std::string peak_at;             // "forward <op>#k" or "backward <op>#k"
   double recompute_ms = 0;         // predicted: sum of re-run producers' measured forward times
   int64_t recomputed_nodes = 0;
+  std::vector<int64_t> forward_peaks;   // predicted peak during each forward node (by ordinal)
+  std::vector<int64_t> backward_peaks;  // predicted peak during each backward node (execution order)
 };
 
 struct Group {

@@ -60,9 +60,20 @@ ValueKey ProfilePolicy::key_of(const SavedValue& v) const {
   return {it->second, v.output_nr()};
 }
 
+// Values the model code let go of since the last look were last alive during the previous node.
+void ProfilePolicy::sweep_dead_values(int64_t now) {
+  size_t kept = 0;
+  for (auto& entry : live_values_) {
+    if (entry.second.expired()) profile_.value_last_alive[entry.first] = now - 1;
+    else live_values_[kept++] = std::move(entry);
+  }
+  live_values_.resize(kept);
+}
+
 void ProfilePolicy::after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                                        const std::vector<at::Tensor>& outputs) {
   const int64_t ordinal = static_cast<int64_t>(profile_.nodes.size());
+  sweep_dead_values(ordinal);
   ordinal_of_seq_[node.seq] = ordinal;
   ProfiledNode pn;
   pn.op = node.spec.name;
@@ -89,7 +100,11 @@ void ProfilePolicy::after_forward_node(Node& node, const std::vector<at::Tensor>
     }
   }
   for (const auto& ref : node.saved) pn.saved.push_back(key_of(*ref.value));
-  pn.peak_bytes = stats().peak_bytes - excluded_bytes_;
+  for (size_t j = 0; j < node.output_values.size(); ++j)
+    live_values_.emplace_back(ValueKey{ordinal, static_cast<int>(j)}, node.output_values[j]);
+  const Stats now = stats();
+  pn.peak_bytes = now.peak_bytes - excluded_bytes_;
+  pn.end_bytes = now.current_bytes - excluded_bytes_;
   reset_peak();
   profile_.forward_ms += node.forward_ms;
   profile_.nodes.push_back(std::move(pn));
@@ -98,8 +113,12 @@ void ProfilePolicy::after_forward_node(Node& node, const std::vector<at::Tensor>
 void ProfilePolicy::before_backward_node(Node& node) {
   auto it = ordinal_of_seq_.find(node.seq);
   RATION_ASSERT(it != ordinal_of_seq_.end(), "backward of a node outside the profiled step");
-  if (profile_.backward_order.empty()) reset_peak();  // loss seeding etc. belongs to the first backward node
+  if (profile_.backward_order.empty()) {
+    sweep_dead_values(static_cast<int64_t>(profile_.nodes.size()));
+    reset_peak();  // loss seeding etc. belongs to the first backward node
+  }
   current_backward_ = it->second;
+  profile_.backward_start_bytes.push_back(current_bytes() - excluded_bytes_);
   backward_start_ms_ = now_ms();
   profile_.backward_order.push_back(it->second);
 }

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "ration/core/value.h"
 #include "ration/memory/saved_value.h"
 
 namespace ration::memory {
@@ -31,7 +32,8 @@ struct ProfiledNode {
   std::vector<int64_t> output_storage;     // storage id of each output (-1: undefined)
   std::vector<int64_t> allocated_storage;  // storages this node's forward allocated (not views of inputs)
   std::vector<ValueKey> saved;    // values its backward reads
-  int64_t peak_bytes = 0;         // measured peak during its forward
+  int64_t peak_bytes = 0;         // measured peak during its forward (interval since the previous node)
+  int64_t end_bytes = 0;          // measured live bytes when its forward returned
   int64_t last_forward_use = -1;  // (filled later) unused
 };
 
@@ -44,8 +46,11 @@ struct StepProfile {
   std::vector<ProfiledNode> nodes;                // by ordinal
   std::vector<ProfiledStorage> storages;          // by storage id
   std::map<ValueKey, int64_t> value_storage;      // every value seen -> storage id
+  // Last forward ordinal during which model code still held the Value (absent: held past forward).
+  std::map<ValueKey, int64_t> value_last_alive;
   std::vector<int64_t> backward_order;            // node ordinals in execution order
   std::vector<int64_t> backward_peak_bytes;       // measured peak during each backward node (same order)
+  std::vector<int64_t> backward_start_bytes;      // measured live bytes as each backward node starts
   int64_t baseline_bytes = 0;                     // measured before forward
   // All byte figures exclude Category::Data (the dataset held in host memory); see allocator.h.
   int64_t measured_peak_bytes = 0;                // whole step
@@ -76,6 +81,8 @@ class ProfilePolicy : public MemoryPolicy {
     c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // a freed-and-reused address is a new storage
   };
   std::unordered_map<const void*, Seen> storage_ids_;
+  void sweep_dead_values(int64_t now);
+  std::vector<std::pair<ValueKey, std::weak_ptr<ValueImpl>>> live_values_;
   int64_t excluded_bytes_ = 0;  // host-side dataset storage (Category::Data): not device memory
   double backward_start_ms_ = 0;
   int64_t current_backward_ = -1;
