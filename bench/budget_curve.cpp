@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -29,6 +30,8 @@ namespace {
 
 struct Point {
   std::string strategy;
+  double overhead = 0;  // step CPU time vs the unconstrained engine, measured interleaved
+  double cpu_ms = 0;
   int64_t budget = 0;
   int64_t predicted = 0;
   int64_t peak_abs = 0, peak_above = 0;
@@ -41,32 +44,58 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
-Point measure(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy, int steps) {
-  Point p;
-  std::vector<double> times, rec;
-  for (int s = 0; s < steps + 2; ++s) {
-    model.zero_grad();
-    const int64_t base = memory::device_current_bytes(memory::stats());
-    memory::reset_peak();
-    PolicyScope scope(policy);
-    if (policy) policy->begin_step();
-    const auto t0 = std::chrono::steady_clock::now();
-    manual_seed(100 + static_cast<uint64_t>(s));
-    {
-      Value loss = model.loss(batch);
-      loss.backward();
-    }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const int64_t peak = memory::device_peak_bytes(memory::stats());
-    if (s < 2) continue;  // warm-up
-    times.push_back(ms);
-    if (policy) rec.push_back(policy->recompute_ms());
-    p.peak_abs = std::max(p.peak_abs, peak);
-    p.peak_above = std::max(p.peak_above, peak - base);
-  }
+double cpu_ms_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+// Returns wall ms; `cpu_ms` gets the process CPU time of the step (robust to CPU stolen by neighbours
+// on a shared VM, which wall time is not).
+double step_once(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy, uint64_t seed,
+                 int64_t* peak_abs, int64_t* peak_above, double* recompute_ms, double* cpu_ms) {
   model.zero_grad();
+  const int64_t base = memory::device_current_bytes(memory::stats());
+  memory::reset_peak();
+  PolicyScope scope(policy);
+  if (policy) policy->begin_step();
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_ms_now();
+  manual_seed(seed);
+  {
+    Value loss = model.loss(batch);
+    loss.backward();
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (cpu_ms) *cpu_ms = cpu_ms_now() - c0;
+  const int64_t peak = memory::device_peak_bytes(memory::stats());
+  if (peak_abs) *peak_abs = std::max(*peak_abs, peak);
+  if (peak_above) *peak_above = std::max(*peak_above, peak - base);
+  if (recompute_ms && policy) *recompute_ms = policy->recompute_ms();
+  model.zero_grad();
+  return ms;
+}
+
+// Steps alternate between the plan and the unconstrained engine, so drift on a shared machine hits
+// both alike; the point's time is the median of its steps and its overhead the ratio of the medians.
+Point measure(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy, int steps,
+              double* overhead) {
+  Point p;
+  std::vector<double> times, cpu, base_cpu, rec;
+  for (int s = 0; s < steps + 1; ++s) {
+    double r = 0, ca = 0, cb = 0;
+    const double a = step_once(model, batch, policy, 100 + static_cast<uint64_t>(s), &p.peak_abs, &p.peak_above, &r, &ca);
+    step_once(model, batch, nullptr, 100 + static_cast<uint64_t>(s), nullptr, nullptr, nullptr, &cb);
+    if (s == 0) continue;  // warm-up
+    times.push_back(a);
+    cpu.push_back(ca);
+    base_cpu.push_back(cb);
+    rec.push_back(r);
+  }
   p.ms = median(times);
+  p.cpu_ms = median(cpu);
   p.recompute_ms = median(rec);
+  if (overhead) *overhead = p.cpu_ms / median(base_cpu) - 1.0;
   return p;
 }
 
@@ -131,7 +160,9 @@ int main(int argc, char** argv) {
     std::vector<std::string> ops;
     for (const auto& n : profile.nodes) ops.push_back(n.op);
     memory::BudgetPolicy policy(plan.dropped_keys(profile), ops);
-    Point p = measure(model, batch, &policy, steps);
+    double overhead = 0;
+    Point p = measure(model, batch, &policy, steps, &overhead);
+    p.overhead = overhead;
     p.strategy = label;
     p.budget = budget;
     p.predicted = plan.prediction.peak_bytes;
@@ -140,7 +171,7 @@ int main(int argc, char** argv) {
     p.recomputed_nodes = plan.prediction.recomputed_nodes;
     points.push_back(p);
   };
-  Point none = measure(model, batch, nullptr, steps);
+  Point none = measure(model, batch, nullptr, steps, nullptr);
   none.strategy = "unconstrained";
   none.predicted = hi;
   none.budget = hi;
@@ -157,17 +188,18 @@ int main(int argc, char** argv) {
   const int64_t half_budget = fixed + (hi - fixed) / 2;
   add(memory::Strategy::Knapsack, half_budget, 1, "knapsack-half");
 
-  std::printf("\n%-14s %11s %11s %11s %12s %9s %9s %7s %6s\n", "strategy", "budget", "predicted", "measured",
-              "above base", "step ms", "recomp ms", "kept", "drop");
+  std::printf("\n%-14s %11s %11s %11s %12s %8s %8s %9s %9s %5s %5s\n", "strategy", "budget", "predicted", "measured",
+              "above base", "wall ms", "cpu ms", "overhead", "recomp ms", "kept", "drop");
   nlohmann::json jpoints = nlohmann::json::array();
   for (const auto& p : points) {
-    std::printf("%-14s %11s %11s %11s %12s %9.1f %9.1f %7lld %6lld\n", p.strategy.c_str(),
+    std::printf("%-14s %11s %11s %11s %12s %8.1f %8.1f %8.1f%% %9.1f %5lld %5lld\n", p.strategy.c_str(),
                 memory::format_bytes(p.budget).c_str(), memory::format_bytes(p.predicted).c_str(),
-                memory::format_bytes(p.peak_abs).c_str(), memory::format_bytes(p.peak_above).c_str(), p.ms,
-                p.recompute_ms, static_cast<long long>(p.kept_groups), static_cast<long long>(p.dropped_groups));
+                memory::format_bytes(p.peak_abs).c_str(), memory::format_bytes(p.peak_above).c_str(), p.ms, p.cpu_ms,
+                100 * p.overhead, p.recompute_ms, static_cast<long long>(p.kept_groups), static_cast<long long>(p.dropped_groups));
     jpoints.push_back({{"strategy", p.strategy}, {"budget_bytes", p.budget}, {"predicted_peak_bytes", p.predicted},
                        {"measured_peak_bytes", p.peak_abs}, {"peak_above_baseline_bytes", p.peak_above},
-                       {"step_ms_median", p.ms}, {"recompute_ms_median", p.recompute_ms},
+                       {"step_ms_median", p.ms}, {"step_cpu_ms_median", p.cpu_ms}, {"overhead_vs_unconstrained", p.overhead},
+                       {"recompute_ms_median", p.recompute_ms},
                        {"kept_groups", p.kept_groups}, {"dropped_groups", p.dropped_groups},
                        {"within_budget", p.peak_abs <= p.budget}});
   }
@@ -192,9 +224,9 @@ int main(int argc, char** argv) {
       pos = end;
     }
     for (const auto& p : peers)
-      std::printf("%-14s %11s %11s %11s %12s %9.1f\n", ("torch:" + p["mode"].get<std::string>()).c_str(), "-", "-", "-",
-                  memory::format_bytes(p["peak_above_baseline_bytes"].get<int64_t>()).c_str(),
-                  p["step_ms_median"].get<double>());
+      std::printf("%-14s %11s %11s %11s %12s %8.1f %8.1f\n", ("torch:" + p["mode"].get<std::string>()).c_str(), "-", "-",
+                  "-", memory::format_bytes(p["peak_above_baseline_bytes"].get<int64_t>()).c_str(),
+                  p["step_ms_median"].get<double>(), p["step_cpu_ms_median"].get<double>());
     if (peers.empty()) std::printf("(PyTorch peer did not run: %s)\n", cmd);
   }
 
@@ -206,23 +238,25 @@ int main(int argc, char** argv) {
   };
   nlohmann::json targets;
   if (const Point* pb = find("uniform-k1")) {
+    // Compare by overhead over the unconstrained engine (each measured interleaved with it).
     bool dominates = true;
-    double best_at_15 = -1;
+    const Point* at_15 = nullptr;
     for (const auto& p : points) {
       if (p.strategy != "knapsack") continue;
-      if (p.peak_above >= pb->peak_above && p.ms > pb->ms * 1.02) dominates = false;  // 2% timing noise allowance
-      if (p.peak_above <= 1.5 * static_cast<double>(pb->peak_above)) best_at_15 = std::max(best_at_15, static_cast<double>(p.peak_above));
+      if (p.peak_above >= pb->peak_above && p.overhead > pb->overhead) dominates = false;
+      if (p.peak_above <= 1.5 * static_cast<double>(pb->peak_above) && (!at_15 || p.peak_above > at_15->peak_above))
+        at_15 = &p;
     }
-    double ms_at_15 = 0;
-    for (const auto& p : points)
-      if (p.strategy == "knapsack" && static_cast<double>(p.peak_above) == best_at_15) ms_at_15 = p.ms;
     targets["knapsack_no_slower_than_per_block_at_or_above_its_peak"] = dominates;
     targets["per_block_peak_above_baseline_bytes"] = pb->peak_above;
-    targets["per_block_step_ms"] = pb->ms;
-    targets["knapsack_step_ms_at_1_5x_per_block_peak"] = ms_at_15;
-    targets["speedup_at_1_5x"] = ms_at_15 > 0 ? 1.0 - ms_at_15 / pb->ms : 0.0;
+    targets["per_block_overhead"] = pb->overhead;
+    if (at_15) {
+      targets["knapsack_peak_above_baseline_at_or_below_1_5x_per_block"] = at_15->peak_above;
+      targets["knapsack_overhead_there"] = at_15->overhead;
+      targets["speedup_vs_per_block_there"] = 1.0 - (1.0 + at_15->overhead) / (1.0 + pb->overhead);
+    }
   }
-  if (const Point* half = find("knapsack-half")) targets["overhead_at_half_activation_memory"] = half->ms / none.ms - 1.0;
+  if (const Point* half = find("knapsack-half")) targets["overhead_at_half_activation_memory"] = half->overhead;
   std::printf("\ntargets: %s\n", targets.dump().c_str());
 
   const auto slash = out.find_last_of('/');

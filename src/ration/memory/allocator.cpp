@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -82,6 +83,8 @@ class CountingAllocator final : public c10::Allocator {
     return {ptr, ptr, &delete_block, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+  // Pure virtual in PyTorch >= 2.3 (overridden there), a plain member in 1.13.
+  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
 
  private:
   c10::Allocator* base_;

@@ -258,9 +258,8 @@ Strategy parse_strategy(const std::string& name) {
   if (name == "ordered-sets") return Strategy::OrderedSets;
   if (name == "uniform") return Strategy::Uniform;
   if (name == "sqrt") return Strategy::Sqrt;
-  if (name == "optimal-chain") return Strategy::OptimalChain;
   RATION_CHECK(false, "unknown plan strategy '", name,
-               "' (expected knapsack, ordered, ordered-sets, uniform, sqrt or optimal-chain)");
+               "' (expected knapsack, ordered, ordered-sets, uniform or sqrt)");
 }
 
 const char* to_string(Strategy s) {
@@ -270,7 +269,6 @@ const char* to_string(Strategy s) {
     case Strategy::OrderedSets: return "ordered-sets";
     case Strategy::Uniform: return "uniform";
     case Strategy::Sqrt: return "sqrt";
-    case Strategy::OptimalChain: return "optimal-chain";
   }
   return "?";
 }
@@ -398,8 +396,7 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   auto fits = [&](const std::vector<Group>& gs) { return predict(gs).peak_bytes <= budget; };
 
   switch (options.strategy) {
-    case Strategy::Knapsack:
-    case Strategy::OptimalChain: {
+    case Strategy::Knapsack: {
       descend(plan.groups, budget);
       // Keep as much as fits: re-keep the most expensive drops first while the prediction still fits.
       for (size_t r = n; r-- > 0;) {

@@ -23,7 +23,7 @@
 
 namespace ration::memory {
 
-enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt, OptimalChain };
+enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt };
 Strategy parse_strategy(const std::string& name);  // throws listing the valid names
 const char* to_string(Strategy s);
 

@@ -1,7 +1,7 @@
 // budget.h — glue between a run and the memory planner: the [memory] config keys (and the CLI flags
 // that set them), the profiling step, and the plan for a model and batch.
 // Keys: memory.budget ("2GiB"; absent = unconstrained), memory.plan (knapsack | ordered | ordered-sets |
-//       uniform | sqrt | optimal-chain), memory.checkpoint_every (uniform), memory.keep_groups,
+//       uniform | sqrt), memory.checkpoint_every (uniform), memory.keep_groups,
 //       memory.keep_bytes (user overrides that may only lower what is kept).
 #pragma once
 #include <cstdint>

@@ -196,9 +196,18 @@ Setup build_setup(Config config) {
     s.eval_set = std::make_shared<data::TextWindows>(corpus.val(), seq_len, seq_len);
     s.unigram_entropy_nats = corpus.unigram_entropy(/*bits=*/false);
   }
+  const std::string device = cfg.get_choice("train.device", "cpu", {"cpu", "cuda"});
   {
     memory::CategoryGuard param_memory(memory::Category::Parameters);
     s.model = models::build_model(cfg);
+  }
+  if (device == "cuda") {
+    RATION_CHECK(at::hasCUDA(), cfg.origin(), ": train.device = \"cuda\" needs ration built with -DRATION_CUDA=ON "
+                 "against a CUDA libtorch, and a visible GPU");
+    RATION_CHECK(!cfg.has("memory.budget"), cfg.origin(), ": memory budgets are planned from the counting CPU "
+                 "allocator; on CUDA use train.device = \"cpu\" for now (GPU planning reads the caching allocator "
+                 "and is not wired yet)");
+    s.model->to(at::TensorOptions().device(at::kCUDA));
   }
   for (auto& [name, p] : s.model->named_parameters()) memory::retag(p.tensor(), memory::Category::Parameters);
   return s;
