@@ -3,6 +3,8 @@
 // user-override rule and the below-minimum error.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
@@ -14,6 +16,7 @@
 
 namespace ration {
 namespace {
+using testing::error_of;
 
 struct Case {
   std::string name;
@@ -144,15 +147,6 @@ class PlannerRules : public ::testing::Test {
   memory::StepProfile profile;
   int64_t hi = 0, lo = 0;
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST_F(PlannerRules, BudgetBelowMinimumFailsStatingTheMinimum) {
   memory::PlanOptions o;

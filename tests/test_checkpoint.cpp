@@ -1,6 +1,8 @@
 // Checkpoints: round trip of weights, optimiser state and metadata; atomic publication (crash leftovers
 // ignored and cleaned); keep-last-K; validation errors; and that Python's torch.load reads the files.
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,30 +17,12 @@
 namespace ration::train {
 namespace {
 namespace fs = std::filesystem;
+using ration::testing::expect_error_containing;
+using ration::testing::read_file;
+using ration::testing::TempDir;
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("ration-test-" + tag + "-" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
-void expect_error_containing(const std::function<void()>& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected ration::Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-  }
-}
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // A small "model": two parameters and a buffer.
 struct Model {
@@ -81,7 +65,7 @@ TEST(Checkpoint, RoundTrip) {
   EXPECT_EQ(fs::path(path), dir.path / "ckpt-7");
   EXPECT_TRUE(fs::exists(dir.path / "ckpt-7" / "model.pt"));
   EXPECT_TRUE(fs::exists(dir.path / "ckpt-7" / "trainer.pt"));
-  EXPECT_EQ(read_text(dir.path / "latest"), "ckpt-7\n");
+  EXPECT_EQ(read_file(dir.path / "latest"), "ckpt-7\n");
 
   for (const std::string& where : {dir.path.string(), path}) {  // the parent follows latest
     const Checkpoint ck = load_checkpoint(where);
@@ -186,7 +170,7 @@ TEST(Checkpoint, KeepsLastK) {
   std::vector<int64_t> steps;
   for (const auto& [step, path] : list_checkpoints(dir.path.string())) steps.push_back(step);
   EXPECT_EQ(steps, (std::vector<int64_t>{400, 500}));
-  EXPECT_EQ(read_text(dir.path / "latest"), "ckpt-500\n");
+  EXPECT_EQ(read_file(dir.path / "latest"), "ckpt-500\n");
   // Resumed from an earlier step: the new checkpoint is kept even though its step is lower.
   save_model(dir.path, 450, model, /*keep_last=*/2);
   steps.clear();

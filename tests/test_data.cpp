@@ -1,6 +1,8 @@
 // Datasets and the loader: real Fashion-MNIST files, malformed-file errors, deterministic shuffling and
 // exact resume, byte-level text windows and the unigram baseline.
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <unistd.h>
 #include <zlib.h>
 
@@ -18,31 +20,12 @@
 namespace ration::data {
 namespace {
 namespace fs = std::filesystem;
+using ration::testing::expect_error_containing;
+using ration::testing::read_file;
+using ration::testing::TempDir;
 
-void expect_error_containing(const std::function<void()>& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected ration::Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-  }
-}
 
-// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("ration-test-" + tag + "-" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // ---- Fashion-MNIST --------------------------------------------------------------------------------
 
@@ -249,7 +232,7 @@ TEST(Data, LoaderResumesExactly) {
 // ---- Text -----------------------------------------------------------------------------------------
 
 TEST(Data, TextCorpusSplitAndWindows) {
-  const std::string bytes = read_bytes(kDefaultTextFile);
+  const std::string bytes = read_file(kDefaultTextFile);
   ASSERT_GT(bytes.size(), 10000u);
   const TextCorpus corpus;
   const auto n = static_cast<int64_t>(bytes.size());

@@ -2,6 +2,8 @@
 // torch::optim::SGD / torch::optim::AdamW and torch::nn::utils::clip_grad_norm_ on identical
 // parameters and gradients.
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <torch/types.h>  // clip_grad.h is not self-contained
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
@@ -19,6 +21,7 @@
 
 namespace ration::optim {
 namespace {
+using ration::testing::expect_error_containing;
 
 const std::vector<std::pair<std::string, std::vector<int64_t>>> kShapes = {
     {"fc.weight", {3, 4}}, {"fc.bias", {4}}, {"blocks.0.conv.weight", {2, 2, 3}}};
@@ -92,14 +95,6 @@ void run_against_torch(Optimizer& ours, torch::optim::Optimizer& theirs, Twins& 
   EXPECT_FALSE(at::allclose(t.ours[0].second.tensor(), fresh.ours[0].second.tensor()));
 }
 
-void expect_error_containing(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected ration::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST(Optim, SgdMatchesTorch) {
   struct Config {

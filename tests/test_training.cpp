@@ -2,6 +2,8 @@
 // errors, a complete report.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,7 @@ namespace ration {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::expect_error_containing;
 
 data::Batch synthetic_batch(const std::string& type, int64_t step) {
   at::manual_seed(1000 + step);
@@ -87,22 +90,6 @@ INSTANTIATE_TEST_SUITE_P(Models, TenSteps, ::testing::Values("mlp", "cnn", "gpt"
 
 // ---- trainer -----------------------------------------------------------------------------------
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("ration-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name) << text;
-    return (path / name).string();
-  }
-};
 
 std::string gpt_run_config(const std::string& ckpt_dir) {
   return std::string(tiny_model("gpt")) +
@@ -112,7 +99,7 @@ std::string gpt_run_config(const std::string& ckpt_dir) {
 }
 
 TEST(Trainer, ResumeFromCheckpointContinuesExactly) {
-  TempDir dir;
+  testing::TempDir dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
   const std::string cfg = dir.write("gpt.toml", gpt_run_config((dir.path / "run").string()));
   train::TrainOptions straight;
   straight.config_path = cfg;
@@ -134,7 +121,7 @@ TEST(Trainer, ResumeFromCheckpointContinuesExactly) {
 }
 
 TEST(Trainer, ReportHasLossEvalMemoryAndTime) {
-  TempDir dir;
+  testing::TempDir dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
   const std::string cfg = dir.write("gpt.toml", gpt_run_config(""));
   train::TrainOptions opt;
   opt.config_path = cfg;
@@ -153,36 +140,28 @@ TEST(Trainer, ReportHasLossEvalMemoryAndTime) {
   EXPECT_FALSE(fs::exists(opt.report_path + ".tmp"));
 }
 
-void expect_error_mentions(const std::function<void()>& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected ration::Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << " lacks " << n;
-  }
-}
 
 TEST(Trainer, BadConfigsNameFileKeyAndExpectedForm) {
-  TempDir dir;
+  testing::TempDir dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
   const std::string base = gpt_run_config("");
   train::TrainOptions opt;
   opt.json = true;
   opt.config_path = dir.write("typo.toml", base + "lerning_rate=3\n");
-  expect_error_mentions([&] { train::run_training(opt); }, {"typo.toml", "train.lerning_rate", "unknown key"});
+  expect_error_containing([&] { train::run_training(opt); }, {"typo.toml", "train.lerning_rate", "unknown key"});
   opt.config_path = dir.write("type.toml", std::string(tiny_model("gpt")) + "[train]\nbatch_size='big'\n");
-  expect_error_mentions([&] { train::run_training(opt); }, {"type.toml", "train.batch_size", "an integer"});
+  expect_error_containing([&] { train::run_training(opt); }, {"type.toml", "train.batch_size", "an integer"});
   opt.config_path = dir.write("choice.toml", base + "[optim]\nname='adam'\n");
   // (a duplicate [optim] table is a TOML error; both forms must be reported with the file)
-  expect_error_mentions([&] { train::run_training(opt); }, {"choice.toml"});
+  expect_error_containing([&] { train::run_training(opt); }, {"choice.toml"});
   opt.config_path = dir.write("choice2.toml", std::string(tiny_model("gpt")) + "[optim]\nname='adam'\n");
-  expect_error_mentions([&] { train::run_training(opt); }, {"choice2.toml", "optim.name", "\"adamw\", \"sgd\""});
+  expect_error_containing([&] { train::run_training(opt); }, {"choice2.toml", "optim.name", "\"adamw\", \"sgd\""});
   opt.config_path = dir.write("model.toml", "[model]\ntype='resnet'\n");
-  expect_error_mentions([&] { train::run_training(opt); }, {"resnet", "mlp", "gpt"});
+  expect_error_containing([&] { train::run_training(opt); }, {"resnet", "mlp", "gpt"});
   opt.config_path = (dir.path / "missing.toml").string();
-  expect_error_mentions([&] { train::run_training(opt); }, {"missing.toml"});
+  expect_error_containing([&] { train::run_training(opt); }, {"missing.toml"});
   opt.config_path = dir.write("ok.toml", base);
   opt.overrides = {"nodot=3"};
-  expect_error_mentions([&] { train::run_training(opt); }, {"nodot", "section.key=value"});
+  expect_error_containing([&] { train::run_training(opt); }, {"nodot", "section.key=value"});
 }
 
 TEST(Config, BytesAndOverrides) {

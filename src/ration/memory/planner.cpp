@@ -118,6 +118,7 @@ class Simulator {
       const int64_t transient_other = p_.backward_peak_bytes[j] - measured_resident;
       const int64_t start_other = p_.backward_start_bytes[j] - measured_resident;
       cache_.clear();
+      transient_.clear();
       transient_bytes_ = 0;
       recompute_peak_ = resident_;
       for (const auto& key : node.saved) ensure(key, pred);
@@ -178,32 +179,24 @@ class Simulator {
     for (const auto& in : n.inputs) ensure(in, pred);
     pred.recompute_ms += n.forward_ms;
     pred.recomputed_nodes += 1;
-    std::unordered_set<int64_t> held;
+    // The producer allocates its fresh storages (held by the recompute cache until the node ends);
+    // while it runs, its measured forward workspace comes on top.
+    for (int64_t st : n.allocated_storage) {
+      if (transient_.insert(st).second) transient_bytes_ += p_.storages[static_cast<size_t>(st)].bytes;
+    }
+    const int64_t workspace = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
+    recompute_peak_ = std::max(recompute_peak_, resident_ + transient_bytes_ + workspace);
+    // Outputs whose keys were dropped and are still awaited are stored: their storage instance moves
+    // from the cache's transients to the resident set (a view restored later moves its base likewise).
     for (size_t j = 0; j < n.output_storage.size(); ++j) {
       const ValueKey key{ord, static_cast<int>(j)};
       auto st = state_.find(key);
       if (st == state_.end() || st->second != KeyState::Dropped) continue;
       st->second = KeyState::Restored;
-      const int64_t s = n.output_storage[j];
-      if (s >= 0) {
-        hold(rec_holders_, s, +1);
-        held.insert(s);
-      }
-    }
-    // While the producer runs: everything live, plus its outputs, plus its measured forward workspace
-    // (interval peak above what was left when it returned).
-    int64_t fresh = 0;
-    for (int64_t s : n.allocated_storage) fresh += p_.storages[static_cast<size_t>(s)].bytes;
-    const int64_t workspace = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
-    recompute_peak_ = std::max(recompute_peak_, resident_ + transient_bytes_ + workspace + fresh -
-                                                    [&] {
-                                                      int64_t h = 0;
-                                                      for (int64_t s : held) h += p_.storages[static_cast<size_t>(s)].bytes;
-                                                      return h;
-                                                    }());
-    // Freshly allocated storages not held by a restored key live in the cache until the node ends.
-    for (int64_t s : n.allocated_storage) {
-      if (!held.count(s)) transient_bytes_ += p_.storages[static_cast<size_t>(s)].bytes;
+      const int64_t storage = n.output_storage[j];
+      if (storage < 0) continue;
+      hold(rec_holders_, storage, +1);
+      if (transient_.erase(storage)) transient_bytes_ -= p_.storages[static_cast<size_t>(storage)].bytes;
     }
   }
 
@@ -215,6 +208,7 @@ class Simulator {
   std::map<ValueKey, KeyState> state_;
   std::vector<int64_t> orig_holders_, rec_holders_;
   std::unordered_set<int64_t> cache_;
+  std::unordered_set<int64_t> transient_;  // recomputed storage instances held only by the cache
   int64_t transient_bytes_ = 0, recompute_peak_ = 0;
   int64_t resident_ = 0;
 };

@@ -60,12 +60,17 @@ ValueKey ProfilePolicy::key_of(const SavedValue& v) const {
   return {it->second, v.output_nr()};
 }
 
-// Values the model code let go of since the last look were last alive during the previous node.
+// Values the model code let go of since the last look were alive when the previous node ended, which is
+// where the current node's measured interval (and its peak) starts: count them through `now`.
 void ProfilePolicy::sweep_dead_values(int64_t now) {
   size_t kept = 0;
-  for (auto& entry : live_values_) {
-    if (entry.second.expired()) profile_.value_last_alive[entry.first] = now - 1;
-    else live_values_[kept++] = std::move(entry);
+  for (size_t i = 0; i < live_values_.size(); ++i) {
+    if (live_values_[i].second.expired()) {
+      profile_.value_last_alive[live_values_[i].first] = now;
+    } else {
+      if (kept != i) live_values_[kept] = std::move(live_values_[i]);  // never self-move a weak_ptr
+      ++kept;
+    }
   }
   live_values_.resize(kept);
 }

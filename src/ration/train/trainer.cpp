@@ -283,19 +283,24 @@ nlohmann::json run_training(const TrainOptions& options) {
   // Memory budget: profile one step (no update), plan keep/recompute, execute the plan every step.
   std::optional<memory::Plan> plan;
   std::unique_ptr<memory::BudgetPolicy> policy;
+  memory::StepProfile profile;
+  memory::PlanOptions plan_options = budget.plan;
+  int64_t replans = 0;
+  auto make_policy = [&] {
+    plan = memory::make_plan(profile, plan_options);
+    std::vector<std::string> ops;
+    for (const auto& n : profile.nodes) ops.push_back(n.op);
+    policy = std::make_unique<memory::BudgetPolicy>(plan->dropped_keys(profile), std::move(ops));
+  };
   if (budget.budget_bytes) {
     const data::LoaderPosition here = loader.position();
     const data::Batch first = loader.next();
     loader.set_position(here);
-    const memory::StepProfile profile = profile_step(model, first, setup.seed);
-    memory::PlanOptions po = budget.plan;
+    profile = profile_step(model, first, setup.seed);
     const int64_t state_now = memory::stats().current[static_cast<int>(memory::Category::Optimizer)];
-    po.extra_fixed_bytes = std::max<int64_t>(
+    plan_options.extra_fixed_bytes = std::max<int64_t>(
         0, predicted_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, model) - state_now);
-    plan = memory::make_plan(profile, po);
-    std::vector<std::string> ops;
-    for (const auto& n : profile.nodes) ops.push_back(n.op);
-    policy = std::make_unique<memory::BudgetPolicy>(plan->dropped_keys(profile), std::move(ops));
+    make_policy();
     progress.note(plan->to_table());
   }
   std::vector<double> recompute_ms;
@@ -344,6 +349,20 @@ nlohmann::json run_training(const TrainOptions& options) {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     const memory::Stats ms_now = memory::stats();
     step_peaks.push_back(memory::device_peak_bytes(ms_now));
+    // Plan, measure, correct: if a step overshot the budget (the simulator under-counted something),
+    // plan again for a budget lowered by the overshoot, while that stays feasible.
+    if (plan && step_peaks.back() > plan->budget_bytes && replans < 3) {
+      const int64_t over = step_peaks.back() - plan->budget_bytes;
+      const int64_t target = plan_options.budget_bytes - over - (over / 4);
+      if (target >= plan->minimum_peak_bytes) {
+        plan_options.budget_bytes = target;
+        make_policy();
+        plan->budget_bytes = budget.plan.budget_bytes;  // report against the user's budget
+        ++replans;
+        progress.note("step " + std::to_string(step + 1) + " measured " + memory::format_bytes(step_peaks.back()) +
+                      " over the budget: re-planned for " + memory::format_bytes(target));
+      }
+    }
     RATION_CHECK(std::isfinite(loss_value), "loss became ", loss_value, " at step ", step,
                  "; lower optim.lr or set optim.clip_grad_norm");
     step_ms.push_back(ms);
@@ -388,6 +407,7 @@ nlohmann::json run_training(const TrainOptions& options) {
     mem["activation_capacity_bytes"] = plan->capacity_bytes;
     mem["fixed_bytes"] = plan->fixed_bytes;
     mem["within_budget"] = worst <= plan->budget_bytes;
+    mem["replans"] = replans;
     mem["prediction_error"] = static_cast<double>(plan->prediction.peak_bytes - worst) / static_cast<double>(std::max<int64_t>(worst, 1));
     double total = 0;
     for (double r : recompute_ms) total += r;
