@@ -119,6 +119,9 @@ void run_backward(const Values& roots, const std::vector<at::Tensor>& grads, boo
     {
       at::NoGradGuard no_grad;
       RecomputeCache recompute_cache;
+      // Rebuild or fetch every saved value before the node's backward allocates anything, so a node's
+      // peak is (rebuilt values) then (its backward workspace), the order the planner simulates.
+      for (auto& ref : n->saved) (void)ref.value->unpack(ref.version);
       BackwardCtx ctx(*n);
       grad_in = n->backward(ctx, grad_out);
     }
