@@ -487,14 +487,24 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
                  "; keeping more would not fit the budget of ", format_bytes(budget));
   }
   if (options.keep_groups || options.keep_bytes) {
-    // Drop further groups, cheapest recompute per byte first, until both limits hold.
+    // Drop further groups, cheapest recompute per byte first, until both limits hold; a drop that would
+    // push the prediction over the budget (rebuilt runs held together) is skipped.
     for (size_t i : by_ratio) {
       fill_counts(plan);
       const bool ok = (!options.keep_groups || plan.kept_groups <= *options.keep_groups) &&
                       (!options.keep_bytes || plan.kept_bytes <= *options.keep_bytes);
       if (ok) break;
+      if (!plan.groups[i].keep) continue;
       plan.groups[i].keep = false;
+      if (!fits(plan.groups)) plan.groups[i].keep = true;
     }
+    fill_counts(plan);
+    RATION_CHECK((!options.keep_groups || plan.kept_groups <= *options.keep_groups) &&
+                     (!options.keep_bytes || plan.kept_bytes <= *options.keep_bytes),
+                 "cannot lower what is kept to the requested ", options.keep_groups ? std::to_string(*options.keep_groups) + " groups" : format_bytes(*options.keep_bytes),
+                 " within the budget of ", format_bytes(budget), ": the lowest that fits keeps ", plan.kept_groups,
+                 " groups (", format_bytes(plan.kept_bytes), "); dropping more rebuilds runs of values together and "
+                 "raises the peak. Raise --memory-budget to keep less.");
   }
   fill_counts(plan);
   plan.prediction = predict(plan.groups);

@@ -107,6 +107,10 @@ void ProfilePolicy::after_forward_node(Node& node, const std::vector<at::Tensor>
   for (const auto& ref : node.saved) pn.saved.push_back(key_of(*ref.value));
   for (size_t j = 0; j < node.output_values.size(); ++j)
     live_values_.emplace_back(ValueKey{ordinal, static_cast<int>(j)}, node.output_values[j]);
+  // Internal outputs (masks, statistics) never reach model code: only saved handles hold them, and the
+  // op's own output list until it returns, which is after the next interval's measurement starts.
+  for (size_t j = node.output_values.size(); j < outputs.size(); ++j)
+    profile_.value_last_alive[{ordinal, static_cast<int>(j)}] = ordinal + 1;
   const Stats now = stats();
   pn.peak_bytes = now.peak_bytes - excluded_bytes_;
   pn.end_bytes = now.current_bytes - excluded_bytes_;
