@@ -1,6 +1,7 @@
 #include "ration/memory/allocator.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <torch/csrc/api/include/torch/version.h>
 
 #include <cctype>
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #ifdef RATION_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace ration::memory {
@@ -66,10 +68,19 @@ void delete_block(void* ptr) {
   // `inner` frees the memory here, outside the lock.
 }
 
+// PyTorch 2.3 dropped `const` from Allocator::allocate and made copy_data pure virtual.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define RATION_ALLOCATE_CONST
+#define RATION_COPY_DATA_OVERRIDE override
+#else
+#define RATION_ALLOCATE_CONST const
+#define RATION_COPY_DATA_OVERRIDE
+#endif
+
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) RATION_ALLOCATE_CONST override {
     c10::DataPtr inner = base_->allocate(n);
     void* ptr = inner.get();
     const c10::Device device = inner.device();
@@ -83,8 +94,9 @@ class CountingAllocator final : public c10::Allocator {
     return {ptr, ptr, &delete_block, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
-  // Pure virtual in PyTorch >= 2.3 (overridden there), a plain member in 1.13.
-  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+  void copy_data(void* dest, const void* src, std::size_t count) const RATION_COPY_DATA_OVERRIDE {
+    std::memcpy(dest, src, count);
+  }
 
  private:
   c10::Allocator* base_;
@@ -142,9 +154,10 @@ void reset_peak() {
 Stats device_stats(const at::Device& device) {
 #ifdef RATION_CUDA
   if (device.is_cuda()) {
-    auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index()
+                                                                                : c10::cuda::current_device());
     Stats out;
-    const auto agg = static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
+    constexpr size_t agg = 0;  // StatType::AGGREGATE in every version (the enum moved namespaces in 2.5)
     out.current_bytes = s.allocated_bytes[agg].current;
     out.peak_bytes = s.allocated_bytes[agg].peak;
     out.allocations = s.allocation[agg].allocated;
@@ -158,7 +171,7 @@ Stats device_stats(const at::Device& device) {
 void reset_device_peak(const at::Device& device) {
 #ifdef RATION_CUDA
   if (device.is_cuda()) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::cuda::current_device());
     return;
   }
 #endif

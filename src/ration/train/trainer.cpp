@@ -202,6 +202,9 @@ Setup build_setup(Config config) {
     s.model = models::build_model(cfg);
   }
   if (device == "cuda") {
+#ifndef RATION_CUDA
+    RATION_CHECK(false, cfg.origin(), ": train.device = \"cuda\" needs ration built with -DRATION_CUDA=ON");
+#endif
     RATION_CHECK(at::hasCUDA(), cfg.origin(), ": train.device = \"cuda\" needs ration built with -DRATION_CUDA=ON "
                  "against a CUDA libtorch, and a visible GPU");
     RATION_CHECK(!cfg.has("memory.budget"), cfg.origin(), ": memory budgets are planned from the counting CPU "
