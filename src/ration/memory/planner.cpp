@@ -29,7 +29,6 @@ class Simulator {
       : p_(p), dropped_(dropped), extra_(extra) {
     const size_t ns = p.storages.size();
     saved_at_.assign(ns, -1);
-    last_fwd_use_.assign(ns, -1);
     // A dropped storage is freed once no Value held by model code refers to it: the latest
     // "last alive" of the values on it (held past forward = never freed in forward).
     last_alive_.assign(ns, -1);
@@ -45,10 +44,6 @@ class Simulator {
         ++pending_[key];
         const int64_t s = p.storage_of(key);
         if (s >= 0 && saved_at_[static_cast<size_t>(s)] < 0) saved_at_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
-      }
-      for (const auto& key : p.nodes[k].inputs) {
-        const int64_t s = p.storage_of(key);
-        if (s >= 0) last_fwd_use_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
       }
     }
   }
@@ -203,7 +198,7 @@ class Simulator {
   const StepProfile& p_;
   const std::vector<char>& dropped_;
   int64_t extra_;
-  std::vector<int64_t> saved_at_, last_fwd_use_, last_alive_;
+  std::vector<int64_t> saved_at_, last_alive_;
   std::map<ValueKey, int> pending_;
   std::map<ValueKey, KeyState> state_;
   std::vector<int64_t> orig_holders_, rec_holders_;

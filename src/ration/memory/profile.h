@@ -34,7 +34,6 @@ struct ProfiledNode {
   std::vector<ValueKey> saved;    // values its backward reads
   int64_t peak_bytes = 0;         // measured peak during its forward (interval since the previous node)
   int64_t end_bytes = 0;          // measured live bytes when its forward returned
-  int64_t last_forward_use = -1;  // (filled later) unused
 };
 
 struct ProfiledStorage {

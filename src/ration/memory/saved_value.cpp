@@ -92,7 +92,6 @@ void SavedValue::release_use(bool retain) {
   --pending_uses_;
   if (pending_uses_ == 0 && !retain) {
     data_ = at::Tensor();
-    stash.reset();
     state_ = SavedState::Released;
   }
 }

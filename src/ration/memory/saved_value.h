@@ -58,8 +58,6 @@ class SavedValue {
   void restore(const at::Tensor& data);      // Dropped/Offloaded -> Resident
   const at::Tensor& data() const { return data_; }
 
-  // Free-form policy storage (offload tiers keep their ticket here).
-  std::shared_ptr<void> stash;
 
  private:
   friend class Node;
