@@ -157,9 +157,7 @@ int main(int argc, char** argv) {
       std::printf("  %-14s budget %-11s: %s\n", label.c_str(), memory::format_bytes(budget).c_str(), "does not fit");
       return;
     }
-    std::vector<std::string> ops;
-    for (const auto& n : profile.nodes) ops.push_back(n.op);
-    memory::BudgetPolicy policy(plan.dropped_keys(profile), ops);
+    memory::BudgetPolicy policy(plan, profile);
     double overhead = 0;
     Point p = measure(model, batch, &policy, steps, &overhead);
     p.overhead = overhead;

@@ -78,9 +78,7 @@ Measured run_step(models::Model& model, const data::Batch& batch, memory::Budget
 }
 
 std::unique_ptr<memory::BudgetPolicy> policy_for(const memory::Plan& plan, const memory::StepProfile& profile) {
-  std::vector<std::string> ops;
-  for (const auto& n : profile.nodes) ops.push_back(n.op);
-  return std::make_unique<memory::BudgetPolicy>(plan.dropped_keys(profile), ops);
+  return std::make_unique<memory::BudgetPolicy>(plan, profile);
 }
 
 class Budget : public ::testing::TestWithParam<Case> {};

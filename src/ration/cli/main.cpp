@@ -51,7 +51,7 @@ Planned plan_for(ration::train::Setup setup, int64_t batch_size) {
   p.batch = train::sample_batch(p.setup, batch_size > 0 ? batch_size : p.setup.batch_size, p.setup.seed);
   p.profile = train::profile_step(*p.setup.model, p.batch, p.setup.seed + 1);
   memory::PlanOptions po = budget.plan;
-  po.extra_fixed_bytes = train::predicted_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *p.setup.model);
+  po.extra_fixed_bytes = train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *p.setup.model);
   p.plan = memory::make_plan(p.profile, po);
   return p;
 }
@@ -92,9 +92,7 @@ int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>
   std::unique_ptr<memory::BudgetPolicy> policy;
   int64_t not_bitwise = 0;
   if (budgeted) {
-    std::vector<std::string> ops;
-    for (const auto& n : planned->profile.nodes) ops.push_back(n.op);
-    policy = std::make_unique<memory::BudgetPolicy>(planned->plan.dropped_keys(planned->profile), ops);
+    policy = std::make_unique<memory::BudgetPolicy>(planned->plan, planned->profile);
     const auto plain = engine_gradients(model, batch, seed);
     std::vector<std::pair<std::string, at::Tensor>> budget_grads;
     {

@@ -44,7 +44,6 @@ void run_backward(const Values& roots, const std::vector<at::Tensor>& grads, boo
   RATION_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
   std::unordered_map<Node*, PendingNode> pending;
   std::unordered_map<ValueImpl*, int> leaf_dependencies;
-  std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
 
   // Count, for every reachable node and leaf, how many edges will deliver a gradient to it.
   std::vector<Node*> stack;
@@ -62,10 +61,7 @@ void run_backward(const Values& roots, const std::vector<at::Tensor>& grads, boo
     for (const Edge& e : n->next_edges) {
       if (e.node) {
         ++pending[e.node.get()].dependencies;
-        if (seen.insert(e.node.get()).second) {
-          keep_alive[e.node.get()] = e.node;
-          stack.push_back(e.node.get());
-        }
+        if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
       } else if (e.leaf) {
         ++leaf_dependencies[e.leaf.get()];
       }
@@ -88,7 +84,6 @@ void run_backward(const Values& roots, const std::vector<at::Tensor>& grads, boo
       continue;
     }
     Node* n = root.grad_fn().get();
-    keep_alive[n] = root.grad_fn();
     auto& p = pending[n];
     p.grads.resize(static_cast<size_t>(n->spec.visible_outputs));
     add_into(p.grads[static_cast<size_t>(root.impl()->output_nr)], g);

@@ -5,8 +5,10 @@
 
 namespace ration::memory {
 
-BudgetPolicy::BudgetPolicy(std::set<ValueKey> dropped, std::vector<std::string> ops)
-    : dropped_(std::move(dropped)), ops_(std::move(ops)) {}
+BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile) : dropped_(plan.dropped_keys(profile)) {
+  ops_.reserve(profile.nodes.size());
+  for (const auto& n : profile.nodes) ops_.push_back(n.op);
+}
 
 void BudgetPolicy::begin_step() {
   ordinal_of_seq_.clear();

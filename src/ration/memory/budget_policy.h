@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ration/memory/planner.h"
 #include "ration/memory/profile.h"
 #include "ration/memory/saved_value.h"
 
@@ -15,8 +16,8 @@ namespace ration::memory {
 
 class BudgetPolicy : public MemoryPolicy {
  public:
-  // `ops` are the profiled nodes' op names by ordinal (to detect a graph that differs from the plan's).
-  BudgetPolicy(std::set<ValueKey> dropped, std::vector<std::string> ops);
+  // Executes `plan`, made from `profile`; the profiled op names detect a graph that differs from it.
+  BudgetPolicy(const Plan& plan, const StepProfile& profile);
   void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) override;
   void on_recompute(Node& node, double ms) override;

@@ -94,6 +94,18 @@ void Module::zero_grad() {
   for (auto& [name, value] : named_parameters()) value.grad() = at::Tensor();
 }
 
+std::vector<at::Tensor> Module::snapshot_buffers() const {
+  std::vector<at::Tensor> out;
+  for (auto& [name, b] : named_buffers()) out.push_back(b.clone());
+  return out;
+}
+
+void Module::restore_buffers(const std::vector<at::Tensor>& snapshot) {
+  auto buffers = named_buffers();
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].second.copy_(snapshot.at(i));
+}
+
 void Module::to(const at::TensorOptions& options) {
   for (auto& [name, value] : named_parameters()) {
     move_in_place(value.tensor(), options);

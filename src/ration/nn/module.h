@@ -47,6 +47,10 @@ class Module {
   bool is_training() const { return training_; }
   // Gradients become undefined (PyTorch's set_to_none): the next backward assigns instead of adding.
   void zero_grad();
+  // Copies of every buffer, and writing them back (in place): runs that must not disturb batch-norm
+  // statistics (profiling, gradient checks) bracket themselves with these.
+  std::vector<at::Tensor> snapshot_buffers() const;
+  void restore_buffers(const std::vector<at::Tensor>& snapshot);
   // Move parameters and buffers (in place of their storage) to a device / dtype. The at::Tensor handles
   // keep their identity (set_data), so tensors a layer kept from register_buffer and the pinned saved
   // handles of parameters see the new data. Only floating-point tensors change dtype.

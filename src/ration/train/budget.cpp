@@ -1,5 +1,7 @@
 #include "ration/train/budget.h"
 
+#include <algorithm>
+
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
@@ -29,8 +31,7 @@ BudgetSettings read_budget_settings(Config& cfg) {
 }
 
 memory::StepProfile profile_step(models::Model& model, const data::Batch& batch, uint64_t seed) {
-  std::vector<at::Tensor> buffers;
-  for (auto& [name, b] : model.named_buffers()) buffers.push_back(b.clone());
+  const std::vector<at::Tensor> buffers = model.snapshot_buffers();
   model.zero_grad();
   memory::StepProfile profile;
   {
@@ -43,22 +44,22 @@ memory::StepProfile profile_step(models::Model& model, const data::Batch& batch,
     profile = policy.finish();
   }
   model.zero_grad();
-  auto live = model.named_buffers();
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < live.size(); ++i) live[i].second.copy_(buffers[i]);
+  model.restore_buffers(buffers);
   return profile;
 }
 
-int64_t predicted_optimizer_bytes(const std::string& optimizer, double momentum, bool amsgrad,
-                                  const models::Model& model) {
+int64_t unseen_optimizer_bytes(const std::string& optimizer, double momentum, bool amsgrad,
+                               const models::Model& model) {
+  const int64_t live = memory::stats().current[static_cast<int>(memory::Category::Optimizer)];
   int64_t param_bytes = 0;
   int64_t count = 0;
   for (const auto& [name, p] : model.named_parameters()) {
     param_bytes += p.numel() * static_cast<int64_t>(p.tensor().element_size());
     ++count;
   }
-  if (optimizer == "adamw") return (amsgrad ? 3 : 2) * param_bytes + count * 8;  // + int64 step per parameter
-  return momentum != 0 ? param_bytes : 0;
+  const int64_t state = optimizer == "adamw" ? (amsgrad ? 3 : 2) * param_bytes + count * 8  // + int64 step each
+                                             : (momentum != 0 ? param_bytes : 0);
+  return std::max<int64_t>(0, state - live);
 }
 
 }  // namespace ration::train

@@ -26,8 +26,9 @@ BudgetSettings read_budget_settings(Config& cfg);
 // statistics) are restored afterwards, so the run continues as if it had not happened.
 memory::StepProfile profile_step(models::Model& model, const data::Batch& batch, uint64_t seed);
 
-// Bytes of optimiser state the optimiser will create at its first step but the profile did not see.
-int64_t predicted_optimizer_bytes(const std::string& optimizer, double momentum, bool amsgrad,
+// Bytes of optimiser state the optimiser will create at its first step but the profile did not see
+// (predicted from the optimiser type, minus the optimiser memory already live, e.g. after a resume).
+int64_t unseen_optimizer_bytes(const std::string& optimizer, double momentum, bool amsgrad,
                                   const models::Model& model);
 
 }  // namespace ration::train

@@ -7,18 +7,6 @@
 namespace ration {
 namespace {
 
-std::vector<at::Tensor> snapshot_buffers(models::Model& model) {
-  std::vector<at::Tensor> out;
-  for (auto& [name, b] : model.named_buffers()) out.push_back(b.clone());
-  return out;
-}
-
-void restore_buffers(models::Model& model, const std::vector<at::Tensor>& saved) {
-  auto buffers = model.named_buffers();
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].second.copy_(saved[i]);
-}
-
 std::vector<std::pair<std::string, at::Tensor>> collect_grads(models::Model& model) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (auto& [name, p] : model.named_parameters()) {
@@ -31,13 +19,13 @@ std::vector<std::pair<std::string, at::Tensor>> collect_grads(models::Model& mod
 
 std::vector<std::pair<std::string, at::Tensor>> engine_gradients(models::Model& model, const data::Batch& batch,
                                                                  uint64_t seed, double* loss) {
-  const auto buffers = snapshot_buffers(model);
+  const auto buffers = model.snapshot_buffers();
   model.zero_grad();
   manual_seed(seed);
   Value l = model.loss(batch);
   if (loss) *loss = l.item();
   l.backward();
-  restore_buffers(model, buffers);
+  model.restore_buffers(buffers);
   auto grads = collect_grads(model);
   model.zero_grad();
   return grads;
@@ -47,7 +35,7 @@ GradcheckResult gradcheck(models::Model& model, const data::Batch& batch, uint64
   GradcheckResult result;
   const auto ours = engine_gradients(model, batch, seed, &result.loss_ours);
 
-  const auto buffers = snapshot_buffers(model);
+  const auto buffers = model.snapshot_buffers();
   model.zero_grad();
   std::vector<std::pair<std::string, at::Tensor>> theirs;
   {
@@ -57,7 +45,7 @@ GradcheckResult gradcheck(models::Model& model, const data::Batch& batch, uint64
     result.loss_torch = l.item();
     l.backward();
   }
-  restore_buffers(model, buffers);
+  model.restore_buffers(buffers);
   theirs = collect_grads(model);
   model.zero_grad();
 

@@ -291,18 +291,14 @@ nlohmann::json run_training(const TrainOptions& options) {
   int64_t replans = 0;
   auto make_policy = [&] {
     plan = memory::make_plan(profile, plan_options);
-    std::vector<std::string> ops;
-    for (const auto& n : profile.nodes) ops.push_back(n.op);
-    policy = std::make_unique<memory::BudgetPolicy>(plan->dropped_keys(profile), std::move(ops));
+    policy = std::make_unique<memory::BudgetPolicy>(*plan, profile);
   };
   if (budget.budget_bytes) {
     const data::LoaderPosition here = loader.position();
     const data::Batch first = loader.next();
     loader.set_position(here);
     profile = profile_step(model, first, setup.seed);
-    const int64_t state_now = memory::stats().current[static_cast<int>(memory::Category::Optimizer)];
-    plan_options.extra_fixed_bytes = std::max<int64_t>(
-        0, predicted_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, model) - state_now);
+    plan_options.extra_fixed_bytes = unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, model);
     make_policy();
     progress.note(plan->to_table());
   }
