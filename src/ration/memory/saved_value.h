@@ -23,6 +23,19 @@ namespace ration {
 
 class Node;
 
+// Processes on which a saved value is identical (e.g. the input of a tensor-parallel layer, seed M2
+// step 7): the offload engine may store 1/size() of it per process and rebuild it by all-gather.
+// Implemented over c10d in dist/; every process must fetch such values in the same order.
+class ReplicaGroup {
+ public:
+  virtual ~ReplicaGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Collective: every process passes a 1-D uint8 shard of the same length; returns the shards
+  // concatenated in rank order (length size() * shard length).
+  virtual at::Tensor all_gather(const at::Tensor& shard) = 0;
+};
+
 enum class SavedState { Unsaved, Resident, Dropped, Offloaded, Released };
 const char* to_string(SavedState s);
 
@@ -57,7 +70,9 @@ class SavedValue {
   void mark_offloaded();                     // Resident -> Offloaded (policy holds the copy)
   void restore(const at::Tensor& data);      // Dropped/Offloaded -> Resident
   const at::Tensor& data() const { return data_; }
-
+  // Processes holding the same value (null: this process only).
+  void set_replicas(std::shared_ptr<ReplicaGroup> group) { replicas_ = std::move(group); }
+  const std::shared_ptr<ReplicaGroup>& replicas() const { return replicas_; }
 
  private:
   friend class Node;
@@ -69,6 +84,7 @@ class SavedValue {
   int pending_uses_ = 0;
   int64_t nbytes_ = 0;
   std::string label_;
+  std::shared_ptr<ReplicaGroup> replicas_;
 };
 
 // The memory runtime's policy hook. Default: keep everything resident.
