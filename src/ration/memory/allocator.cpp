@@ -184,6 +184,15 @@ Category current_category() { return t_category; }
 CategoryGuard::CategoryGuard(Category c) : prev_(t_category) { t_category = c; }
 CategoryGuard::~CategoryGuard() { t_category = prev_; }
 
+Category category_of(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return Category::Other;
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  if (dp.get_deleter() != &delete_block) return Category::Other;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = blocks().find(dp.get());
+  return it == blocks().end() ? Category::Other : it->second.category;
+}
+
 void retag(const at::Tensor& t, Category c) {
   if (!t.defined() || !t.has_storage()) return;
   const c10::DataPtr& dp = t.storage().data_ptr();

@@ -63,6 +63,8 @@ class CategoryGuard {
   Category prev_;
 };
 
+// The category of t's storage; Other for storages the counting allocator did not make.
+Category category_of(const at::Tensor& t);
 // Move the bytes of t's storage to category c (no-op for storages the counting allocator did not make).
 void retag(const at::Tensor& t, Category c);
 

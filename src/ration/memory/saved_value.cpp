@@ -43,7 +43,10 @@ uint32_t SavedValue::save(const at::Tensor& data) {
   if (state_ != SavedState::Resident) {
     data_ = data;
     state_ = SavedState::Resident;
-    memory::retag(data_, memory::Category::SavedActivations);
+    // A view of a parameter (w.t()) stays accounted as the parameter it is.
+    const memory::Category c = memory::category_of(data_);
+    if (c != memory::Category::Parameters && c != memory::Category::Optimizer)
+      memory::retag(data_, memory::Category::SavedActivations);
   }
   ++pending_uses_;
   return data_._version();
@@ -107,6 +110,11 @@ void SavedValue::mark_offloaded() {
   RATION_ASSERT(state_ == SavedState::Resident, "offload of ", label_, " in state ", to_string(state_));
   data_ = at::Tensor();
   state_ = SavedState::Offloaded;
+}
+
+void SavedValue::offload_failed() {
+  RATION_ASSERT(state_ == SavedState::Offloaded, "offload_failed of ", label_, " in state ", to_string(state_));
+  state_ = SavedState::Dropped;
 }
 
 void SavedValue::restore(const at::Tensor& data) {

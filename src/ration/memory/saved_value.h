@@ -69,6 +69,7 @@ class SavedValue {
   void drop();                               // Resident -> Dropped (data freed)
   void mark_offloaded();                     // Resident -> Offloaded (policy holds the copy)
   void restore(const at::Tensor& data);      // Dropped/Offloaded -> Resident
+  void offload_failed();                     // Offloaded -> Dropped (the tier lost it: recompute)
   const at::Tensor& data() const { return data_; }
   // Processes holding the same value (null: this process only).
   void set_replicas(std::shared_ptr<ReplicaGroup> group) { replicas_ = std::move(group); }

@@ -1,0 +1,544 @@
+#include "ration/memory/offload.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <future>
+#include <thread>
+
+#include "ration/core/check.h"
+#include "ration/core/node.h"
+#include "ration/memory/allocator.h"
+
+#ifdef RATION_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace ration::memory {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+bool ready(const std::shared_future<void>& f) {
+  return f.valid() && f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+// The whole storage of `t` as a flat byte tensor (shares memory; no copy).
+at::Tensor storage_bytes_of(const at::Tensor& t) {
+  const auto nbytes = static_cast<int64_t>(t.storage().nbytes());
+  return at::empty({0}, t.options().dtype(at::kByte)).set_(t.storage(), 0, {nbytes}, {1});
+}
+
+}  // namespace
+
+// ---- options and stats -------------------------------------------------------------------------
+
+void validate(const OffloadOptions& o) {
+  RATION_CHECK(o.tier == "disk" || o.tier == "host" || o.tier == "host+disk", "offload.tier: unknown tier '", o.tier,
+               "' (expected disk, host or host+disk)");
+  RATION_CHECK(o.t1 >= 0 && o.t2 >= 0 && o.t3 >= 0, "offload.t1/t2/t3: thresholds must be non-negative sizes");
+  RATION_CHECK(o.t1 <= o.t2, "offload.t1 (", format_bytes(o.t1), ") must not exceed offload.t2 (",
+               o.t2 == kNoLimit ? std::string("none") : format_bytes(o.t2),
+               "): forward would pause before anything is copied out");
+  RATION_CHECK(o.prefetch >= 0, "offload.prefetch: expected a number of backward nodes >= 0, got ", o.prefetch);
+  RATION_CHECK(o.min_bytes >= 0, "offload.min_bytes: expected a size >= 0");
+  RATION_CHECK(o.throttle_bytes_per_second >= 0, "offload.throttle: expected bytes per second >= 0");
+}
+
+std::unique_ptr<Tier> make_tier(const OffloadOptions& o) {
+  validate(o);
+  std::string dir = o.dir;
+  if (dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    dir = tmp && *tmp ? tmp : "/tmp";
+  }
+  std::unique_ptr<Tier> tier;
+  if (o.tier == "disk") tier = std::make_unique<SpillTier>(dir, o.disk_limit_bytes);
+  else if (o.tier == "host") tier = std::make_unique<HostTier>(o.host_limit_bytes);
+  else tier = std::make_unique<ChainTier>(std::make_unique<HostTier>(o.host_limit_bytes),
+                                          std::make_unique<SpillTier>(dir, o.disk_limit_bytes));
+  if (o.throttle_bytes_per_second > 0 || o.fail_after_bytes > 0)
+    tier = std::make_unique<ThrottledTier>(std::move(tier), o.throttle_bytes_per_second, o.fail_after_bytes);
+  return tier;
+}
+
+nlohmann::json OffloadStats::to_json() const {
+  return {{"offloaded_values", offloaded_values},   {"offloaded_storages", offloaded_storages},
+          {"written_bytes", written_bytes},         {"read_bytes", read_bytes},
+          {"prefetches", prefetches},               {"demand_fetches", demand_fetches},
+          {"deferred_prefetches", deferred_prefetches}, {"forward_pauses", forward_pauses},
+          {"deadline_waits", deadline_waits},       {"fallbacks", fallbacks},
+          {"write_ms", write_ms},                   {"read_ms", read_ms},
+          {"forward_pause_ms", forward_pause_ms},   {"fetch_wait_ms", fetch_wait_ms},
+          {"max_usage_bytes", max_usage_bytes}};
+}
+
+// ---- the copy queues (Q2, Q4) -------------------------------------------------------------------
+
+class OffloadEngine::Queue {
+ public:
+  Queue() : thread_([this] { run(); }) {}
+  ~Queue() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stop requested and drained
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+#ifdef RATION_CUDA
+struct OffloadEngine::Streams {
+  std::optional<c10::cuda::CUDAStream> out, in;
+};
+#endif
+
+// One stored storage and the saved values (views) that will be rebuilt from it.
+struct OffloadEngine::Entry {
+  int64_t storage_bytes = 0;
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage;  // identity of the original while it lives
+  struct View {
+    uint64_t value_id = 0;
+    std::weak_ptr<SavedValue> value;
+    std::vector<int64_t> sizes, strides;
+    int64_t offset = 0;
+    at::TensorOptions options;
+    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> original;
+    uint32_t version = 0;
+    bool fetched = false;
+  };
+  std::vector<View> views;
+  // Written by Q2 before `written` is ready, read after.
+  std::unique_ptr<Tier::Slot> slot;
+  bool failed = false;
+  std::string error;
+  std::shared_future<void> written, loaded;
+  bool read_issued = false, deferred = false, deadline_done = false, read_failed = false;
+  at::Tensor buffer;    // Q4 destination: the whole storage, or this process's shard
+  at::Tensor restored;  // the whole storage, bytes
+  int64_t first_use = -1;  // highest forward ordinal of a node that saves it (first in backward)
+  int64_t deadline = -1;
+  int prefetch = 0;
+  std::shared_ptr<ReplicaGroup> replicas;  // sharded: this process stores 1/n
+  int64_t shard_bytes = 0;
+
+  bool done() const {
+    for (const auto& v : views)
+      if (!v.fetched && !v.value.expired()) return false;
+    return true;
+  }
+};
+
+// ---- the engine -----------------------------------------------------------------------------------
+
+OffloadEngine::OffloadEngine(std::unique_ptr<Tier> tier, OffloadOptions options)
+    : tier_(std::move(tier)), options_(std::move(options)) {
+  validate(options_);
+  copy_out_ = std::make_unique<Queue>();
+  copy_in_ = std::make_unique<Queue>();
+}
+
+OffloadEngine::~OffloadEngine() {
+  // Drain the queues (their jobs hold entries), then free every stored buffer.
+  copy_out_.reset();
+  copy_in_.reset();
+  entries_.clear();
+  by_value_.clear();
+  by_storage_.clear();
+}
+
+int64_t OffloadEngine::usage() const {
+#ifdef RATION_CUDA
+  if (device_.is_cuda()) return device_stats(device_).current_bytes;
+#endif
+  return device_current_bytes(memory::stats());
+}
+
+OffloadStats OffloadEngine::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void OffloadEngine::reset_stats() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = OffloadStats{};
+}
+
+int64_t OffloadEngine::pending_entries() const { return static_cast<int64_t>(entries_.size()); }
+
+bool OffloadEngine::offloadable(const SavedValue& v) const {
+  if (v.pinned() || v.state() != SavedState::Resident) return false;
+  const at::Tensor& t = v.data();
+  if (!t.defined() || !t.has_storage()) return false;
+  if (static_cast<int64_t>(t.storage().nbytes()) < std::max<int64_t>(options_.min_bytes, 1)) return false;
+  // On CPU only saved activations: a view of a parameter frees nothing when copied out.
+  if (t.is_cpu() && category_of(t) != Category::SavedActivations) return false;
+  return true;
+}
+
+void OffloadEngine::sweep() {
+  std::vector<std::shared_ptr<Entry>> keep;
+  for (auto& e : entries_) {
+    if (!e->done()) {
+      keep.push_back(e);
+      continue;
+    }
+    if (e->written.valid()) e->written.wait();
+    if (e->loaded.valid()) e->loaded.wait();
+    for (const auto& v : e->views) by_value_.erase(v.value_id);
+    for (auto it = by_storage_.begin(); it != by_storage_.end();) {
+      if (it->second == e) it = by_storage_.erase(it);
+      else ++it;
+    }
+  }
+  entries_.swap(keep);
+}
+
+void OffloadEngine::new_step_if_needed() {
+  if (!in_backward_) return;
+  in_backward_ = false;
+  seqs_.clear();
+  sweep();
+}
+
+int64_t OffloadEngine::on_forward_node(Node& node) {
+  new_step_if_needed();
+  const auto ordinal = static_cast<int64_t>(seqs_.size());
+  seqs_.push_back(node.seq);
+  for (auto& ref : node.saved) {
+    auto it = by_value_.find(ref.value->id());
+    if (it != by_value_.end()) it->second->first_use = std::max(it->second->first_use, ordinal);
+  }
+  return ordinal;
+}
+
+bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t deadline, int prefetch) {
+  SavedValue& value = *handle;
+  if (!offloadable(value)) return false;
+  const at::Tensor t = value.data();
+  device_ = t.device();
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  std::shared_ptr<Entry> e;
+  if (auto it = by_storage_.find(impl); it != by_storage_.end() && !it->second->storage->expired() &&
+                                        !it->second->read_issued) {
+    e = it->second;  // another view of a storage already on its way out
+  } else {
+    e = std::make_shared<Entry>();
+    e->storage_bytes = static_cast<int64_t>(t.storage().nbytes());
+    e->storage = t.storage().getWeakStorageImpl();
+    e->prefetch = prefetch >= 0 ? prefetch : options_.prefetch;
+    e->replicas = value.replicas() && value.replicas()->size() > 1 ? value.replicas() : nullptr;
+    at::Tensor source = storage_bytes_of(t);
+    if (e->replicas) {
+      const int64_t n = e->replicas->size();
+      e->shard_bytes = (e->storage_bytes + n - 1) / n;
+      const int64_t begin = std::min(e->storage_bytes, e->replicas->rank() * e->shard_bytes);
+      const int64_t len = std::min(e->shard_bytes, e->storage_bytes - begin);
+      CategoryGuard cat(Category::SavedActivations);
+      at::Tensor shard = at::zeros({e->shard_bytes}, source.options());
+      if (len > 0) shard.narrow(0, 0, len).copy_(source.narrow(0, begin, len));
+      source = shard;
+    }
+    auto promise = std::make_shared<std::promise<void>>();
+    e->written = promise->get_future().share();
+    const int64_t bytes = source.numel();
+#ifdef RATION_CUDA
+    std::shared_ptr<at::cuda::CUDAEvent> produced;
+    if (t.is_cuda()) {
+      if (!streams_) streams_ = std::make_unique<Streams>();
+      if (!streams_->out) {
+        streams_->out = c10::cuda::getStreamFromPool(false, t.device().index());
+        streams_->in = c10::cuda::getStreamFromPool(false, t.device().index());
+      }
+      produced = std::make_shared<at::cuda::CUDAEvent>();
+      produced->record(c10::cuda::getCurrentCUDAStream(t.device().index()));
+    }
+    auto out_stream = streams_ ? streams_->out : std::nullopt;
+#endif
+    copy_out_->submit([this, e, source, promise, bytes
+#ifdef RATION_CUDA
+                       , produced, out_stream
+#endif
+    ]() mutable {
+      const auto t0 = Clock::now();
+      try {
+#ifdef RATION_CUDA
+        std::optional<c10::cuda::CUDAStreamGuard> guard;
+        if (produced) {  // Q2 starts after Q1 produced the value
+          guard.emplace(*out_stream);
+          produced->block(*out_stream);
+        }
+#endif
+        e->slot = tier_->write(source);
+      } catch (const std::exception& x) {
+        e->failed = true;
+        e->error = x.what();
+      }
+      source = at::Tensor();  // the device copy is no longer ours to hold: usage falls here
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.write_ms += ms_since(t0);
+        if (!e->failed) stats_.written_bytes += bytes;
+      }
+      promise->set_value();
+    });
+    by_storage_[impl] = e;
+    entries_.push_back(e);
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.offloaded_storages;
+  }
+  if (deadline >= 0) e->deadline = e->deadline < 0 ? deadline : std::min(e->deadline, deadline);
+  Entry::View view;
+  view.value_id = value.id();
+  view.value = handle;
+  view.sizes = t.sizes().vec();
+  view.strides = t.strides().vec();
+  view.offset = t.storage_offset();
+  view.options = t.options();
+  view.original = c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr());
+  view.version = t._version();
+  e->first_use = std::max<int64_t>(e->first_use, static_cast<int64_t>(seqs_.size()) - 1);
+  by_value_[value.id()] = e;
+  e->views.push_back(std::move(view));
+  value.mark_offloaded();
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.offloaded_values;
+  }
+  return true;
+}
+
+void OffloadEngine::wait_written(Entry& e) {
+  if (ready(e.written)) return;
+  const auto t0 = Clock::now();
+  e.written.wait();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.forward_pause_ms += ms_since(t0);
+}
+
+void OffloadEngine::forward_node_done(int64_t ordinal) {
+  for (auto& e : entries_) {
+    if (e->deadline < 0 || e->deadline > ordinal || e->deadline_done) continue;
+    e->deadline_done = true;
+    if (!ready(e->written)) {
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.deadline_waits;
+      }
+      wait_written(*e);
+    }
+  }
+  // T2: forward pauses while usage exceeds it and copies are in flight (oldest first).
+  int64_t now = usage();
+  for (auto& e : entries_) {
+    if (now <= options_.t2) break;
+    if (ready(e->written)) continue;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.forward_pauses;
+    }
+    wait_written(*e);
+    now = usage();
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.max_usage_bytes = std::max(stats_.max_usage_bytes, now);
+}
+
+void OffloadEngine::issue_read(const std::shared_ptr<Entry>& e, bool demand) {
+  e->read_issued = true;
+  {
+    CategoryGuard cat(Category::SavedActivations);
+    e->buffer = at::empty({e->replicas ? e->shard_bytes : e->storage_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+  }
+  auto promise = std::make_shared<std::promise<void>>();
+  e->loaded = promise->get_future().share();
+#ifdef RATION_CUDA
+  auto in_stream = streams_ ? streams_->in : std::nullopt;
+#endif
+  copy_in_->submit([this, e, promise, dst = e->buffer
+#ifdef RATION_CUDA
+                    , in_stream
+#endif
+  ]() mutable {
+    e->written.wait();  // Q4 reads only what Q2 finished writing
+    const auto t0 = Clock::now();
+    if (!e->failed) {
+      try {
+#ifdef RATION_CUDA
+        std::optional<c10::cuda::CUDAStreamGuard> guard;
+        if (dst.is_cuda()) guard.emplace(*in_stream);
+#endif
+        tier_->read(*e->slot, dst);
+      } catch (const std::exception& x) {
+        e->read_failed = true;
+        e->error = x.what();
+      }
+    }
+    dst = at::Tensor();
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.read_ms += ms_since(t0);
+      if (!e->failed && !e->read_failed) stats_.read_bytes += e->replicas ? e->shard_bytes : e->storage_bytes;
+    }
+    promise->set_value();
+  });
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  ++(demand ? stats_.demand_fetches : stats_.prefetches);
+}
+
+void OffloadEngine::before_backward_node(Node& node) {
+  in_backward_ = true;
+  const auto it = std::lower_bound(seqs_.begin(), seqs_.end(), node.seq);
+  if (it == seqs_.end() || *it != node.seq) return;
+  const int64_t pos = it - seqs_.begin();
+  std::vector<std::shared_ptr<Entry>> due;
+  for (auto& e : entries_)
+    if (!e->read_issued && e->first_use >= pos - e->prefetch) due.push_back(e);
+  // Soonest needed first: the copy-in queue is FIFO.
+  std::stable_sort(due.begin(), due.end(), [](const auto& a, const auto& b) { return a->first_use > b->first_use; });
+  for (auto& e : due) {
+    const bool demand = e->first_use >= pos;
+    if (!demand && usage() + e->storage_bytes > options_.t3) {  // T3: the fetch queue waits
+      if (!e->deferred) {
+        e->deferred = true;
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.deferred_prefetches;
+      }
+      continue;
+    }
+    issue_read(e, demand);
+  }
+}
+
+at::Tensor OffloadEngine::fetch(SavedValue& value) {
+  auto found = by_value_.find(value.id());
+  RATION_CHECK(found != by_value_.end(), "offloaded value ", value.label(),
+               " is unknown to this offload engine (was it offloaded under another OffloadScope?)");
+  std::shared_ptr<Entry> e = found->second;
+  if (!e->read_issued) issue_read(e, /*demand=*/true);
+  if (!ready(e->loaded)) {
+    const auto t0 = Clock::now();
+    e->loaded.wait();
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.fetch_wait_ms += ms_since(t0);
+  }
+  auto view = std::find_if(e->views.begin(), e->views.end(), [&](const auto& v) { return v.value_id == value.id(); });
+  RATION_ASSERT(view != e->views.end(), "offload entry lost the view of ", value.label());
+  view->fetched = true;
+  at::Tensor result;
+  if (e->failed || e->read_failed) {
+    RATION_CHECK(!e->replicas, "sharded offload of ", value.label(), " failed on this process: ", e->error,
+                 " (sharded values cannot fall back to recompute alone: the other processes wait in all-gather)");
+    static bool warned = false;
+    if (!warned) {
+      warned = true;
+      std::fprintf(stderr, "ration: offload tier failed (%s); recomputing the affected values instead\n",
+                   e->error.c_str());
+    }
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.fallbacks;
+    }
+    value.offload_failed();
+    std::vector<at::Tensor> outs = value.producer()->recompute();
+    result = value.state() == SavedState::Resident ? value.data() : outs.at(static_cast<size_t>(value.output_nr()));
+  } else {
+    if (!e->restored.defined()) {
+      if (e->replicas) {
+        at::Tensor full = e->replicas->all_gather(e->buffer);  // collective: same order on every process
+        e->restored = full.narrow(0, 0, e->storage_bytes);
+      } else {
+        e->restored = e->buffer;
+      }
+      retag(e->restored, Category::SavedActivations);
+      e->buffer = at::Tensor();
+    }
+    if (auto original = view->original ? view->original->lock() : c10::intrusive_ptr<c10::TensorImpl>()) {
+      RATION_CHECK(original->version_counter().current_version() == view->version, "a tensor saved for backward (",
+                   value.label(), ") was modified in place after it was saved and offloaded. Use an out-of-place "
+                   "op or clone before modifying.");
+    }
+    result = at::empty({0}, view->options).set_(e->restored.storage(), view->offset, view->sizes, view->strides);
+    // set_ counts as an in-place change; the rebuilt tensor carries the version it was saved with.
+    result.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(view->version));
+  }
+  by_value_.erase(found);
+  if (e->done()) {  // every view rebuilt: free the stored buffer (a spill file disappears here)
+    e->slot.reset();
+    e->restored = at::Tensor();
+    e->buffer = at::Tensor();
+    entries_.erase(std::remove(entries_.begin(), entries_.end(), e), entries_.end());
+    for (auto it = by_storage_.begin(); it != by_storage_.end();) {
+      if (it->second == e) it = by_storage_.erase(it);
+      else ++it;
+    }
+  }
+  return result;
+}
+
+// ---- the seed's control loop ---------------------------------------------------------------------
+
+void OffloadPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {
+  const int64_t ordinal = engine_.on_forward_node(node);
+  const bool over_t1 = engine_.usage() > engine_.options().t1;
+  for (auto& ref : node.saved) {
+    SavedValue& v = *ref.value;
+    const bool replicated = v.replicas() && v.replicas()->size() > 1;
+    if ((over_t1 || replicated) && engine_.offloadable(v)) engine_.offload(ref.value);
+  }
+  engine_.forward_node_done(ordinal);
+}
+
+}  // namespace ration::memory
+
+namespace ration {
+
+OffloadScope::OffloadScope(const memory::OffloadOptions& options) {
+  engine_ = std::make_unique<memory::OffloadEngine>(memory::make_tier(options), options);
+  policy_ = std::make_unique<memory::OffloadPolicy>(*engine_);
+  scope_ = std::make_unique<PolicyScope>(policy_.get());
+}
+
+OffloadScope::~OffloadScope() {
+  scope_.reset();
+  policy_.reset();
+  engine_.reset();
+}
+
+}  // namespace ration

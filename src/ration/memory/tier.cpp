@@ -1,0 +1,230 @@
+#include "ration/memory/tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "ration/core/check.h"
+#include "ration/memory/allocator.h"
+
+#ifdef RATION_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace ration::memory {
+namespace {
+
+// Copies run on the offload engine's queue threads; on a GPU the engine has made that queue's stream
+// current, so a copy is enqueued there and waited for here (the compute stream never waits).
+void sync_copy(const at::Tensor& t) {
+#ifdef RATION_CUDA
+  if (t.is_cuda()) c10::cuda::getCurrentCUDAStream(t.device().index()).synchronize();
+#else
+  (void)t;
+#endif
+}
+
+bool is_full_errno(int e) { return e == ENOSPC || e == EDQUOT || e == EFBIG; }
+
+struct FileSlot : Tier::Slot {
+  int fd = -1;
+  std::atomic<int64_t>* used = nullptr;
+  ~FileSlot() override {
+    if (fd >= 0) ::close(fd);  // anonymous file: closing frees its blocks
+    if (used) *used -= bytes;
+  }
+};
+
+struct HostSlot : Tier::Slot {
+  at::Tensor pinned;       // GPU builds: pinned host memory
+  void* plain = nullptr;   // CPU: memory outside the counting allocator (not device memory)
+  std::atomic<int64_t>* used = nullptr;
+  ~HostSlot() override {
+    std::free(plain);
+    if (used) *used -= bytes;
+  }
+};
+
+struct ChainSlot : Tier::Slot {
+  std::unique_ptr<Tier::Slot> inner;
+  bool in_first = true;
+};
+
+}  // namespace
+
+// ---- SpillTier ---------------------------------------------------------------------------------
+
+int SpillTier::open_anonymous(const std::string& dir) {
+#ifdef O_TMPFILE
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+  if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) return -1;
+#endif
+  // Filesystems without O_TMPFILE: a unique name, unlinked at once (the data lives while fd is open).
+  std::string templ = dir + "/ration-spill-XXXXXX";
+  int fd2 = ::mkostemp(templ.data(), O_CLOEXEC);
+  if (fd2 >= 0) ::unlink(templ.c_str());
+  return fd2;
+}
+
+SpillTier::SpillTier(std::string dir, int64_t limit_bytes) : dir_(std::move(dir)), limit_(limit_bytes) {
+  RATION_CHECK(!dir_.empty(), "offload.dir: empty path (expected a writable directory for spill files)");
+  struct stat st{};
+  RATION_CHECK(::stat(dir_.c_str(), &st) == 0, "offload.dir '", dir_, "': ", std::strerror(errno),
+               " (expected an existing writable directory for spill files)");
+  RATION_CHECK(S_ISDIR(st.st_mode), "offload.dir '", dir_, "' is not a directory (expected a writable directory "
+               "for spill files)");
+  const int fd = open_anonymous(dir_);
+  RATION_CHECK(fd >= 0, "offload.dir '", dir_, "': cannot create spill files there: ", std::strerror(errno),
+               " (expected a writable directory)");
+  ::close(fd);
+}
+
+std::unique_ptr<Tier::Slot> SpillTier::write(const at::Tensor& src_in) {
+  at::Tensor src = src_in.is_cpu() ? src_in : src_in.to(at::kCPU);
+  const int64_t n = src.numel();
+  if (limit_ > 0 && used_.load() + n > limit_)
+    throw TierFull("spill directory " + dir_ + " holds " + format_bytes(used_.load()) + " of its limit " +
+                   format_bytes(limit_) + "; " + format_bytes(n) + " more do not fit");
+  auto slot = std::make_unique<FileSlot>();
+  slot->fd = open_anonymous(dir_);
+  RATION_CHECK(slot->fd >= 0, "offload.dir '", dir_, "': cannot create a spill file: ", std::strerror(errno));
+  const auto* p = static_cast<const char*>(src.data_ptr());
+  int64_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::pwrite(slot->fd, p + done, static_cast<size_t>(n - done), done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && is_full_errno(errno))
+      throw TierFull("spill directory " + dir_ + ": " + std::strerror(errno) + " after " + format_bytes(done) +
+                     " of " + format_bytes(n));
+    RATION_CHECK(w > 0, "offload.dir '", dir_, "': writing a spill file failed: ", std::strerror(errno));
+    done += w;
+  }
+  slot->bytes = n;
+  slot->where = "disk";
+  slot->used = &used_;
+  used_ += n;
+  return slot;
+}
+
+void SpillTier::read(const Slot& slot_in, at::Tensor& dst) {
+  const auto& slot = dynamic_cast<const FileSlot&>(slot_in);
+  RATION_ASSERT(dst.numel() == slot.bytes, "spill read of ", slot.bytes, " bytes into ", dst.numel());
+  at::Tensor host = dst.is_cpu() ? dst : at::empty({slot.bytes}, dst.options().device(at::kCPU));
+  auto* p = static_cast<char*>(host.data_ptr());
+  int64_t done = 0;
+  while (done < slot.bytes) {
+    const ssize_t r = ::pread(slot.fd, p + done, static_cast<size_t>(slot.bytes - done), done);
+    if (r < 0 && errno == EINTR) continue;
+    RATION_CHECK(r > 0, "offload.dir '", dir_, "': reading a spill file back failed after ", done, " of ",
+                 slot.bytes, " bytes: ", r == 0 ? "unexpected end of file" : std::strerror(errno));
+    done += r;
+  }
+  if (!dst.is_cpu()) {
+    dst.copy_(host, /*non_blocking=*/true);
+    sync_copy(dst);
+  }
+}
+
+// ---- HostTier ----------------------------------------------------------------------------------
+
+HostTier::HostTier(int64_t limit_bytes) : limit_(limit_bytes) {}
+
+std::string HostTier::name() const {
+#ifdef RATION_CUDA
+  return "pinned-host";
+#else
+  return "host";
+#endif
+}
+
+std::unique_ptr<Tier::Slot> HostTier::write(const at::Tensor& src) {
+  const int64_t n = src.numel();
+  if (limit_ > 0 && used_.load() + n > limit_)
+    throw TierFull("host tier holds " + format_bytes(used_.load()) + " of its limit " + format_bytes(limit_));
+  auto slot = std::make_unique<HostSlot>();
+  if (src.is_cpu()) {
+    slot->plain = std::malloc(static_cast<size_t>(std::max<int64_t>(n, 1)));
+    RATION_CHECK(slot->plain != nullptr, "host tier: cannot allocate ", format_bytes(n));
+    std::memcpy(slot->plain, src.data_ptr(), static_cast<size_t>(n));
+  } else {
+    slot->pinned = at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    slot->pinned.copy_(src, /*non_blocking=*/true);
+    sync_copy(src);
+  }
+  slot->bytes = n;
+  slot->where = "host";
+  slot->used = &used_;
+  used_ += n;
+  return slot;
+}
+
+void HostTier::read(const Slot& slot_in, at::Tensor& dst) {
+  const auto& slot = dynamic_cast<const HostSlot&>(slot_in);
+  RATION_ASSERT(dst.numel() == slot.bytes, "host read of ", slot.bytes, " bytes into ", dst.numel());
+  if (slot.plain != nullptr) {
+    RATION_ASSERT(dst.is_cpu(), "host tier: a CPU-stored buffer read into ", dst.device());
+    std::memcpy(dst.data_ptr(), slot.plain, static_cast<size_t>(slot.bytes));
+  } else {
+    dst.copy_(slot.pinned, /*non_blocking=*/true);
+    sync_copy(dst);
+  }
+}
+
+// ---- ChainTier ---------------------------------------------------------------------------------
+
+ChainTier::ChainTier(std::unique_ptr<Tier> first, std::unique_ptr<Tier> second)
+    : first_(std::move(first)), second_(std::move(second)) {}
+
+std::unique_ptr<Tier::Slot> ChainTier::write(const at::Tensor& src) {
+  auto slot = std::make_unique<ChainSlot>();
+  try {
+    slot->inner = first_->write(src);
+  } catch (const TierFull&) {
+    slot->inner = second_->write(src);  // a TierFull here propagates: both are full
+    slot->in_first = false;
+  }
+  slot->bytes = slot->inner->bytes;
+  slot->where = slot->inner->where;
+  return slot;
+}
+
+void ChainTier::read(const Slot& slot_in, at::Tensor& dst) {
+  const auto& slot = dynamic_cast<const ChainSlot&>(slot_in);
+  (slot.in_first ? first_ : second_)->read(*slot.inner, dst);
+}
+
+// ---- ThrottledTier -----------------------------------------------------------------------------
+
+ThrottledTier::ThrottledTier(std::unique_ptr<Tier> inner, double bytes_per_second, int64_t fail_after_bytes)
+    : inner_(std::move(inner)), bytes_per_second_(bytes_per_second), fail_after_(fail_after_bytes) {}
+
+void ThrottledTier::pace(int64_t bytes, double seconds_taken) const {
+  if (bytes_per_second_ <= 0) return;
+  const double want = static_cast<double>(bytes) / bytes_per_second_;
+  if (want > seconds_taken) std::this_thread::sleep_for(std::chrono::duration<double>(want - seconds_taken));
+}
+
+std::unique_ptr<Tier::Slot> ThrottledTier::write(const at::Tensor& src) {
+  if (fail_after_ > 0 && written_.load() + src.numel() > fail_after_)
+    throw TierFull("throttled tier: injected full device after " + format_bytes(written_.load()));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto slot = inner_->write(src);
+  written_ += src.numel();
+  pace(src.numel(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return slot;
+}
+
+void ThrottledTier::read(const Slot& slot, at::Tensor& dst) {
+  const auto t0 = std::chrono::steady_clock::now();
+  inner_->read(slot, dst);
+  pace(slot.bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+}  // namespace ration::memory

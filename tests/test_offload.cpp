@@ -1,0 +1,292 @@
+// Offload (seed method M2): tiers round-trip bytes and leave no files behind, gradients with offload
+// equal the plain run bitwise for every tier and threshold setting, and the thresholds and back-pressure
+// behave as specified (made deterministic with a slowed tier).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "test_util.h"
+
+#include "ration/core/node.h"
+#include "ration/memory/allocator.h"
+#include "ration/memory/offload.h"
+#include "ration/models/model.h"
+
+namespace ration {
+namespace {
+using memory::OffloadOptions;
+using memory::OffloadStats;
+using testing::TempDir;
+
+int64_t files_in(const std::filesystem::path& dir) {
+  int64_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+  return n;
+}
+
+at::Tensor bytes(int64_t n, int seed) {
+  at::manual_seed(seed);
+  return at::randint(0, 256, {n}, at::kByte);
+}
+
+// ---- tiers ------------------------------------------------------------------------------------------
+
+TEST(Tier, SpillRoundTripLeavesNoNamedFilesAndFreesSpace) {
+  TempDir dir("spill");
+  memory::SpillTier tier(dir.path.string());
+  const at::Tensor a = bytes(3 << 20, 1), b = bytes(12345, 2);
+  auto sa = tier.write(a);
+  auto sb = tier.write(b);
+  EXPECT_EQ(tier.used_bytes(), a.numel() + b.numel());
+  EXPECT_EQ(files_in(dir.path), 0) << "spill files must be anonymous (gone on exit or crash)";
+  at::Tensor ra = at::empty_like(a), rb = at::empty_like(b);
+  tier.read(*sb, rb);
+  tier.read(*sa, ra);
+  EXPECT_TRUE(at::equal(ra, a));
+  EXPECT_TRUE(at::equal(rb, b));
+  sa.reset();
+  sb.reset();
+  EXPECT_EQ(tier.used_bytes(), 0);
+}
+
+TEST(Tier, SpillLimitIsTierFullAndBadDirectoriesAreClearErrors) {
+  TempDir dir("spill-limit");
+  memory::SpillTier tier(dir.path.string(), /*limit=*/1 << 20);
+  auto s = tier.write(bytes(600 << 10, 1));
+  EXPECT_THROW(tier.write(bytes(600 << 10, 2)), memory::TierFull);
+  const std::string file = dir.write("not-a-dir", "x");
+  testing::expect_error_containing([&] { memory::SpillTier t(file); }, {"offload.dir", file, "not a directory"});
+  testing::expect_error_containing([&] { memory::SpillTier t(file + "/sub"); }, {"offload.dir", file + "/sub"});
+  testing::expect_error_containing([&] { memory::SpillTier t("/nonexistent/ration"); },
+                                   {"offload.dir '/nonexistent/ration'", "expected an existing writable directory"});
+}
+
+TEST(Tier, SpillFilesVanishWhenTheProcessIsKilled) {
+  TempDir dir("spill-crash");
+  const at::Tensor a = bytes(1 << 20, 3);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    memory::SpillTier tier(dir.path.string());
+    auto slot = tier.write(a);
+    ::raise(SIGKILL);  // a crash with the spill file open
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_EQ(files_in(dir.path), 0);
+}
+
+TEST(Tier, ChainOverflowsFromHostToDisk) {
+  TempDir dir("chain");
+  memory::ChainTier tier(std::make_unique<memory::HostTier>(1 << 20),
+                         std::make_unique<memory::SpillTier>(dir.path.string()));
+  const at::Tensor a = bytes(700 << 10, 1), b = bytes(700 << 10, 2);
+  auto sa = tier.write(a);
+  auto sb = tier.write(b);
+  EXPECT_EQ(sa->where, "host");
+  EXPECT_EQ(sb->where, "disk");
+  EXPECT_EQ(tier.first().used_bytes(), a.numel());
+  EXPECT_EQ(tier.second().used_bytes(), b.numel());
+  at::Tensor ra = at::empty_like(a), rb = at::empty_like(b);
+  tier.read(*sa, ra);
+  tier.read(*sb, rb);
+  EXPECT_TRUE(at::equal(ra, a) && at::equal(rb, b));
+}
+
+TEST(Tier, OptionsAreValidatedNamingTheKey) {
+  OffloadOptions o;
+  o.tier = "tape";
+  testing::expect_error_containing([&] { memory::validate(o); }, {"offload.tier", "tape", "disk, host or host+disk"});
+  o = {};
+  o.t1 = 100;
+  o.t2 = 10;
+  testing::expect_error_containing([&] { memory::validate(o); }, {"offload.t1", "offload.t2"});
+  o = {};
+  o.prefetch = -1;
+  testing::expect_error_containing([&] { memory::validate(o); }, "offload.prefetch");
+}
+
+// ---- the engine on a model ---------------------------------------------------------------------------
+
+struct StepResult {
+  std::vector<at::Tensor> grads;
+  int64_t peak = 0;  // above the step's baseline
+  OffloadStats stats;
+  int64_t pending_after = 0;
+  int64_t tier_used_after = 0;
+  int64_t tier_used_before_backward = 0;
+};
+
+class OffloadModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Config cfg = Config::from_string(
+        "[model]\ntype='gpt'\nn_layer=2\nn_head=2\nn_embd=64\nblock_size=64\ndropout=0.1\n", "gpt.toml");
+    at::manual_seed(3);
+    model_ = models::build_model(cfg);
+    model_->train();
+    at::manual_seed(5);
+    at::Tensor tokens = at::randint(0, 256, {8, 65}, at::kLong);
+    batch_.input = Value(tokens.slice(1, 0, 64).contiguous());
+    batch_.target = Value(tokens.slice(1, 1, 65).contiguous());
+    batch_.items = 8 * 64;
+    plain_ = step(nullptr);
+  }
+
+  // One step; with options, inside an OffloadScope.
+  StepResult step(const OffloadOptions* options) {
+    model_->zero_grad();
+    StepResult r;
+    const int64_t baseline = memory::device_current_bytes(memory::stats());
+    memory::reset_peak();
+    {
+      std::unique_ptr<OffloadScope> scope;
+      if (options) scope = std::make_unique<OffloadScope>(*options);
+      manual_seed(11);
+      Value loss = model_->loss(batch_);
+      if (scope) r.tier_used_before_backward = scope->engine().tier().used_bytes();
+      loss.backward();
+      if (scope) {
+        r.stats = scope->stats();
+        r.pending_after = scope->engine().pending_entries();
+        r.tier_used_after = scope->engine().tier().used_bytes();
+      }
+    }
+    r.peak = memory::device_peak_bytes(memory::stats()) - baseline;
+    for (auto& [name, p] : model_->named_parameters()) r.grads.push_back(p.grad().clone());
+    model_->zero_grad();
+    return r;
+  }
+
+  void expect_bitwise_equal(const StepResult& r) {
+    ASSERT_EQ(r.grads.size(), plain_.grads.size());
+    for (size_t i = 0; i < r.grads.size(); ++i) EXPECT_TRUE(at::equal(r.grads[i], plain_.grads[i])) << "parameter " << i;
+  }
+
+  OffloadOptions options(const std::string& tier) {
+    OffloadOptions o;
+    o.tier = tier;
+    o.dir = dir_.path.string();
+    o.min_bytes = 16 << 10;
+    return o;
+  }
+
+  TempDir dir_{"offload-model"};
+  std::unique_ptr<models::Model> model_;
+  data::Batch batch_;
+  StepResult plain_;
+};
+
+TEST_F(OffloadModel, EveryTierGivesBitwiseEqualGradientsAndFreesEverything) {
+  for (const std::string tier : {"disk", "host", "host+disk"}) {
+    SCOPED_TRACE(tier);
+    OffloadOptions o = options(tier);
+    if (tier == "host+disk") o.host_limit_bytes = 512 << 10;  // most goes on to disk
+    const StepResult r = step(&o);
+    expect_bitwise_equal(r);
+    EXPECT_GT(r.stats.offloaded_values, 10);
+    EXPECT_GT(r.tier_used_before_backward, 0);
+    EXPECT_EQ(r.stats.written_bytes, r.stats.read_bytes);
+    EXPECT_EQ(r.pending_after, 0) << "stored buffers left after backward";
+    EXPECT_EQ(r.tier_used_after, 0);
+    EXPECT_EQ(files_in(dir_.path), 0);
+    EXPECT_LT(r.peak, plain_.peak) << "offloading everything must lower the measured peak";
+  }
+}
+
+TEST_F(OffloadModel, T1DecidesWhatIsOffloaded) {
+  OffloadOptions none = options("disk");
+  none.t1 = int64_t{1} << 40;
+  const StepResult r_none = step(&none);
+  EXPECT_EQ(r_none.stats.offloaded_values, 0);
+  expect_bitwise_equal(r_none);
+
+  OffloadOptions all = options("disk");
+  all.t1 = 0;
+  const StepResult r_all = step(&all);
+  // Half way: usage exceeds T1 only in the second half of forward.
+  OffloadOptions half = options("disk");
+  half.t1 = memory::device_current_bytes(memory::stats()) + plain_.peak / 3;
+  const StepResult r_half = step(&half);
+  EXPECT_GT(r_half.stats.offloaded_values, 0);
+  EXPECT_LT(r_half.stats.offloaded_values, r_all.stats.offloaded_values);
+  expect_bitwise_equal(r_all);
+  expect_bitwise_equal(r_half);
+  EXPECT_LE(r_all.peak, r_half.peak);
+  EXPECT_LT(r_half.peak, plain_.peak);
+}
+
+TEST_F(OffloadModel, T2PausesForwardWhileCopiesAreInFlight) {
+  // A slow tier (40 MB/s): without T2 copies pile up and the device holds them; with T2 = 0 forward
+  // waits for every copy before it goes on.
+  OffloadOptions free_run = options("disk");
+  free_run.throttle_bytes_per_second = 40e6;
+  const StepResult r_free = step(&free_run);
+  OffloadOptions paced = free_run;
+  paced.t2 = 0;
+  const StepResult r_paced = step(&paced);
+  EXPECT_EQ(r_free.stats.forward_pauses, 0);
+  EXPECT_GT(r_paced.stats.forward_pauses, 0);
+  EXPECT_GT(r_paced.stats.forward_pause_ms, 0);
+  EXPECT_LT(r_paced.peak, r_free.peak) << "back-pressure must keep in-flight copies off the device";
+  expect_bitwise_equal(r_free);
+  expect_bitwise_equal(r_paced);
+}
+
+TEST_F(OffloadModel, T3DefersPrefetchAndPrefetchRunsAhead) {
+  OffloadOptions ahead = options("disk");
+  ahead.prefetch = 3;
+  const StepResult r_ahead = step(&ahead);
+  EXPECT_GT(r_ahead.stats.prefetches, 0);
+  EXPECT_EQ(r_ahead.stats.deferred_prefetches, 0);
+
+  OffloadOptions held = ahead;
+  held.t3 = 0;  // every prefetch would exceed T3: the fetch queue waits until backward asks
+  const StepResult r_held = step(&held);
+  EXPECT_EQ(r_held.stats.prefetches, 0);
+  EXPECT_GT(r_held.stats.deferred_prefetches, 0);
+  EXPECT_EQ(r_held.stats.demand_fetches, r_held.stats.offloaded_storages);
+  EXPECT_LE(r_held.peak, r_ahead.peak) << "prefetching early cannot need less memory than fetching on demand";
+
+  OffloadOptions none = options("disk");
+  none.prefetch = 0;
+  const StepResult r_none = step(&none);
+  EXPECT_EQ(r_none.stats.prefetches, 0);
+  for (const auto* r : {&r_ahead, &r_held, &r_none}) expect_bitwise_equal(*r);
+}
+
+TEST_F(OffloadModel, FullTierFallsBackToRecomputeWithEqualGradients) {
+  OffloadOptions o = options("disk");
+  o.fail_after_bytes = 256 << 10;  // the "disk" fills up after 256 KiB
+  const StepResult r = step(&o);
+  EXPECT_GT(r.stats.fallbacks, 0);
+  EXPECT_GT(r.stats.read_bytes, 0) << "what did fit is still fetched back";
+  expect_bitwise_equal(r);
+  EXPECT_EQ(r.pending_after, 0);
+
+  OffloadOptions limited = options("disk");
+  limited.disk_limit_bytes = 300 << 10;
+  const StepResult r2 = step(&limited);
+  EXPECT_GT(r2.stats.fallbacks, 0);
+  expect_bitwise_equal(r2);
+}
+
+TEST_F(OffloadModel, BackwardWithoutTheScopeIsAClearError) {
+  OffloadOptions o = options("disk");
+  Value loss;
+  {
+    OffloadScope scope(o);
+    manual_seed(11);
+    loss = model_->loss(batch_);
+  }
+  testing::expect_error_containing([&] { loss.backward(); }, "no memory policy is installed to fetch it back");
+  model_->zero_grad();
+}
+
+}  // namespace
+}  // namespace ration
