@@ -13,7 +13,9 @@
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/offload.h"
+#include "ration/memory/budget_policy.h"
 #include "ration/models/model.h"
+#include "ration/train/budget.h"
 
 namespace ration {
 namespace {
@@ -286,6 +288,86 @@ TEST_F(OffloadModel, BackwardWithoutTheScopeIsAClearError) {
   }
   testing::expect_error_containing([&] { loss.backward(); }, "no memory policy is installed to fetch it back");
   model_->zero_grad();
+}
+
+
+// ---- the joint keep/recompute/offload plan -------------------------------------------------------------
+
+namespace joint {
+
+struct Run {
+  int64_t peak = 0;
+  std::vector<at::Tensor> grads;
+};
+
+Run run(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy) {
+  model.zero_grad();
+  Run r;
+  PolicyScope scope(policy);
+  if (policy) policy->begin_step();
+  const int64_t base = memory::device_current_bytes(memory::stats());
+  memory::reset_peak();
+  {
+    manual_seed(11);
+    Value loss = model.loss(batch);
+    loss.backward();
+  }
+  r.peak = memory::device_peak_bytes(memory::stats()) - base;
+  for (auto& [name, p] : model.named_parameters()) r.grads.push_back(p.grad().clone());
+  model.zero_grad();
+  return r;
+}
+
+}  // namespace joint
+
+TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
+  const memory::StepProfile profile = train::profile_step(*model_, batch_, 11);
+  const int64_t base = profile.baseline_bytes;
+  const joint::Run plain = joint::run(*model_, batch_, nullptr);
+  OffloadOptions o = options("disk");
+  memory::OffloadEngine engine(memory::make_tier(o), o);
+  memory::PlanOptions probe;
+  probe.budget_bytes = int64_t{1} << 40;
+  probe.offload = memory::measure_offload_costs(engine.tier(), o, 4 << 20);
+  const memory::Plan loose = memory::make_plan(profile, probe);
+  const int64_t hi = loose.unconstrained_peak_bytes, lo = loose.minimum_peak_bytes;
+  ASSERT_LT(lo, hi);
+  int64_t offloaded_somewhere = 0;
+  for (double f : {0.75, 0.5, 0.25, 0.0}) {
+    memory::PlanOptions po = probe;
+    po.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
+    const memory::Plan plan = memory::make_plan(profile, po);
+    SCOPED_TRACE("budget " + memory::format_bytes(po.budget_bytes) + ": " + plan.to_table());
+    memory::BudgetPolicy policy(plan, profile, &engine);
+    const joint::Run r = joint::run(*model_, batch_, &policy);
+    offloaded_somewhere += plan.offloaded_groups;
+    EXPECT_EQ(policy.offloaded_values() > 0, plan.offloaded_groups > 0);
+    EXPECT_LE(r.peak, po.budget_bytes - base) << "measured peak over budget";
+    const int64_t predicted = plan.prediction.peak_bytes - base;
+    EXPECT_LE(std::abs(static_cast<double>(predicted - r.peak)), 0.05 * static_cast<double>(r.peak))
+        << "predicted " << predicted << " measured " << r.peak;
+    for (size_t i = 0; i < r.grads.size(); ++i) EXPECT_TRUE(at::equal(r.grads[i], plain.grads[i])) << "parameter " << i;
+    EXPECT_EQ(engine.pending_entries(), 0);
+  }
+  EXPECT_GT(offloaded_somewhere, 0) << "a fast tier should take part in the plan";
+}
+
+TEST_F(OffloadModel, JointPlanPrefersRecomputeWhenTheTierCannotHide) {
+  const memory::StepProfile profile = train::profile_step(*model_, batch_, 11);
+  memory::PlanOptions po;
+  po.budget_bytes = int64_t{1} << 40;
+  memory::OffloadCosts fast{1e7, 1e7, 0.01, 16 << 10, 2};   // 10 GB/s
+  memory::OffloadCosts slow{1e3, 1e3, 0.01, 16 << 10, 2};   // 1 MB/s: a copy of 1 MiB takes a second
+  po.offload = fast;
+  const memory::Plan loose = memory::make_plan(profile, po);
+  po.budget_bytes = (loose.unconstrained_peak_bytes + loose.minimum_peak_bytes) / 2;
+  const memory::Plan with_fast = memory::make_plan(profile, po);
+  po.offload = slow;
+  const memory::Plan with_slow = memory::make_plan(profile, po);
+  EXPECT_GT(with_fast.offloaded_groups, 0);
+  EXPECT_EQ(with_slow.offloaded_groups, 0) << with_slow.to_table();
+  EXPECT_GT(with_slow.prediction.recompute_ms, with_fast.prediction.recompute_ms);
+  EXPECT_LE(with_fast.prediction.offload_stall_ms, 1.0);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/budget_policy.h"
+#include "ration/memory/offload.h"
 #include "ration/train/budget.h"
 #include "ration/train/gradcheck.h"
 #include "ration/train/trainer.h"
@@ -33,25 +34,59 @@ struct BudgetFlags {
   }
 };
 
+// Offload flags are config keys ([offload] section) set from the command line.
+struct OffloadFlags {
+  bool offload = false;
+  std::string tier, t1, t2, t3, min_bytes, dir;
+  int prefetch = -1;
+  void add_to(CLI::App* cmd) {
+    cmd->add_flag("--offload", offload, "offload saved activations (offload.enabled); with --memory-budget the "
+                                        "planner chooses keep/recompute/offload");
+    cmd->add_option("--offload-tier", tier, "disk (default), host or host+disk (offload.tier)");
+    cmd->add_option("--offload-t1", t1, "copy out when device usage exceeds SIZE (offload.t1, default 0)");
+    cmd->add_option("--offload-t2", t2, "pause forward while usage exceeds SIZE and copies are in flight (offload.t2)");
+    cmd->add_option("--offload-t3", t3, "hold prefetches while usage would exceed SIZE (offload.t3)");
+    cmd->add_option("--offload-min-bytes", min_bytes, "keep saved values smaller than SIZE (offload.min_bytes, 64KiB)");
+    cmd->add_option("--offload-dir", dir, "spill directory (offload.dir, default $TMPDIR or /tmp)");
+    cmd->add_option("--offload-prefetch", prefetch, "fetch back N backward nodes ahead (offload.prefetch, default 2)");
+  }
+  void apply(std::vector<std::string>& overrides) const {
+    if (offload) overrides.push_back("offload.enabled=true");
+    if (!tier.empty()) overrides.push_back("offload.tier=" + tier);
+    if (!t1.empty()) overrides.push_back("offload.t1=" + t1);
+    if (!t2.empty()) overrides.push_back("offload.t2=" + t2);
+    if (!t3.empty()) overrides.push_back("offload.t3=" + t3);
+    if (!min_bytes.empty()) overrides.push_back("offload.min_bytes=" + min_bytes);
+    if (!dir.empty()) overrides.push_back("offload.dir=" + dir);
+    if (prefetch >= 0) overrides.push_back("offload.prefetch=" + std::to_string(prefetch));
+  }
+};
+
 // Profile one step of the configured model on its first training batch and plan for the budget.
 struct Planned {
   ration::train::Setup setup;
   ration::data::Batch batch;
   ration::memory::StepProfile profile;
   ration::memory::Plan plan;
+  std::unique_ptr<ration::memory::OffloadEngine> engine;  // set when the plan may offload
 };
 Planned plan_for(ration::train::Setup setup, int64_t batch_size) {
   using namespace ration;
   const train::BudgetSettings budget = train::read_budget_settings(setup.config);
   const train::RunSettings run = train::read_run_settings(setup.config);
+  const train::OffloadSettings offload = train::read_offload_settings(setup.config);
   setup.config.check_all_used();
   RATION_CHECK(budget.budget_bytes.has_value(), "a memory budget is needed: --memory-budget SIZE (or memory.budget)");
   setup.model->train();
-  Planned p{std::move(setup), {}, {}, {}};
+  Planned p{std::move(setup), {}, {}, {}, nullptr};
   p.batch = train::sample_batch(p.setup, batch_size > 0 ? batch_size : p.setup.batch_size, p.setup.seed);
   p.profile = train::profile_step(*p.setup.model, p.batch, p.setup.seed + 1);
   memory::PlanOptions po = budget.plan;
   po.extra_fixed_bytes = train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *p.setup.model);
+  if (offload.enabled) {
+    p.engine = std::make_unique<memory::OffloadEngine>(memory::make_tier(offload.options), offload.options);
+    po.offload = memory::measure_offload_costs(p.engine->tier(), offload.options);
+  }
   p.plan = memory::make_plan(p.profile, po);
   return p;
 }
@@ -72,8 +107,10 @@ int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>
   Config& c = setup.config;
   (void)train::read_run_settings(c);
   const bool budgeted = c.has("memory.budget");
+  train::OffloadSettings offload;
   if (!budgeted) {
     (void)train::read_budget_settings(c);
+    offload = train::read_offload_settings(c);
     c.check_all_used();
   }
   setup.model->train();
@@ -87,38 +124,62 @@ int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>
   }
   models::Model& model = budgeted ? *planned->setup.model : *setup.model;
   const uint64_t seed = (budgeted ? planned->setup.seed : setup.seed) + 1;
-  // With a budget: our gradients are computed under the plan (dropped values recomputed in backward) and
-  // must also equal the unconstrained engine's bit for bit.
-  std::unique_ptr<memory::BudgetPolicy> policy;
-  int64_t not_bitwise = 0;
+  // With a budget or offload: our gradients are computed under the memory policy (dropped values
+  // recomputed, offloaded values fetched back) and must also equal the plain engine's bit for bit.
+  std::unique_ptr<memory::OffloadEngine> engine;
+  std::unique_ptr<memory::BudgetPolicy> budget_policy;
+  std::unique_ptr<MemoryPolicy> policy_owner;
+  MemoryPolicy* policy = nullptr;
   if (budgeted) {
-    policy = std::make_unique<memory::BudgetPolicy>(planned->plan, planned->profile);
+    budget_policy = std::make_unique<memory::BudgetPolicy>(planned->plan, planned->profile, planned->engine.get());
+    policy = budget_policy.get();
+  } else if (offload.enabled) {
+    engine = std::make_unique<memory::OffloadEngine>(memory::make_tier(offload.options), offload.options);
+    policy_owner = std::make_unique<memory::OffloadPolicy>(*engine);
+    policy = policy_owner.get();
+  }
+  memory::OffloadEngine* active_engine = budgeted ? planned->engine.get() : engine.get();
+  int64_t not_bitwise = 0;
+  if (policy) {
     const auto plain = engine_gradients(model, batch, seed);
-    std::vector<std::pair<std::string, at::Tensor>> budget_grads;
+    std::vector<std::pair<std::string, at::Tensor>> policy_grads;
     {
-      PolicyScope scope(policy.get());
-      policy->begin_step();
-      budget_grads = engine_gradients(model, batch, seed);
+      PolicyScope scope(policy);
+      if (budget_policy) budget_policy->begin_step();
+      policy_grads = engine_gradients(model, batch, seed);
     }
-    for (size_t i = 0; i < plain.size(); ++i) not_bitwise += at::equal(plain[i].second, budget_grads[i].second) ? 0 : 1;
+    for (size_t i = 0; i < plain.size(); ++i) not_bitwise += at::equal(plain[i].second, policy_grads[i].second) ? 0 : 1;
     if (!json) {
-      std::cout << planned->plan.to_table();
-      std::printf("budgeted step: %lld values dropped, %lld producers re-run (%.2f ms); gradients bitwise equal to the "
-                  "unconstrained engine: %s (%lld of %zu differ)\n",
-                  static_cast<long long>(policy->dropped_values()), static_cast<long long>(policy->recomputed_nodes()),
-                  policy->recompute_ms(), not_bitwise == 0 ? "yes" : "NO", static_cast<long long>(not_bitwise), plain.size());
+      if (budgeted) std::cout << planned->plan.to_table();
+      if (budget_policy)
+        std::printf("budgeted step: %lld values dropped, %lld producers re-run (%.2f ms), %lld offloaded\n",
+                    static_cast<long long>(budget_policy->dropped_values()),
+                    static_cast<long long>(budget_policy->recomputed_nodes()), budget_policy->recompute_ms(),
+                    static_cast<long long>(budget_policy->offloaded_values()));
+      if (active_engine) {
+        const memory::OffloadStats st = active_engine->stats();
+        std::printf("offload (%s): %lld values in %lld buffers, %s written, %s read back, %lld prefetched, "
+                    "%lld on demand, %lld fell back to recompute\n",
+                    active_engine->tier().name().c_str(), static_cast<long long>(st.offloaded_values),
+                    static_cast<long long>(st.offloaded_storages), memory::format_bytes(st.written_bytes).c_str(),
+                    memory::format_bytes(st.read_bytes).c_str(), static_cast<long long>(st.prefetches),
+                    static_cast<long long>(st.demand_fetches), static_cast<long long>(st.fallbacks));
+      }
+      std::printf("gradients bitwise equal to the plain engine: %s (%lld of %zu differ)\n",
+                  not_bitwise == 0 ? "yes" : "NO", static_cast<long long>(not_bitwise), plain.size());
     }
   }
   GradcheckResult r;
   {
-    PolicyScope scope(policy.get());
-    if (policy) policy->begin_step();
+    PolicyScope scope(policy);
+    if (budget_policy) budget_policy->begin_step();
     r = gradcheck(model, batch, seed, tol);
   }
   r.passed = r.passed && not_bitwise == 0;
   if (json) {
     nlohmann::json j = {{"loss_ours", r.loss_ours}, {"loss_torch", r.loss_torch}, {"memory_budget", budgeted},
-                        {"budget_vs_unconstrained_params_differing", not_bitwise},
+                        {"offload", active_engine != nullptr},
+                        {"policy_vs_plain_params_differing", not_bitwise},
                         {"worst_rel_error", r.worst_rel_error}, {"tolerance", tol}, {"passed", r.passed}};
     for (const auto& p : r.params)
       j["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"max_abs_error", p.max_abs_error},
@@ -171,6 +232,9 @@ int main(int argc, char** argv) {
   BudgetFlags train_budget, gc_budget, plan_budget;
   train_budget.add_to(train);
   gc_budget.add_to(gc);
+  OffloadFlags train_offload, gc_offload, plan_offload;
+  train_offload.add_to(train);
+  gc_offload.add_to(gc);
 
   std::string plan_config;
   std::vector<std::string> plan_overrides;
@@ -182,11 +246,15 @@ int main(int argc, char** argv) {
   plan->add_option("--batch-size", plan_batch, "batch size (default: train.batch_size)");
   plan->add_flag("--json", plan_json, "print the plan as JSON");
   plan_budget.add_to(plan);
+  plan_offload.add_to(plan);
 
   CLI11_PARSE(app, argc, argv);
   train_budget.apply(topt.overrides);
   gc_budget.apply(gc_overrides);
   plan_budget.apply(plan_overrides);
+  train_offload.apply(topt.overrides);
+  gc_offload.apply(gc_overrides);
+  plan_offload.apply(plan_overrides);
   try {
     if (*train) {
       if (steps > 0) topt.steps = steps;

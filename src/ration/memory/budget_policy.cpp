@@ -5,7 +5,9 @@
 
 namespace ration::memory {
 
-BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile) : dropped_(plan.dropped_keys(profile)) {
+BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile, OffloadEngine* engine)
+    : dropped_(plan.dropped_keys(profile)), offloaded_(plan.offloaded_keys(profile)), engine_(engine) {
+  RATION_CHECK(offloaded_.empty() || engine_ != nullptr, "a plan that offloads needs an offload engine");
   ops_.reserve(profile.nodes.size());
   for (const auto& n : profile.nodes) ops_.push_back(n.op);
 }
@@ -15,6 +17,7 @@ void BudgetPolicy::begin_step() {
   recompute_ms_ = 0;
   recomputed_nodes_ = 0;
   dropped_values_ = 0;
+  offloaded_values_ = 0;
 }
 
 void BudgetPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {
@@ -25,16 +28,39 @@ void BudgetPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&
                " profiled, ", node.spec.name,
                " now): memory plans assume a static graph and same-shaped batches (use train.drop_last-style batching)");
   ordinal_of_seq_[node.seq] = ordinal;
+  if (engine_) {
+    const int64_t engine_ordinal = engine_->on_forward_node(node);
+    RATION_ASSERT(engine_ordinal == ordinal, "offload engine at node ", engine_ordinal, ", plan at ", ordinal);
+  }
   for (auto& ref : node.saved) {
     SavedValue& v = *ref.value;
     if (v.pinned() || v.state() != SavedState::Resident) continue;
     auto it = ordinal_of_seq_.find(v.producer()->seq);
     if (it == ordinal_of_seq_.end()) continue;
-    if (dropped_.count({it->second, v.output_nr()})) {
+    const ValueKey key{it->second, v.output_nr()};
+    bool drop = dropped_.count(key) > 0;
+    if (auto off = offloaded_.find(key); off != offloaded_.end()) {
+      if (engine_->offload(ref.value, off->second.deadline, off->second.prefetch)) {
+        ++offloaded_values_;
+        continue;
+      }
+      drop = true;  // not offloadable after all: recomputing it frees the same memory
+    }
+    if (drop) {
       v.drop();
       ++dropped_values_;
     }
   }
+  if (engine_) engine_->forward_node_done(ordinal);
+}
+
+void BudgetPolicy::before_backward_node(Node& node) {
+  if (engine_) engine_->before_backward_node(node);
+}
+
+at::Tensor BudgetPolicy::fetch(SavedValue& value) {
+  RATION_CHECK(engine_ != nullptr, "saved value ", value.label(), " is offloaded but this plan has no offload engine");
+  return engine_->fetch(value);
 }
 
 void BudgetPolicy::on_recompute(Node&, double ms) {

@@ -70,6 +70,38 @@ std::unique_ptr<Tier> make_tier(const OffloadOptions& o) {
   return tier;
 }
 
+OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, int64_t probe_bytes) {
+  // Outside the device budget's accounting: these buffers exist only while measuring.
+  at::Tensor big = at::randint(0, 256, {probe_bytes}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor small = at::randint(0, 256, {4096}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor back = at::empty_like(big), back_small = at::empty_like(small);
+  std::vector<double> w, r, s;
+  for (int rep = 0; rep < 3; ++rep) {
+    auto t0 = Clock::now();
+    auto slot = tier.write(big);
+    w.push_back(ms_since(t0));
+    t0 = Clock::now();
+    tier.read(*slot, back);
+    r.push_back(ms_since(t0));
+    t0 = Clock::now();
+    auto tiny = tier.write(small);
+    tier.read(*tiny, back_small);
+    s.push_back(ms_since(t0) / 2);
+  }
+  RATION_CHECK(at::equal(back, big), "offload tier ", tier.name(), " returned different bytes than were written");
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  OffloadCosts c;
+  c.write_bytes_per_ms = static_cast<double>(probe_bytes) / std::max(med(w), 1e-6);
+  c.read_bytes_per_ms = static_cast<double>(probe_bytes) / std::max(med(r), 1e-6);
+  c.per_copy_ms = med(s);
+  c.min_bytes = options.min_bytes;
+  c.min_prefetch = options.prefetch;
+  return c;
+}
+
 nlohmann::json OffloadStats::to_json() const {
   return {{"offloaded_values", offloaded_values},   {"offloaded_storages", offloaded_storages},
           {"written_bytes", written_bytes},         {"read_bytes", read_bytes},
@@ -514,15 +546,36 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
 
 // ---- the seed's control loop ---------------------------------------------------------------------
 
+namespace {
+bool replicated(const SavedValue& v) { return v.replicas() && v.replicas()->size() > 1; }
+}  // namespace
+
+// column_parallel_linear marks its input replicated after apply_op returned, so after_forward_node saw
+// it unmarked (and left it resident unless T1 fired). Offload it now: before on_forward_node of the next
+// node, so its first use is still the ordinal of the node that saved it.
+void OffloadPolicy::offload_late_replicas() {
+  const std::shared_ptr<Node> last = last_node_.lock();
+  last_node_.reset();
+  if (!last) return;
+  for (auto& ref : last->saved)
+    if (replicated(*ref.value) && engine_.offloadable(*ref.value)) engine_.offload(ref.value);
+}
+
 void OffloadPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {
+  offload_late_replicas();
   const int64_t ordinal = engine_.on_forward_node(node);
   const bool over_t1 = engine_.usage() > engine_.options().t1;
   for (auto& ref : node.saved) {
     SavedValue& v = *ref.value;
-    const bool replicated = v.replicas() && v.replicas()->size() > 1;
-    if ((over_t1 || replicated) && engine_.offloadable(v)) engine_.offload(ref.value);
+    if ((over_t1 || replicated(v)) && engine_.offloadable(v)) engine_.offload(ref.value);
   }
   engine_.forward_node_done(ordinal);
+  last_node_ = node.weak_from_this();
+}
+
+void OffloadPolicy::before_backward_node(Node& node) {
+  offload_late_replicas();  // the last forward node's (a no-op after the first backward node)
+  engine_.before_backward_node(node);
 }
 
 }  // namespace ration::memory

@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ration/memory/planner.h"
 #include "ration/memory/saved_value.h"
 #include "ration/memory/tier.h"
 
@@ -52,6 +53,9 @@ struct OffloadOptions {
 // Checks the options (thresholds ordered, prefetch ≥ 0, tier name); errors name the key.
 void validate(const OffloadOptions& options);
 std::unique_ptr<Tier> make_tier(const OffloadOptions& options);
+// Measure the tier for the joint plan: write/read bandwidth on `probe_bytes` buffers (median of a few
+// round trips) and the fixed cost of one small copy.
+OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, int64_t probe_bytes = 16 << 20);
 
 struct OffloadStats {
   int64_t offloaded_values = 0;     // saved values sent to the tier
@@ -128,17 +132,21 @@ class OffloadEngine {
 // The seed's control loop: every saved value of at least min_bytes is copied out after its producer
 // when usage exceeds T1, with T2/T3 back-pressure and prefetch. Values replicated over a process group
 // (tensor parallel) are offloaded regardless of T1 and stored 1/n per process (all-gather on fetch), so
-// every process makes the same decisions.
+// every process makes the same decisions. An op may mark a saved value replicated after apply_op
+// returned (tensor_parallel.cpp does), i.e. after this hook saw its node: such values still resident
+// are offloaded, sharded, at the next hook (the next node's forward or the start of backward).
 class OffloadPolicy : public MemoryPolicy {
  public:
   explicit OffloadPolicy(OffloadEngine& engine) : engine_(engine) {}
   void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) override;
-  void before_backward_node(Node& node) override { engine_.before_backward_node(node); }
+  void before_backward_node(Node& node) override;
   at::Tensor fetch(SavedValue& value) override { return engine_.fetch(value); }
 
  private:
+  void offload_late_replicas();  // the previous node's values marked replicated after its hook
   OffloadEngine& engine_;
+  std::weak_ptr<Node> last_node_;  // the node the last after_forward_node saw
 };
 
 }  // namespace ration::memory

@@ -25,10 +25,12 @@ bool is_number(const std::string& s) {
 // restored key holds it), and per-backward-node transients (freed when the node's recompute cache ends).
 class Simulator {
  public:
-  Simulator(const StepProfile& p, const std::vector<char>& dropped, int64_t extra)
-      : p_(p), dropped_(dropped), extra_(extra) {
+  Simulator(const StepProfile& p, const std::vector<char>& dropped, int64_t extra,
+            const OffloadSchedule* schedule = nullptr)
+      : p_(p), dropped_(dropped), extra_(extra), schedule_(schedule) {
     const size_t ns = p.storages.size();
     saved_at_.assign(ns, -1);
+    first_use_.assign(ns, -1);
     // A dropped storage is freed once no Value held by model code refers to it: the latest
     // "last alive" of the values on it (held past forward = never freed in forward).
     last_alive_.assign(ns, -1);
@@ -44,6 +46,7 @@ class Simulator {
         ++pending_[key];
         const int64_t s = p.storage_of(key);
         if (s >= 0 && saved_at_[static_cast<size_t>(s)] < 0) saved_at_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+        if (s >= 0) first_use_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
       }
     }
   }
@@ -52,7 +55,9 @@ class Simulator {
   bool droppable(int64_t s) const {
     return s >= 0 && saved_at_[static_cast<size_t>(s)] >= 0 && p_.storages[static_cast<size_t>(s)].allocated_by >= 0;
   }
-  bool is_dropped(int64_t s) const { return s >= 0 && droppable(s) && dropped_[static_cast<size_t>(s)]; }
+  bool offloaded(int64_t s) const { return s >= 0 && droppable(s) && dropped_[static_cast<size_t>(s)] == kOffload; }
+  int64_t saved_at(int64_t s) const { return saved_at_[static_cast<size_t>(s)]; }
+  int64_t first_use(int64_t s) const { return first_use_[static_cast<size_t>(s)]; }
 
   Prediction run() {
     Prediction pred;
@@ -65,7 +70,9 @@ class Simulator {
       if (!droppable(static_cast<int64_t>(s))) continue;
       alloc_at[static_cast<size_t>(p_.storages[s].allocated_by)] += p_.storages[s].bytes;
       if (dropped_[s]) {
-        const int64_t last = std::max(last_alive_[s], saved_at_[s]);
+        // Recomputed: freed when model code lets go. Offloaded: and when its copy is done.
+        const int64_t copied = dropped_[s] == kOffload ? schedule_->deadline[s] : saved_at_[s];
+        const int64_t last = std::max(last_alive_[s], copied);
         if (last < static_cast<int64_t>(p_.nodes.size())) release_after[static_cast<size_t>(last)] += p_.storages[s].bytes;
       }
     }
@@ -97,6 +104,9 @@ class Simulator {
       if (!dropped_[static_cast<size_t>(s)]) {
         hold(orig_holders_, s, +1);
         state_[key] = KeyState::Kept;
+      } else if (dropped_[static_cast<size_t>(s)] == kOffload) {
+        state_[key] = KeyState::Offloaded;
+        storage_keys_[s].push_back(key);
       } else {
         state_[key] = KeyState::Dropped;
       }
@@ -115,6 +125,9 @@ class Simulator {
       cache_.clear();
       transient_.clear();
       transient_bytes_ = 0;
+      // Prefetch: offloaded storages whose first use is within their distance are fetched back now.
+      for (auto& [s, keys] : storage_keys_)
+        if (!fetched_.count(s) && first_use(s) >= ord - schedule_->prefetch[static_cast<size_t>(s)]) fetch(s);
       recompute_peak_ = resident_;
       for (const auto& key : node.saved) ensure(key, pred);
       // Two phases: rebuilding (producers' forward workspace on top of what is live), then the node's
@@ -143,7 +156,18 @@ class Simulator {
   }
 
  private:
-  enum class KeyState { Kept, Dropped, Restored, Released };
+  enum class KeyState { Kept, Dropped, Offloaded, Restored, Released };
+
+  // An offloaded storage comes back whole (one buffer); each of its keys holds it until its last use.
+  void fetch(int64_t s) {
+    if (!fetched_.insert(s).second) return;
+    for (const auto& key : storage_keys_[s]) {
+      auto st = state_.find(key);
+      if (st == state_.end() || st->second != KeyState::Offloaded) continue;
+      st->second = KeyState::Restored;
+      hold(rec_holders_, s, +1);
+    }
+  }
 
   int64_t resident_bytes() const { return resident_; }
   // A storage instance is resident while it has holders; track the byte total incrementally.
@@ -163,6 +187,10 @@ class Simulator {
 
   void ensure(const ValueKey& key, Prediction& pred) {
     if (usable(key)) return;
+    if (auto st = state_.find(key); st != state_.end() && st->second == KeyState::Offloaded) {
+      fetch(p_.storage_of(key));  // needed before its prefetch point: fetched on demand
+      return;
+    }
     rerun(key.first, pred);
   }
 
@@ -198,7 +226,10 @@ class Simulator {
   const StepProfile& p_;
   const std::vector<char>& dropped_;
   int64_t extra_;
-  std::vector<int64_t> saved_at_, last_alive_;
+  const OffloadSchedule* schedule_;
+  std::vector<int64_t> saved_at_, last_alive_, first_use_;
+  std::map<int64_t, std::vector<ValueKey>> storage_keys_;  // offloaded storage -> its saved keys
+  std::set<int64_t> fetched_;
   std::map<ValueKey, int> pending_;
   std::map<ValueKey, KeyState> state_;
   std::vector<int64_t> orig_holders_, rec_holders_;
@@ -222,6 +253,7 @@ double single_cost(const StepProfile& p, const std::set<ValueKey>& saved, int64_
 
 void fill_counts(Plan& plan) {
   plan.kept_groups = plan.kept_bytes = plan.dropped_groups = plan.dropped_bytes = 0;
+  plan.offloaded_groups = plan.offloaded_bytes = 0;
   for (const auto& g : plan.groups) {
     if (g.keep) {
       ++plan.kept_groups;
@@ -229,14 +261,32 @@ void fill_counts(Plan& plan) {
     } else {
       ++plan.dropped_groups;
       plan.dropped_bytes += g.bytes;
+      if (g.offload) {
+        ++plan.offloaded_groups;
+        plan.offloaded_bytes += g.bytes;
+      }
     }
   }
 }
 
-std::vector<char> dropped_vector(const StepProfile& p, const std::vector<Group>& groups) {
-  std::vector<char> d(p.storages.size(), 0);
-  for (const auto& g : groups) d[static_cast<size_t>(g.storage)] = g.keep ? 0 : 1;
+std::vector<char> decision_vector(const StepProfile& p, const std::vector<Group>& groups) {
+  std::vector<char> d(p.storages.size(), kKeep);
+  for (const auto& g : groups) d[static_cast<size_t>(g.storage)] = g.keep ? kKeep : g.offload ? kOffload : kRecompute;
   return d;
+}
+
+// Per storage: the first forward ordinal that saves it and the last (its first use in backward).
+void save_span(const StepProfile& p, std::vector<int64_t>& saved_at, std::vector<int64_t>& first_use) {
+  saved_at.assign(p.storages.size(), -1);
+  first_use.assign(p.storages.size(), -1);
+  for (size_t k = 0; k < p.nodes.size(); ++k) {
+    for (const auto& key : p.nodes[k].saved) {
+      const int64_t s = p.storage_of(key);
+      if (s < 0) continue;
+      if (saved_at[static_cast<size_t>(s)] < 0) saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+      first_use[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+    }
+  }
 }
 
 }  // namespace
@@ -271,10 +321,83 @@ std::string node_set_of(const std::string& scope) {
   return is_number(second) ? scope.substr(0, dot2) : scope.substr(0, dot);
 }
 
-Prediction simulate(const StepProfile& profile, const std::vector<char>& dropped_storage, int64_t extra_fixed_bytes) {
-  RATION_ASSERT(dropped_storage.size() == profile.storages.size(), "dropped vector size mismatch");
-  Simulator sim(profile, dropped_storage, extra_fixed_bytes);
-  return sim.run();
+Prediction simulate(const StepProfile& profile, const std::vector<char>& decision, int64_t extra_fixed_bytes,
+                    const OffloadSchedule* schedule) {
+  RATION_ASSERT(decision.size() == profile.storages.size(), "decision vector size mismatch");
+  const bool any_offload = std::find(decision.begin(), decision.end(), kOffload) != decision.end();
+  RATION_ASSERT(!any_offload || schedule != nullptr, "offloaded storages need a schedule");
+  Simulator sim(profile, decision, extra_fixed_bytes, schedule);
+  Prediction pred = sim.run();
+  if (any_offload) {
+    pred.offload_stall_ms = schedule->stall_ms;
+    for (size_t s = 0; s < decision.size(); ++s)
+      if (sim.offloaded(static_cast<int64_t>(s))) pred.offloaded_bytes += profile.storages[s].bytes;
+  }
+  return pred;
+}
+
+OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<char>& decision, const OffloadCosts& c) {
+  const size_t ns = p.storages.size(), nn = p.nodes.size();
+  OffloadSchedule sch;
+  sch.deadline.assign(ns, -1);
+  sch.prefetch.assign(ns, 0);
+  if (nn == 0) return sch;
+  std::vector<int64_t> saved_at, first_use;
+  save_span(p, saved_at, first_use);
+  auto bytes_of = [&](size_t s) { return static_cast<double>(p.storages[s].bytes); };
+  // Forward: node k ends at end_f[k] (measured forward times); Q2 copies in order of saving.
+  std::vector<double> end_f(nn);
+  double t = 0;
+  for (size_t k = 0; k < nn; ++k) end_f[k] = (t += p.nodes[k].forward_ms);
+  std::vector<size_t> order;
+  for (size_t s = 0; s < ns; ++s)
+    if (decision[s] == kOffload && saved_at[s] >= 0) order.push_back(s);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return saved_at[a] < saved_at[b]; });
+  double free_at = 0;
+  for (size_t s : order) {
+    const auto from = static_cast<size_t>(saved_at[s]);
+    const double done = std::max(end_f[from], free_at) + c.per_copy_ms + bytes_of(s) / c.write_bytes_per_ms;
+    free_at = done;
+    const auto k = static_cast<int64_t>(std::lower_bound(end_f.begin() + static_cast<std::ptrdiff_t>(from), end_f.end(), done) -
+                                        end_f.begin());
+    sch.deadline[s] = std::min<int64_t>(k, static_cast<int64_t>(nn) - 1);
+  }
+  sch.stall_ms += std::max(0.0, free_at - end_f[nn - 1]);
+  // Backward: node j (execution order) starts at start_b[j]; a read for first use u issued with
+  // distance d starts at the first node whose ordinal is <= u + d (the executor's rule).
+  const auto& bo = p.backward_order;
+  if (bo.empty()) return sch;
+  std::vector<double> start_b(bo.size());
+  std::vector<int64_t> min_ord(bo.size());
+  t = 0;
+  for (size_t j = 0; j < bo.size(); ++j) {
+    start_b[j] = t;
+    t += p.nodes[static_cast<size_t>(bo[j])].backward_ms;
+    min_ord[j] = j == 0 ? bo[j] : std::min(min_ord[j - 1], bo[j]);
+  }
+  auto first_at_or_below = [&](int64_t ordinal) {  // first j with some bo[<=j] <= ordinal
+    const auto it = std::lower_bound(min_ord.begin(), min_ord.end(), ordinal, [](int64_t a, int64_t b) { return a > b; });
+    return static_cast<size_t>(std::min<std::ptrdiff_t>(it - min_ord.begin(), static_cast<std::ptrdiff_t>(bo.size()) - 1));
+  };
+  std::vector<std::pair<size_t, size_t>> reads;  // (need index, storage)
+  for (size_t s : order) reads.emplace_back(first_at_or_below(first_use[s]), s);
+  std::stable_sort(reads.begin(), reads.end());
+  double free_b = 0;
+  for (const auto& [need_j, s] : reads) {
+    const double need = start_b[need_j];
+    const double copy = c.per_copy_ms + bytes_of(s) / c.read_bytes_per_ms;
+    int d = c.min_prefetch;
+    double done = 0;
+    for (;; ++d) {
+      const size_t issue_j = first_at_or_below(first_use[s] + d);
+      done = std::max(start_b[issue_j], free_b) + copy;
+      if (done <= need || issue_j == 0 || d > static_cast<int>(nn)) break;
+    }
+    sch.prefetch[s] = d;
+    free_b = done;
+    sch.stall_ms += std::max(0.0, done - need);
+  }
+  return sch;
 }
 
 int64_t revolve_min_recomputes(int64_t n, int64_t c) {
@@ -293,10 +416,21 @@ int64_t revolve_min_recomputes(int64_t n, int64_t c) {
   return std::max<int64_t>(0, static_cast<int64_t>(std::llround(forward_steps)) - (n - 1));
 }
 
+std::map<ValueKey, Plan::OffloadOrder> Plan::offloaded_keys(const StepProfile& profile) const {
+  std::map<int64_t, OffloadOrder> by_storage;
+  for (const auto& g : groups)
+    if (!g.keep && g.offload) by_storage[g.storage] = {g.deadline, g.prefetch};
+  std::map<ValueKey, OffloadOrder> keys;
+  for (const auto& n : profile.nodes)
+    for (const auto& k : n.saved)
+      if (auto it = by_storage.find(profile.storage_of(k)); k.first >= 0 && it != by_storage.end()) keys[k] = it->second;
+  return keys;
+}
+
 std::set<ValueKey> Plan::dropped_keys(const StepProfile& profile) const {
   std::set<int64_t> dropped;
   for (const auto& g : groups)
-    if (!g.keep) dropped.insert(g.storage);
+    if (!g.keep && !g.offload) dropped.insert(g.storage);
   std::set<ValueKey> keys;
   for (const auto& n : profile.nodes)
     for (const auto& k : n.saved)
@@ -329,7 +463,13 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   std::stable_sort(plan.groups.begin(), plan.groups.end(),
                    [](const Group& a, const Group& b) { return a.producer < b.producer; });
   const int64_t extra = options.extra_fixed_bytes;
-  auto predict = [&](const std::vector<Group>& gs) { return simulate(profile, dropped_vector(profile, gs), extra); };
+  plan.offload_costs = options.offload;
+  auto predict = [&](const std::vector<Group>& gs) {
+    const std::vector<char> d = decision_vector(profile, gs);
+    if (!options.offload) return simulate(profile, d, extra);
+    const OffloadSchedule sch = schedule_offloads(profile, d, *options.offload);
+    return simulate(profile, d, extra, &sch);
+  };
 
   const Prediction full = predict(plan.groups);
   plan.unconstrained_peak_bytes = full.peak_bytes;
@@ -341,12 +481,51 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   const int64_t budget = options.budget_bytes;
   const size_t n = plan.groups.size();
 
-  // Knapsack order: cheapest measured recompute per byte freed first.
+  // Joint plan (knapsack only): a group that is not kept is offloaded where the copy alone would hide
+  // under the compute between its saving and its first use (cheaper than re-running its producers).
+  std::vector<double> cost(n);
+  std::vector<char> prefer_offload(n, 0);
+  if (options.offload && options.strategy == Strategy::Knapsack) {
+    const OffloadCosts& c = *options.offload;
+    RATION_CHECK(c.write_bytes_per_ms > 0 && c.read_bytes_per_ms > 0, "offload planning needs measured tier bandwidths");
+    std::vector<int64_t> saved_at, first_use;
+    save_span(profile, saved_at, first_use);
+    double fwd_total = 0, bwd_total = 0;
+    std::vector<double> end_f;
+    for (const auto& node : profile.nodes) end_f.push_back(fwd_total += node.forward_ms);
+    std::vector<double> bwd_before(profile.nodes.size(), 0);  // backward time before the node runs
+    for (int64_t ord : profile.backward_order) {
+      bwd_before[static_cast<size_t>(ord)] = bwd_total;
+      bwd_total += profile.nodes[static_cast<size_t>(ord)].backward_ms;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const Group& g = plan.groups[i];
+      const auto st = static_cast<size_t>(g.storage);
+      cost[i] = g.recompute_ms;
+      if (g.bytes < std::max<int64_t>(c.min_bytes, 1) || saved_at[st] < 0) continue;
+      const double bytes = static_cast<double>(g.bytes);
+      const double fwd_window = fwd_total - end_f[static_cast<size_t>(saved_at[st])];
+      const double bwd_window = bwd_before[static_cast<size_t>(first_use[st])];
+      const double alone = 2 * c.per_copy_ms + std::max(0.0, bytes / c.write_bytes_per_ms - fwd_window) +
+                           std::max(0.0, bytes / c.read_bytes_per_ms - bwd_window);
+      if (alone < g.recompute_ms) {
+        prefer_offload[i] = 1;
+        cost[i] = alone;
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) cost[i] = plan.groups[i].recompute_ms;
+  }
+  auto release = [&](std::vector<Group>& gs, size_t i) {
+    gs[i].keep = false;
+    gs[i].offload = prefer_offload[i] != 0;
+  };
+  // Knapsack order: cheapest predicted cost (recompute, or an offload that does not hide) per byte first.
   std::vector<size_t> by_ratio(n);
   std::iota(by_ratio.begin(), by_ratio.end(), 0);
   std::stable_sort(by_ratio.begin(), by_ratio.end(), [&](size_t a, size_t b) {
-    return plan.groups[a].recompute_ms / static_cast<double>(std::max<int64_t>(plan.groups[a].bytes, 1)) <
-           plan.groups[b].recompute_ms / static_cast<double>(std::max<int64_t>(plan.groups[b].bytes, 1));
+    return cost[a] / static_cast<double>(std::max<int64_t>(plan.groups[a].bytes, 1)) <
+           cost[b] / static_cast<double>(std::max<int64_t>(plan.groups[b].bytes, 1));
   });
   // Greedy descent: take drops in knapsack order when they lower the predicted peak, in passes, until
   // the prediction fits `target` or no drop helps. (Dropping is not monotone: a dropped run of values is
@@ -358,14 +537,19 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
       progress = false;
       for (size_t i : by_ratio) {
         if (!gs[i].keep) continue;
-        gs[i].keep = false;
-        const int64_t p = predict(gs).peak_bytes;
+        release(gs, i);
+        int64_t p = predict(gs).peak_bytes;
+        if (p >= peak && gs[i].offload) {  // an offload held too long to help: try recomputing it
+          gs[i].offload = false;
+          p = predict(gs).peak_bytes;
+        }
         if (p < peak) {
           peak = p;
           progress = true;
           if (peak <= target) break;
         } else {
           gs[i].keep = true;
+          gs[i].offload = false;
         }
       }
     }
@@ -393,6 +577,26 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
         if (plan.groups[i].keep) continue;
         plan.groups[i].keep = true;
         if (!fits(plan.groups)) plan.groups[i].keep = false;
+      }
+      if (options.offload) {
+        // Offloads share the copy queues: where one's marginal stall exceeds its recompute cost,
+        // recompute it instead (if that still fits).
+        for (int pass = 0; pass < 3; ++pass) {
+          bool changed = false;
+          const double stall = predict(plan.groups).offload_stall_ms;
+          for (size_t i = 0; i < n; ++i) {
+            Group& g = plan.groups[i];
+            if (g.keep || !g.offload) continue;
+            g.offload = false;
+            const Prediction without = predict(plan.groups);
+            if (stall - without.offload_stall_ms > g.recompute_ms && without.peak_bytes <= budget) {
+              changed = true;
+              break;
+            }
+            g.offload = true;
+          }
+          if (!changed) break;
+        }
       }
       break;
     }
@@ -490,8 +694,11 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
                       (!options.keep_bytes || plan.kept_bytes <= *options.keep_bytes);
       if (ok) break;
       if (!plan.groups[i].keep) continue;
-      plan.groups[i].keep = false;
-      if (!fits(plan.groups)) plan.groups[i].keep = true;
+      release(plan.groups, i);
+      if (!fits(plan.groups)) {
+        plan.groups[i].keep = true;
+        plan.groups[i].offload = false;
+      }
     }
     fill_counts(plan);
     RATION_CHECK((!options.keep_groups || plan.kept_groups <= *options.keep_groups) &&
@@ -503,6 +710,13 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   }
   fill_counts(plan);
   plan.prediction = predict(plan.groups);
+  if (options.offload) {
+    const OffloadSchedule sch = schedule_offloads(profile, decision_vector(profile, plan.groups), *options.offload);
+    for (auto& g : plan.groups) {
+      g.deadline = g.offload && !g.keep ? sch.deadline[static_cast<size_t>(g.storage)] : -1;
+      g.prefetch = g.offload && !g.keep ? sch.prefetch[static_cast<size_t>(g.storage)] : 0;
+    }
+  }
   plan.fits = plan.prediction.peak_bytes <= budget;
   RATION_CHECK(plan.fits, "strategy '", to_string(options.strategy), "' cannot meet the budget of ", format_bytes(budget),
                ": its plan's predicted peak is ", format_bytes(plan.prediction.peak_bytes), " at ",
@@ -520,10 +734,17 @@ nlohmann::json Plan::to_json() const {
     s[g.keep ? "kept_bytes" : "dropped_bytes"] = s[g.keep ? "kept_bytes" : "dropped_bytes"].get<int64_t>() + g.bytes;
   }
   nlohmann::json gs = nlohmann::json::array();
-  for (const auto& g : groups)
-    gs.push_back({{"storage", g.storage}, {"bytes", g.bytes}, {"producer", g.producer}, {"op", g.op},
-                  {"node_set", g.node_set}, {"recompute_ms", g.recompute_ms}, {"decision", g.keep ? "keep" : "recompute"}});
-  return {{"strategy", to_string(strategy)},
+  for (const auto& g : groups) {
+    nlohmann::json j = {{"storage", g.storage}, {"bytes", g.bytes}, {"producer", g.producer}, {"op", g.op},
+                        {"node_set", g.node_set}, {"recompute_ms", g.recompute_ms},
+                        {"decision", g.keep ? "keep" : g.offload ? "offload" : "recompute"}};
+    if (!g.keep && g.offload) {
+      j["copy_deadline"] = g.deadline;
+      j["prefetch"] = g.prefetch;
+    }
+    gs.push_back(j);
+  }
+  nlohmann::json j = {{"strategy", to_string(strategy)},
           {"budget_bytes", budget_bytes},
           {"fixed_bytes", fixed_bytes},
           {"activation_capacity_bytes", capacity_bytes},
@@ -541,6 +762,16 @@ nlohmann::json Plan::to_json() const {
           {"predicted_recomputed_nodes", prediction.recomputed_nodes},
           {"node_sets", sets},
           {"groups", gs}};
+  if (offload_costs) {
+    j["offloaded_groups"] = offloaded_groups;
+    j["offloaded_bytes"] = offloaded_bytes;
+    j["predicted_offload_stall_ms"] = prediction.offload_stall_ms;
+    j["offload_costs"] = {{"write_bytes_per_ms", offload_costs->write_bytes_per_ms},
+                          {"read_bytes_per_ms", offload_costs->read_bytes_per_ms},
+                          {"per_copy_ms", offload_costs->per_copy_ms},
+                          {"min_bytes", offload_costs->min_bytes}};
+  }
+  return j;
 }
 
 std::string Plan::to_table() const {
@@ -562,6 +793,15 @@ std::string Plan::to_table() const {
                 format_bytes(unconstrained_peak_bytes).c_str(), format_bytes(minimum_peak_bytes).c_str(),
                 prediction.recompute_ms, static_cast<long long>(prediction.recomputed_nodes));
   os << line;
+  if (offload_costs) {
+    std::snprintf(line, sizeof line,
+                  "  offload %lld groups (%s) of the dropped; predicted copy stall %.2f ms (tier: write %.0f MB/s, "
+                  "read %.0f MB/s)\n",
+                  static_cast<long long>(offloaded_groups), format_bytes(offloaded_bytes).c_str(),
+                  prediction.offload_stall_ms, offload_costs->write_bytes_per_ms / 1e3,
+                  offload_costs->read_bytes_per_ms / 1e3);
+    os << line;
+  }
   std::map<std::string, std::array<int64_t, 4>> sets;
   std::vector<std::string> order;
   for (const auto& g : groups) {

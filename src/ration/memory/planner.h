@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -27,6 +28,22 @@ enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt };
 Strategy parse_strategy(const std::string& name);  // throws listing the valid names
 const char* to_string(Strategy s);
 
+// Measured cost of the offload tier (seed M2) for the joint keep/recompute/offload plan.
+struct OffloadCosts {
+  double write_bytes_per_ms = 0;  // copy-out bandwidth (Q2)
+  double read_bytes_per_ms = 0;   // copy-in bandwidth (Q4)
+  double per_copy_ms = 0;         // fixed cost of one copy on the compute thread (queueing, views)
+  int64_t min_bytes = 0;          // smaller groups are never offloaded
+  int min_prefetch = 0;           // fetch back at least this many backward nodes ahead
+};
+
+// When each offloaded storage is copied out and fetched back (by storage id; -1 = not offloaded).
+struct OffloadSchedule {
+  std::vector<int64_t> deadline;  // forward ordinal by whose end the copy-out must be done
+  std::vector<int> prefetch;      // fetch back when backward is this many ordinals above its first use
+  double stall_ms = 0;            // predicted time compute waits for copies (forward + backward)
+};
+
 struct PlanOptions {
   int64_t budget_bytes = 0;                 // whole device budget
   Strategy strategy = Strategy::Knapsack;
@@ -34,6 +51,7 @@ struct PlanOptions {
   int64_t checkpoint_every = 1;             // uniform: keep block boundaries of every k-th block
   std::optional<int64_t> keep_groups;       // user override: keep at most this many groups
   std::optional<int64_t> keep_bytes;        // user override: keep at most this many bytes
+  std::optional<OffloadCosts> offload;      // set: offload is a third choice next to keep/recompute
 };
 
 struct Prediction {
@@ -41,6 +59,8 @@ struct Prediction {
   std::string peak_at;             // "forward <op>#k" or "backward <op>#k"
   double recompute_ms = 0;         // predicted: sum of re-run producers' measured forward times
   int64_t recomputed_nodes = 0;
+  double offload_stall_ms = 0;     // predicted: compute waiting for offload copies
+  int64_t offloaded_bytes = 0;
   std::vector<int64_t> forward_peaks;   // predicted peak during each forward node (by ordinal)
   std::vector<int64_t> backward_peaks;  // predicted peak during each backward node (execution order)
 };
@@ -52,6 +72,9 @@ struct Group {
   std::string op, node_set;
   double recompute_ms = 0;         // producer chain cost if this group alone were dropped
   bool keep = true;
+  bool offload = false;            // not kept: offloaded (true) or recomputed (false)
+  int64_t deadline = -1;           // offloaded: forward ordinal by whose end the copy is done
+  int prefetch = 0;                // offloaded: backward ordinals ahead of first use to fetch back
 };
 
 struct Plan {
@@ -63,18 +86,34 @@ struct Plan {
   int64_t minimum_peak_bytes = 0;  // predicted with every group dropped (the feasible floor we know)
   int64_t initial_kept_groups = 0, initial_kept_bytes = 0;  // before user overrides
   int64_t kept_groups = 0, kept_bytes = 0, dropped_groups = 0, dropped_bytes = 0;
+  int64_t offloaded_groups = 0, offloaded_bytes = 0;  // counted among the dropped
+  std::optional<OffloadCosts> offload_costs;
   std::vector<Group> groups;       // in forward order
   Prediction prediction;
   bool fits = false;
 
-  // Keys (producer ordinal, output) of every saved value whose group is dropped.
+  // Keys (producer ordinal, output) of every saved value whose group is recomputed.
   std::set<ValueKey> dropped_keys(const StepProfile& profile) const;
+  struct OffloadOrder {
+    int64_t deadline = -1;
+    int prefetch = 0;
+  };
+  // Keys of every saved value whose group is offloaded, with its copy deadline and prefetch distance.
+  std::map<ValueKey, OffloadOrder> offloaded_keys(const StepProfile& profile) const;
   nlohmann::json to_json() const;
   std::string to_table() const;
 };
 
-// Simulate one step with the given groups dropped (by storage id).
-Prediction simulate(const StepProfile& profile, const std::vector<char>& dropped_storage, int64_t extra_fixed_bytes);
+// Decision per storage id for the simulator.
+enum : char { kKeep = 0, kRecompute = 1, kOffload = 2 };
+// Simulate one step with the given decisions (by storage id: kKeep / kRecompute / kOffload; offloaded
+// storages follow `schedule`, which must then be given).
+Prediction simulate(const StepProfile& profile, const std::vector<char>& decision, int64_t extra_fixed_bytes,
+                    const OffloadSchedule* schedule = nullptr);
+// The copy queues' timeline for the offloaded storages: FIFO copy-out after the saving node, deadline
+// at the first node whose end the copy has reached; fetch-back early enough to land before first use.
+OffloadSchedule schedule_offloads(const StepProfile& profile, const std::vector<char>& decision,
+                                  const OffloadCosts& costs);
 
 // Plan. Throws ration::Error when the budget is below the feasible minimum (stating it), when the
 // strategy cannot meet the budget, or when an override asks to keep more than the initial figure.

@@ -30,6 +30,32 @@ BudgetSettings read_budget_settings(Config& cfg) {
   return s;
 }
 
+OffloadSettings read_offload_settings(Config& cfg) {
+  OffloadSettings s;
+  const std::vector<std::string> keys = {"tier", "dir", "t1", "t2", "t3", "min_bytes", "prefetch", "host_limit",
+                                         "disk_limit", "throttle"};
+  bool any = false;
+  for (const auto& k : keys) any = any || cfg.has("offload." + k);
+  s.enabled = cfg.get_bool("offload.enabled", any);
+  memory::OffloadOptions& o = s.options;
+  o.tier = cfg.get_choice("offload.tier", o.tier, {"disk", "host", "host+disk"});
+  o.dir = cfg.get_string("offload.dir", o.dir);
+  o.t1 = cfg.get_bytes("offload.t1", o.t1);
+  if (cfg.has("offload.t2")) o.t2 = cfg.get_bytes("offload.t2", 0);
+  if (cfg.has("offload.t3")) o.t3 = cfg.get_bytes("offload.t3", 0);
+  o.min_bytes = cfg.get_bytes("offload.min_bytes", o.min_bytes);
+  o.prefetch = static_cast<int>(cfg.get_int("offload.prefetch", o.prefetch));
+  o.host_limit_bytes = cfg.get_bytes("offload.host_limit", 0);
+  o.disk_limit_bytes = cfg.get_bytes("offload.disk_limit", 0);
+  o.throttle_bytes_per_second = static_cast<double>(cfg.get_bytes("offload.throttle", 0));
+  try {
+    memory::validate(o);
+  } catch (const Error& e) {
+    RATION_CHECK(false, cfg.origin(), ": ", e.what());
+  }
+  return s;
+}
+
 memory::StepProfile profile_step(models::Model& model, const data::Batch& batch, uint64_t seed) {
   const std::vector<at::Tensor> buffers = model.snapshot_buffers();
   model.zero_grad();

@@ -3,12 +3,18 @@
 // Keys: memory.budget ("2GiB"; absent = unconstrained), memory.plan (knapsack | ordered | ordered-sets |
 //       uniform | sqrt), memory.checkpoint_every (uniform), memory.keep_groups,
 //       memory.keep_bytes (user overrides that may only lower what is kept).
+//       [offload] (seed M2): offload.enabled (--offload), offload.tier (disk | host | host+disk),
+//       offload.dir, offload.t1/t2/t3 (sizes), offload.min_bytes, offload.prefetch (nodes),
+//       offload.host_limit, offload.disk_limit, offload.throttle (bytes per second; tests/benches).
+//       Without a budget offload runs the seed's threshold loop; with one, the planner decides
+//       keep / recompute / offload per group from the measured tier bandwidth.
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 
 #include "ration/data/batch.h"
+#include "ration/memory/offload.h"
 #include "ration/memory/planner.h"
 #include "ration/memory/profile.h"
 #include "ration/models/model.h"
@@ -21,6 +27,12 @@ struct BudgetSettings {
   memory::PlanOptions plan;  // budget_bytes filled when set
 };
 BudgetSettings read_budget_settings(Config& cfg);
+
+struct OffloadSettings {
+  bool enabled = false;
+  memory::OffloadOptions options;
+};
+OffloadSettings read_offload_settings(Config& cfg);
 
 // One measured forward+backward on `batch` under a ProfilePolicy; gradients and buffers (batch-norm
 // statistics) are restored afterwards, so the run continues as if it had not happened.

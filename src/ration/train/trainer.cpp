@@ -231,6 +231,7 @@ nlohmann::json run_training(const TrainOptions& options) {
   auto params = model.named_parameters();
   const RunSettings run = read_run_settings(c);
   const BudgetSettings budget = read_budget_settings(c);
+  const OffloadSettings offload = read_offload_settings(c);
   c.check_all_used();
   auto optimizer = build_optimizer(run, params);
   const double clip = run.clip_grad_norm;
@@ -289,9 +290,20 @@ nlohmann::json run_training(const TrainOptions& options) {
   memory::StepProfile profile;
   memory::PlanOptions plan_options = budget.plan;
   int64_t replans = 0;
+  // Offload (seed M2): without a budget the threshold loop; with one, a third choice for the planner.
+  std::unique_ptr<memory::OffloadEngine> offload_engine;
+  std::unique_ptr<memory::OffloadPolicy> offload_policy;
+  if (offload.enabled) {
+    offload_engine = std::make_unique<memory::OffloadEngine>(memory::make_tier(offload.options), offload.options);
+    if (budget.budget_bytes) {
+      plan_options.offload = memory::measure_offload_costs(offload_engine->tier(), offload.options);
+    } else {
+      offload_policy = std::make_unique<memory::OffloadPolicy>(*offload_engine);
+    }
+  }
   auto make_policy = [&] {
     plan = memory::make_plan(profile, plan_options);
-    policy = std::make_unique<memory::BudgetPolicy>(*plan, profile);
+    policy = std::make_unique<memory::BudgetPolicy>(*plan, profile, offload_engine.get());
   };
   if (budget.budget_bytes) {
     const data::LoaderPosition here = loader.position();
@@ -334,7 +346,7 @@ nlohmann::json run_training(const TrainOptions& options) {
     double loss_value = 0;
     {
       memory::CategoryGuard workspace(memory::Category::Workspace);
-      PolicyScope scope(policy.get());
+      PolicyScope scope(policy ? static_cast<MemoryPolicy*>(policy.get()) : offload_policy.get());
       if (policy) policy->begin_step();
       Value loss = model.loss(batch);
       loss_value = loss.item();
@@ -437,6 +449,19 @@ nlohmann::json run_training(const TrainOptions& options) {
       {"effective_config", setup.config.effective()},
   };
   for (auto& [k, v] : time_extra.items()) report["time"][k] = v;
+  if (offload_engine) {
+    const memory::OffloadOptions& o = offload.options;
+    auto limit = [](int64_t t) { return t == memory::kNoLimit ? nlohmann::json(nullptr) : nlohmann::json(t); };
+    report["offload"] = {{"mode", plan ? "plan" : "thresholds"},
+                         {"tier", offload_engine->tier().name()},
+                         {"t1", o.t1},
+                         {"t2", limit(o.t2)},
+                         {"t3", limit(o.t3)},
+                         {"min_bytes", o.min_bytes},
+                         {"prefetch", o.prefetch},
+                         {"steps", total_steps - first_step},
+                         {"totals", offload_engine->stats().to_json()}};
+  }
   if (!options.report_path.empty()) {
     const std::filesystem::path p(options.report_path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
