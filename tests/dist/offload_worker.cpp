@@ -222,17 +222,17 @@ TEST_P(DistShardedOffload, ThrottledTierWithAndWithoutPrefetchGivesEqualGradient
   }
 }
 
-// T1 = 0: every saved value is copied out at its producer's hook. The column layer marks its input
-// replicated only after that hook saw it, so with T1 firing the input is offloaded whole, like the local
-// values, and never gathered (every rank decides the same, so no rank waits in an all-gather).
-TEST_P(DistShardedOffload, T1ZeroOffloadsLocalValuesWholeWithEqualGradients) {
+// T1 = 0: every saved value is copied out at its producer's hook; the column layer's input is marked
+// replicated when it is saved (before the hook), so it is still stored 1/n per rank and gathered, and
+// the local values are stored whole.
+TEST_P(DistShardedOffload, T1ZeroShardsTheInputAndOffloadsLocalValuesWhole) {
   const int64_t n = world().size();
   OffloadOptions o = options("disk");
   o.t1 = 0;
   const StepResult r = step(*model_, data_, &o);
   expect_bitwise_equal(r, plain_);
   expect_all_freed(r);
-  const int64_t expected = kInputBytes + model_->local_saved_bytes(n);
+  const int64_t expected = (kInputBytes + n - 1) / n + model_->local_saved_bytes(n);
   EXPECT_EQ(r.stats.offloaded_storages, GetParam() ? 4 : 3);
   EXPECT_EQ(r.stats.written_bytes, expected);
   EXPECT_EQ(r.stats.read_bytes, expected);

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -235,6 +236,9 @@ Values apply_op(const OpSpec& spec, const Values& inputs, ForwardFn forward, Bac
     auto h = node->inputs.at(static_cast<size_t>(i));
     if (!h) continue;  // optional input not given
     const uint32_t version = h->save(in[static_cast<size_t>(i)]);
+    if (spec.replicas && std::find(spec.replicated_inputs.begin(), spec.replicated_inputs.end(), i) !=
+                             spec.replicated_inputs.end())
+      h->set_replicas(spec.replicas);
     node->saved.push_back(SavedRef{h, version, false, i});
   }
   for (int j : spec.save_outputs) {

@@ -24,6 +24,7 @@
 namespace ration {
 
 class SavedValue;
+class ReplicaGroup;
 
 struct ForwardCtx {
   // Set for ops whose OpSpec says uses_rng: a generator seeded from the node's recorded seed.
@@ -41,6 +42,10 @@ struct OpSpec {
   std::vector<int> save_inputs;    // indexes of inputs backward reads
   std::vector<int> save_outputs;   // indexes of outputs (visible or internal) backward reads
   bool uses_rng = false;           // forward draws random numbers (gets ForwardCtx::generator)
+  // Saved inputs identical on every process of `replicas` (tensor parallel): marked when saved, before
+  // any memory policy sees the node, so every process makes the same offload decision.
+  std::vector<int> replicated_inputs;
+  std::shared_ptr<ReplicaGroup> replicas;
 };
 
 // An edge: where the gradient for one input goes.

@@ -42,8 +42,12 @@ Value column_parallel_linear(const Value& x, const Value& w_shard, const Value& 
                w_shard.sizes(), "; got input ", x.sizes());
   RATION_CHECK(!b_shard.defined() || (b_shard.dim() == 1 && b_shard.size(0) == w_shard.size(0)),
                "column_parallel_linear: bias shard (", w_shard.size(0), ") expected; got ", b_shard.sizes());
+  // x is the same tensor on every rank: the memory runtime may store 1/n of it (seed M2 step 7).
+  OpSpec spec = op_spec("column_parallel_linear", {0, 1});
+  spec.replicated_inputs = {0};
+  spec.replicas = world.replica_group();
   Values out = apply_op(
-      op_spec("column_parallel_linear", {0, 1}), {x, w_shard, b_shard},
+      spec, {x, w_shard, b_shard},
       // Local: no collective, so recomputing this node touches no other rank.
       [](const Tensors& in, ForwardCtx&) { return Tensors{at::linear(in[0], in[1], in[2])}; },
       [world](BackwardCtx& ctx, const Tensors& g) {
@@ -58,14 +62,7 @@ Value column_parallel_linear(const Value& x, const Value& w_shard, const Value& 
         if (ctx.needs_input_grad(2)) d[2] = bias_grad(g[0]);                 // (out/n)
         return d;
       });
-  Value y = std::move(out.at(0));
-  // x is the same tensor on every rank: tell the memory runtime (seed M2 step 7).
-  if (const auto& node = y.grad_fn()) {
-    for (auto& ref : node->saved) {
-      if (!ref.is_output && ref.index == 0) ref.value->set_replicas(world.replica_group());
-    }
-  }
-  return y;
+  return std::move(out.at(0));
 }
 
 Value row_parallel_linear(const Value& x_r, const Value& w_shard, const Value& b, const World& world) {

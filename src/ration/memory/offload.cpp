@@ -550,19 +550,7 @@ namespace {
 bool replicated(const SavedValue& v) { return v.replicas() && v.replicas()->size() > 1; }
 }  // namespace
 
-// column_parallel_linear marks its input replicated after apply_op returned, so after_forward_node saw
-// it unmarked (and left it resident unless T1 fired). Offload it now: before on_forward_node of the next
-// node, so its first use is still the ordinal of the node that saved it.
-void OffloadPolicy::offload_late_replicas() {
-  const std::shared_ptr<Node> last = last_node_.lock();
-  last_node_.reset();
-  if (!last) return;
-  for (auto& ref : last->saved)
-    if (replicated(*ref.value) && engine_.offloadable(*ref.value)) engine_.offload(ref.value);
-}
-
 void OffloadPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {
-  offload_late_replicas();
   const int64_t ordinal = engine_.on_forward_node(node);
   const bool over_t1 = engine_.usage() > engine_.options().t1;
   for (auto& ref : node.saved) {
@@ -570,12 +558,6 @@ void OffloadPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>
     if ((over_t1 || replicated(v)) && engine_.offloadable(v)) engine_.offload(ref.value);
   }
   engine_.forward_node_done(ordinal);
-  last_node_ = node.weak_from_this();
-}
-
-void OffloadPolicy::before_backward_node(Node& node) {
-  offload_late_replicas();  // the last forward node's (a no-op after the first backward node)
-  engine_.before_backward_node(node);
 }
 
 }  // namespace ration::memory

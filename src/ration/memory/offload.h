@@ -131,22 +131,18 @@ class OffloadEngine {
 
 // The seed's control loop: every saved value of at least min_bytes is copied out after its producer
 // when usage exceeds T1, with T2/T3 back-pressure and prefetch. Values replicated over a process group
-// (tensor parallel) are offloaded regardless of T1 and stored 1/n per process (all-gather on fetch), so
-// every process makes the same decisions. An op may mark a saved value replicated after apply_op
-// returned (tensor_parallel.cpp does), i.e. after this hook saw its node: such values still resident
-// are offloaded, sharded, at the next hook (the next node's forward or the start of backward).
+// (tensor parallel; marked when saved, see OpSpec::replicas) are offloaded regardless of T1 and stored
+// 1/n per process (all-gather on fetch), so every process makes the same decisions.
 class OffloadPolicy : public MemoryPolicy {
  public:
   explicit OffloadPolicy(OffloadEngine& engine) : engine_(engine) {}
   void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) override;
-  void before_backward_node(Node& node) override;
+  void before_backward_node(Node& node) override { engine_.before_backward_node(node); }
   at::Tensor fetch(SavedValue& value) override { return engine_.fetch(value); }
 
  private:
-  void offload_late_replicas();  // the previous node's values marked replicated after its hook
   OffloadEngine& engine_;
-  std::weak_ptr<Node> last_node_;  // the node the last after_forward_node saw
 };
 
 }  // namespace ration::memory
