@@ -5,13 +5,15 @@
 
 namespace ration::memory {
 
-BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile) : dropped_(plan.dropped_keys(profile)) {
+BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile)
+    : dropped_(plan.dropped_keys(profile)), store_from_(plan.store_from) {
   ops_.reserve(profile.nodes.size());
   for (const auto& n : profile.nodes) ops_.push_back(n.op);
 }
 
 void BudgetPolicy::begin_step() {
   ordinal_of_seq_.clear();
+  backward_step_ = -1;
   recompute_ms_ = 0;
   recomputed_nodes_ = 0;
   dropped_values_ = 0;
@@ -35,6 +37,16 @@ void BudgetPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&
       ++dropped_values_;
     }
   }
+}
+
+void BudgetPolicy::before_backward_node(Node&) { ++backward_step_; }
+
+bool BudgetPolicy::store_rebuilt(Node& producer) {
+  if (store_from_.empty()) return true;
+  auto it = ordinal_of_seq_.find(producer.seq);
+  if (it == ordinal_of_seq_.end()) return true;
+  auto from = store_from_.find(it->second);
+  return from == store_from_.end() || backward_step_ >= from->second;
 }
 
 void BudgetPolicy::on_recompute(Node&, double ms) {

@@ -1,8 +1,10 @@
 // budget_policy.h — executes a keep/recompute plan (seed method M0) on every training step.
 // Owns: mapping this step's nodes to the profiled ordinals (checking the graph is the one profiled),
-//       dropping the planned saved values right after their node's forward, and measuring the time
-//       spent re-running producers in backward. The model code never changes: install with PolicyScope.
+//       dropping the planned saved values right after their node's forward, deciding for each re-run
+//       made to feed another re-run whether it stores its outputs (Plan::store_from: until that backward
+//       step the re-run is transient), and measuring the time spent re-running producers in backward. The model code never changes: install with PolicyScope.
 #pragma once
+#include <map>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -20,7 +22,9 @@ class BudgetPolicy : public MemoryPolicy {
   BudgetPolicy(const Plan& plan, const StepProfile& profile);
   void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) override;
+  void before_backward_node(Node& node) override;
   void on_recompute(Node& node, double ms) override;
+  bool store_rebuilt(Node& producer) override;
   // Call at the start of each step.
   void begin_step();
   double recompute_ms() const { return recompute_ms_; }   // this step
@@ -29,6 +33,8 @@ class BudgetPolicy : public MemoryPolicy {
 
  private:
   std::set<ValueKey> dropped_;
+  std::map<int64_t, int64_t> store_from_;  // producer ordinal -> first backward step that stores
+  int64_t backward_step_ = -1;             // index of the running backward node in this step's order
   std::vector<std::string> ops_;
   std::unordered_map<uint64_t, int64_t> ordinal_of_seq_;
   double recompute_ms_ = 0;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -23,7 +24,10 @@
 
 namespace ration::memory {
 
-enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt };
+// OptimalChain: the binomial (Revolve, Griewank) schedule for chain-shaped models: which values to keep
+// in forward and, for the dropped ones, in which backward re-run sweep each is stored as a temporary
+// checkpoint (earlier sweeps pass through it without storing). Errors for graphs that are not chains.
+enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt, OptimalChain };
 Strategy parse_strategy(const std::string& name);  // throws listing the valid names
 const char* to_string(Strategy s);
 
@@ -64,6 +68,12 @@ struct Plan {
   int64_t initial_kept_groups = 0, initial_kept_bytes = 0;  // before user overrides
   int64_t kept_groups = 0, kept_bytes = 0, dropped_groups = 0, dropped_bytes = 0;
   std::vector<Group> groups;       // in forward order
+  // Transient re-runs: producer ordinal -> index (in backward order) of the first backward node during
+  // which a re-run of it, made to feed another re-run, stores its dropped outputs; before that step
+  // such re-runs keep nothing (recompute without storing). Producers absent here always store (the
+  // default). A re-run for a value backward reads right now always stores it.
+  std::map<int64_t, int64_t> store_from;
+  int64_t chain_slots = 0;         // a binomial chain schedule's slots (activation states resident at once)
   Prediction prediction;
   bool fits = false;
 
@@ -75,6 +85,9 @@ struct Plan {
 
 // Simulate one step with the given groups dropped (by storage id).
 Prediction simulate(const StepProfile& profile, const std::vector<char>& dropped_storage, int64_t extra_fixed_bytes);
+// Same, with transient re-runs (Plan::store_from).
+Prediction simulate(const StepProfile& profile, const std::vector<char>& dropped_storage, int64_t extra_fixed_bytes,
+                    const std::map<int64_t, int64_t>& store_from);
 
 // Plan. Throws ration::Error when the budget is below the feasible minimum (stating it), when the
 // strategy cannot meet the budget, or when an override asks to keep more than the initial figure.
@@ -86,5 +99,9 @@ std::string node_set_of(const std::string& scope);
 // Revolve (Griewank) yardstick: the minimum number of forward re-evaluations needed to reverse a chain
 // of n steps holding at most c checkpoints (each step's state is one checkpoint-sized value).
 int64_t revolve_min_recomputes(int64_t n, int64_t c);
+
+// A chain-shaped profile: every recorded node's non-constant inputs are outputs of the node recorded just
+// before it. Returns an empty string for a chain, else why it is not one (names the offending node).
+std::string why_not_chain(const StepProfile& profile);
 
 }  // namespace ration::memory
