@@ -812,7 +812,7 @@ std::string Plan::to_table() const {
                 format_bytes(unconstrained_peak_bytes).c_str(), format_bytes(minimum_peak_bytes).c_str(),
                 prediction.recompute_ms, static_cast<long long>(prediction.recomputed_nodes));
   os << line;
-  if (!store_from.empty()) {
+  if (!store_from.empty() && dropped_groups > 0) {
     std::snprintf(line, sizeof line, "  %zu producers re-run without storing until their planned backward step\n",
                   store_from.size());
     os << line;
