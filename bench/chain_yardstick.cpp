@@ -1,34 +1,85 @@
-// chain_yardstick.cpp — how many recomputations the knapsack planner needs on a chain-shaped model,
-// next to the Revolve (Griewank binomial) optimum for the same memory, counted in activation slots.
-// The chain: an MLP of n equal hidden layers (each layer saves one activation-sized group). For each
-// budget from the unconstrained peak down to the minimum: knapsack's kept groups, its re-run producers
-// per step (simulated, the executor matches it), the memory it uses in slots, and revolve(n, slots).
+// chain_yardstick.cpp — the knapsack planner on a chain-shaped model next to the `optimal-chain` strategy
+// (the binomial Revolve/Griewank schedule executed with recompute-without-storing), both run for real.
+// The chain: an MLP of n equal hidden layers (each layer step, linear + relu, saves one activation-sized
+// group). For budgets one activation slot apart, from the unconstrained peak down to the minimum: each
+// plan's slots (activation memory of its predicted peak in layer-sized units), predicted and measured
+// layer steps re-run per training step, predicted and measured peak, median step time, whether the
+// gradients equal the unconstrained step's bit for bit, and the binomial optimum for that many slots.
+// Measured peaks are the step's peak above the bytes live before it, plus the profiled baseline (the
+// reference gradients this program keeps would otherwise shift every measurement).
 //
-// usage: bench_chain_yardstick [--layers N] [--width W] [--batch B] [--out FILE.json]
+// The yardstick: the chain's n layer states plus its head (the output layer and loss, whose backward
+// needs state n) is Revolve's chain of n + 1 steps, the free input its first checkpoint; with s slots the
+// fewest re-run steps is revolve_min_recomputes(n + 1, s).
+//
+// usage: bench_chain_yardstick [--layers N] [--width W] [--batch B] [--steps K] [--out FILE.json]
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "ration/core/check.h"
+#include "ration/core/node.h"
 #include "ration/memory/allocator.h"
+#include "ration/memory/budget_policy.h"
 #include "ration/memory/planner.h"
 #include "ration/train/budget.h"
 #include "ration/train/config.h"
 
 using namespace ration;
 
+namespace {
+
+struct StepResult {
+  double ms = 0;
+  int64_t peak = 0;        // device peak above the bytes live before the step
+  int64_t reruns = 0;      // nodes re-run
+  std::vector<at::Tensor> grads;
+};
+
+StepResult step_once(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy) {
+  model.zero_grad();
+  const int64_t base = memory::device_current_bytes(memory::stats());
+  memory::reset_peak();
+  PolicyScope scope(policy);
+  if (policy) policy->begin_step();
+  const auto t0 = std::chrono::steady_clock::now();
+  manual_seed(1);
+  {
+    Value loss = model.loss(batch);
+    loss.backward();
+  }
+  StepResult r;
+  r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.peak = memory::device_peak_bytes(memory::stats()) - base;
+  if (policy) r.reruns = policy->recomputed_nodes();
+  for (auto& [name, p] : model.named_parameters()) r.grads.push_back(p.grad().clone());
+  model.zero_grad();
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   memory::install_counting_allocator();
-  int64_t layers = 16, width = 512, batch = 256;
+  int64_t layers = 16, width = 512, batch = 256, steps = 3;
   std::string out = "bench/results/chain_yardstick.json";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--layers") layers = std::stoll(argv[i + 1]);
     else if (a == "--width") width = std::stoll(argv[i + 1]);
     else if (a == "--batch") batch = std::stoll(argv[i + 1]);
+    else if (a == "--steps") steps = std::stoll(argv[i + 1]);
     else if (a == "--out") out = argv[i + 1];
   }
   std::string hidden = "[";
@@ -43,46 +94,94 @@ int main(int argc, char** argv) {
   b.target = Value(at::randint(0, 10, {batch}, at::kLong));
   b.items = batch;
   const memory::StepProfile profile = train::profile_step(*model, b, 1);
+  const StepResult plain = step_once(*model, b, nullptr);
 
   memory::PlanOptions loose;
   loose.budget_bytes = int64_t{1} << 40;
   const memory::Plan full = memory::make_plan(profile, loose);
   const int64_t slot = batch * width * 4;  // one layer's activation
   const int64_t hi = full.unconstrained_peak_bytes, lo = full.minimum_peak_bytes;
-  std::printf("chain: %lld layers of %lld, batch %lld; one slot = %s; %zu groups\n", static_cast<long long>(layers),
-              static_cast<long long>(width), static_cast<long long>(batch), memory::format_bytes(slot).c_str(),
-              full.groups.size());
-  std::printf("%12s %8s %8s %14s %12s %10s\n", "budget", "slots", "kept", "knapsack steps", "revolve", "ratio");
+  std::printf("chain: %lld layers of %lld, batch %lld; one slot = %s; %zu groups; %lld measured steps per plan\n",
+              static_cast<long long>(layers), static_cast<long long>(width), static_cast<long long>(batch),
+              memory::format_bytes(slot).c_str(), full.groups.size(), static_cast<long long>(steps));
+  std::printf("%10s %-13s %5s %5s %5s %9s %9s %8s %10s %10s %8s %5s %8s\n", "budget", "strategy", "slots", "sched", "kept",
+              "pred.steps", "meas.steps", "revolve", "pred.peak", "meas.peak", "step ms", "grads", "kn/opt");
   nlohmann::json rows = nlohmann::json::array();
-  for (int k = 0; k <= 10; ++k) {
-    memory::PlanOptions o;
-    o.budget_bytes = hi - (hi - lo) * k / 10;
-    memory::Plan plan;
-    try {
-      plan = memory::make_plan(profile, o);
-    } catch (const Error&) {
-      continue;
-    }
-    // Memory for activations in slots: what the plan's peak leaves above the fixed occupancy.
-    const int64_t slots = std::max<int64_t>(1, (plan.prediction.peak_bytes - full.fixed_bytes) / slot);
-    const int64_t n = layers;
-    const int64_t revolve = memory::revolve_min_recomputes(n, std::min(slots, n));
-    // Each layer is two nodes (linear, relu): a layer step re-run is one pair.
-    const int64_t ours = plan.prediction.recomputed_nodes / 2;
-    std::printf("%12s %8lld %8lld %14lld %12lld %10s\n", memory::format_bytes(o.budget_bytes).c_str(),
-                static_cast<long long>(slots), static_cast<long long>(plan.kept_groups), static_cast<long long>(ours),
-                static_cast<long long>(revolve),
-                revolve > 0 ? std::to_string(static_cast<double>(ours) / static_cast<double>(revolve)).substr(0, 5).c_str() : "-");
-    rows.push_back({{"budget_bytes", o.budget_bytes}, {"slots", slots}, {"kept_groups", plan.kept_groups},
-                    {"knapsack_recomputed_layer_steps", ours}, {"revolve_min_recomputes", revolve},
-                    {"predicted_peak_bytes", plan.prediction.peak_bytes}});
+  bool target_met = true;
+  std::vector<int64_t> budgets = {hi};
+  for (int64_t s = layers - 1; s >= 1; --s) {
+    const int64_t budget = full.fixed_bytes + s * slot + slot / 2;
+    if (budget >= lo && budget < hi) budgets.push_back(budget);
   }
-  std::printf("(knapsack steps = layer forward steps re-run per training step (linear+relu pairs); revolve = the binomial\n"
-              " optimum's re-run steps for the chain with that many activation slots)\n");
+  for (const int64_t budget : budgets) {
+    int64_t optimal_steps = -1;
+    for (auto strategy : {memory::Strategy::OptimalChain, memory::Strategy::Knapsack}) {
+      memory::PlanOptions o;
+      o.budget_bytes = budget;
+      o.strategy = strategy;
+      memory::Plan plan;
+      try {
+        plan = memory::make_plan(profile, o);
+      } catch (const Error& e) {
+        std::printf("%10s %-13s %s\n", memory::format_bytes(budget).c_str(), memory::to_string(strategy), e.what());
+        continue;
+      }
+      memory::BudgetPolicy policy(plan, profile);
+      std::vector<double> ms;
+      int64_t peak = 0, reruns = -1;
+      bool same = true;
+      for (int64_t k = 0; k < steps; ++k) {
+        const StepResult r = step_once(*model, b, &policy);
+        ms.push_back(r.ms);
+        peak = std::max(peak, profile.baseline_bytes + r.peak);  // same baseline as the prediction
+        reruns = r.reruns;
+        for (size_t i = 0; i < r.grads.size(); ++i) same = same && at::equal(r.grads[i], plain.grads[i]);
+      }
+      // Memory for activations in slots: what the plan's peak leaves above the fixed occupancy.
+      const int64_t slots = std::max<int64_t>(1, (plan.prediction.peak_bytes - full.fixed_bytes) / slot);
+      // A binomial schedule states its slots; a greedy plan's are read from its peak.
+      const int64_t sched = plan.chain_slots > 0 ? plan.chain_slots : slots;
+      const int64_t revolve = memory::revolve_min_recomputes(layers + 1, std::min(sched, layers + 1));
+      // Each layer is two nodes (linear, relu): a layer step re-run is one pair.
+      const int64_t predicted_steps = plan.prediction.recomputed_nodes / 2, measured_steps = reruns / 2;
+      std::string ratio = "-";
+      if (strategy == memory::Strategy::OptimalChain) {
+        optimal_steps = predicted_steps;
+      } else if (optimal_steps >= 0) {
+        char buf[32];
+        if (optimal_steps > 0) std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(predicted_steps) / static_cast<double>(optimal_steps));
+        else std::snprintf(buf, sizeof buf, "%s", predicted_steps == 0 ? "=" : "inf");
+        ratio = buf;
+        // The target: within 10% of optimal-chain from sqrt(n) slots up.
+        if (sched * sched >= layers && static_cast<double>(predicted_steps) > 1.10 * static_cast<double>(optimal_steps))
+          target_met = false;
+      }
+      std::printf("%10s %-13s %5lld %5s %5lld %9lld %9lld %8lld %10s %10s %8.1f %5s %8s\n",
+                  memory::format_bytes(budget).c_str(), memory::to_string(strategy), static_cast<long long>(slots),
+                  plan.chain_slots > 0 ? std::to_string(plan.chain_slots).c_str() : "-",
+                  static_cast<long long>(plan.kept_groups), static_cast<long long>(predicted_steps),
+                  static_cast<long long>(measured_steps), static_cast<long long>(revolve),
+                  memory::format_bytes(plan.prediction.peak_bytes).c_str(), memory::format_bytes(peak).c_str(),
+                  median(ms), same ? "equal" : "DIFF", ratio.c_str());
+      rows.push_back({{"budget_bytes", budget}, {"strategy", memory::to_string(strategy)}, {"slots", slots}, {"schedule_slots", plan.chain_slots},
+                      {"kept_groups", plan.kept_groups}, {"predicted_recomputed_layer_steps", predicted_steps},
+                      {"measured_recomputed_layer_steps", measured_steps}, {"revolve_min_recomputes", revolve},
+                      {"predicted_peak_bytes", plan.prediction.peak_bytes}, {"measured_peak_bytes", peak},
+                      {"median_step_ms", median(ms)}, {"gradients_bitwise_equal", same},
+                      {"transient_producers", plan.store_from.size()}});
+    }
+  }
+  std::printf("(slots = activation memory of the predicted peak in layer-sized units; sched = a binomial schedule's\n"
+              " slots; steps = layer forward steps re-run per training step (linear+relu pairs); revolve =\n"
+              " revolve_min_recomputes(layers + 1, sched or slots), the binomial optimum; kn/opt = knapsack / optimal-chain)\n");
+  std::printf("target (knapsack within 10%% of optimal-chain at every budget from sqrt(n) slots up): %s\n",
+              target_met ? "met" : "NOT met");
   const auto slash = out.find_last_of('/');
   if (slash != std::string::npos) std::system(("mkdir -p " + out.substr(0, slash)).c_str());
   std::ofstream(out) << nlohmann::json{{"benchmark", "chain_yardstick"}, {"layers", layers}, {"width", width},
-                                       {"batch", batch}, {"rows", rows}}.dump(2) << "\n";
+                                       {"batch", batch}, {"steps", steps}, {"baseline_step_ms", plain.ms},
+                                       {"baseline_peak_bytes", plain.peak}, {"target_met", target_met},
+                                       {"rows", rows}}.dump(2) << "\n";
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

@@ -207,6 +207,86 @@ TEST_F(PlannerRules, EveryStrategyGivesAValidPlanOrAClearError) {
   if (!msg.empty()) EXPECT_NE(msg.find("cannot meet the budget"), std::string::npos) << msg;
 }
 
+TEST_F(PlannerRules, OptimalChainRefusesANonChainNamingWhy) {
+  memory::PlanOptions o;
+  o.strategy = memory::parse_strategy("optimal-chain");
+  EXPECT_EQ(o.strategy, memory::Strategy::OptimalChain);
+  o.budget_bytes = hi;
+  const std::string msg = error_of([&] { memory::make_plan(profile, o); });
+  EXPECT_NE(msg.find("needs a chain-shaped model"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not of the node just before it"), std::string::npos) << msg;
+  EXPECT_FALSE(memory::why_not_chain(profile).empty());
+}
+
+// A chain (MLP of equal layers): optimal-chain re-runs exactly the binomial optimum for the slots its plan
+// uses, executes as predicted (re-runs, peak within 5%, peak within budget) with bitwise-equal gradients,
+// and knapsack stays within 10% of it from sqrt(n) slots up.
+TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
+  const int64_t layers = 8, width = 128, batch_size = 512;
+  Config cfg = Config::from_string("[model]\ntype='mlp'\ndropout=0.0\nhidden=[128,128,128,128,128,128,128,128]\n",
+                                   "chain.toml");
+  at::manual_seed(3);
+  auto model = models::build_model(cfg);
+  model->train();
+  at::manual_seed(5);
+  data::Batch batch;
+  batch.input = Value(at::randn({batch_size, 1, 28, 28}));
+  batch.target = Value(at::randint(0, 10, {batch_size}, at::kLong));
+  batch.items = batch_size;
+  const memory::StepProfile profile = train::profile_step(*model, batch, 11);
+  ASSERT_EQ(memory::why_not_chain(profile), "");
+  const Measured plain = run_step(*model, batch, nullptr);
+  const int64_t base = profile.baseline_bytes;
+  memory::PlanOptions probe;
+  probe.budget_bytes = int64_t{1} << 40;
+  const memory::Plan loose = memory::make_plan(profile, probe);
+  const int64_t slot = batch_size * width * 4;
+
+  int checked = 0, within = 0;
+  for (int64_t s : {7, 6, 5, 4, 3, 2, 1}) {
+    memory::PlanOptions o;
+    o.budget_bytes = loose.fixed_bytes + s * slot + slot / 2;
+    if (o.budget_bytes < loose.minimum_peak_bytes) continue;
+    o.strategy = memory::Strategy::OptimalChain;
+    const memory::Plan chain = memory::make_plan(profile, o);
+    SCOPED_TRACE("slots " + std::to_string(s) + ": " + chain.to_table());
+    // The schedule's slots: activation states resident at once (the peak also holds a step's working
+    // values, so they are read from the plan, not from the peak).
+    const int64_t slots = chain.chain_slots;
+    ASSERT_GE(slots, 1);
+    const int64_t steps = chain.prediction.recomputed_nodes / 2;  // linear + relu per layer step
+    // The 8 layer states and the head are Revolve's chain of 9 steps.
+    EXPECT_EQ(steps, memory::revolve_min_recomputes(layers + 1, slots)) << "slots used " << slots;
+    ++checked;
+    EXPECT_GT(steps, 0);
+    EXPECT_FALSE(chain.store_from.empty());
+
+    auto policy = policy_for(chain, profile);
+    const Measured m = run_step(*model, batch, policy.get());
+    EXPECT_EQ(policy->recomputed_nodes(), chain.prediction.recomputed_nodes) << "executor re-ran other nodes";
+    EXPECT_LE(m.peak, o.budget_bytes - base) << "measured peak over budget";
+    const int64_t predicted = chain.prediction.peak_bytes - base;
+    EXPECT_LE(std::abs(static_cast<double>(predicted - m.peak)), 0.05 * static_cast<double>(m.peak))
+        << "predicted " << predicted << " measured " << m.peak;
+    ASSERT_EQ(m.grads.size(), plain.grads.size());
+    for (size_t i = 0; i < m.grads.size(); ++i)
+      EXPECT_TRUE(at::equal(m.grads[i].second, plain.grads[i].second)) << m.grads[i].first << " differs";
+
+    o.strategy = memory::Strategy::Knapsack;
+    const memory::Plan knapsack = memory::make_plan(profile, o);
+    if (slots * slots >= layers) {
+      EXPECT_LE(static_cast<double>(knapsack.prediction.recomputed_nodes / 2), 1.10 * static_cast<double>(steps));
+      ++within;
+    }
+    auto kpolicy = policy_for(knapsack, profile);
+    const Measured k = run_step(*model, batch, kpolicy.get());
+    EXPECT_LE(k.peak, o.budget_bytes - base);
+    for (size_t i = 0; i < k.grads.size(); ++i) EXPECT_TRUE(at::equal(k.grads[i].second, plain.grads[i].second));
+  }
+  EXPECT_GE(checked, 5);
+  EXPECT_GE(within, 4);
+}
+
 TEST(Planner, NodeSetsAndRevolve) {
   EXPECT_EQ(memory::node_set_of("blocks.3.attn.qkv"), "blocks.3");
   EXPECT_EQ(memory::node_set_of("conv1"), "conv1");

@@ -22,7 +22,7 @@ struct BudgetFlags {
   int64_t keep_groups = -1;
   void add_to(CLI::App* cmd) {
     cmd->add_option("--memory-budget", budget, "whole device-memory budget, e.g. 512MiB, 2GiB, 1.5G (memory.budget)");
-    cmd->add_option("--plan", plan, "planner strategy: knapsack (default), ordered, ordered-sets, uniform, sqrt (memory.plan)");
+    cmd->add_option("--plan", plan, "planner strategy: knapsack (default), ordered, ordered-sets, uniform, sqrt, optimal-chain (memory.plan)");
     cmd->add_option("--keep-groups", keep_groups, "keep at most N saved groups (may only lower the plan's figure)");
     cmd->add_option("--keep-bytes", keep_bytes, "keep at most SIZE of saved groups (may only lower the plan's figure)");
   }

@@ -120,8 +120,9 @@ std::shared_ptr<SavedValue> Node::output_handle(int j) {
   return h;
 }
 
-std::vector<at::Tensor> Node::recompute() {
+std::vector<at::Tensor> Node::recompute(bool store_required) {
   RecomputeCache* cache = RecomputeCache::current();
+  MemoryPolicy* policy = current_policy();
   if (cache != nullptr) {
     if (const auto* hit = cache->find(this)) {
       for (size_t j = 0; j < hit->size(); ++j) {
@@ -144,14 +145,18 @@ std::vector<at::Tensor> Node::recompute() {
   }
   const double ms = ms_since(t0);
   RATION_ASSERT(outs.size() == output_meta.size(), spec.name, " recompute returned ", outs.size(), " outputs");
-  for (size_t j = 0; j < outs.size(); ++j) {
-    if (auto h = outputs[j].lock(); h && h->state() == SavedState::Dropped) {
-      h->restore(outs[j]);
-      memory::retag(outs[j], memory::Category::SavedActivations);
+  // Asked after the re-run, like the simulator, so the decision sees the same step state.
+  const bool transient = !store_required && policy != nullptr && !policy->store_rebuilt(*this);
+  if (!transient) {
+    for (size_t j = 0; j < outs.size(); ++j) {
+      if (auto h = outputs[j].lock(); h && h->state() == SavedState::Dropped) {
+        h->restore(outs[j]);
+        memory::retag(outs[j], memory::Category::SavedActivations);
+      }
     }
   }
-  if (MemoryPolicy* policy = current_policy()) policy->on_recompute(*this, ms);
-  if (cache != nullptr) cache->insert(this, outs);
+  if (policy != nullptr) policy->on_recompute(*this, ms);
+  if (cache != nullptr && !transient) cache->insert(this, outs);
   return outs;
 }
 

@@ -96,8 +96,10 @@ class Node : public std::enable_shared_from_this<Node> {
 
   // Re-run forward from the inputs (recursively rebuilding any input that is not resident) with the
   // recorded RNG seed. Outputs whose handles are dropped but still awaited by backward are stored back
-  // into those handles; all outputs are returned.
-  std::vector<at::Tensor> recompute();
+  // into those handles, unless the re-run is transient: `store_required` false (the outputs only feed
+  // another re-run) and the policy's store_rebuilt(*this) says no; a transient re-run stores nothing
+  // and is not remembered by the RecomputeCache. All outputs are returned.
+  std::vector<at::Tensor> recompute(bool store_required = false);
 
   // Get or create the shared handle for output j.
   std::shared_ptr<SavedValue> output_handle(int j);

@@ -6,7 +6,8 @@
 namespace ration::memory {
 
 BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile, OffloadEngine* engine)
-    : dropped_(plan.dropped_keys(profile)), offloaded_(plan.offloaded_keys(profile)), engine_(engine) {
+    : dropped_(plan.dropped_keys(profile)), offloaded_(plan.offloaded_keys(profile)), engine_(engine),
+      store_from_(plan.store_from) {
   RATION_CHECK(offloaded_.empty() || engine_ != nullptr, "a plan that offloads needs an offload engine");
   ops_.reserve(profile.nodes.size());
   for (const auto& n : profile.nodes) ops_.push_back(n.op);
@@ -14,6 +15,7 @@ BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile, Offload
 
 void BudgetPolicy::begin_step() {
   ordinal_of_seq_.clear();
+  backward_step_ = -1;
   recompute_ms_ = 0;
   recomputed_nodes_ = 0;
   dropped_values_ = 0;
@@ -55,12 +57,21 @@ void BudgetPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&
 }
 
 void BudgetPolicy::before_backward_node(Node& node) {
+  ++backward_step_;
   if (engine_) engine_->before_backward_node(node);
 }
 
 at::Tensor BudgetPolicy::fetch(SavedValue& value) {
   RATION_CHECK(engine_ != nullptr, "saved value ", value.label(), " is offloaded but this plan has no offload engine");
   return engine_->fetch(value);
+}
+
+bool BudgetPolicy::store_rebuilt(Node& producer) {
+  if (store_from_.empty()) return true;
+  auto it = ordinal_of_seq_.find(producer.seq);
+  if (it == ordinal_of_seq_.end()) return true;
+  auto from = store_from_.find(it->second);
+  return from == store_from_.end() || backward_step_ >= from->second;
 }
 
 void BudgetPolicy::on_recompute(Node&, double ms) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -22,12 +23,13 @@ bool is_number(const std::string& s) {
 // Mirrors SavedValue/Node::recompute/engine: a key is usable without recompute iff it is pinned, or saved
 // and kept (until its last use), or restored by a recompute (until its last use). Memory is counted by
 // storage instance: the original (alive while a kept key holds it), a recomputed instance (alive while a
-// restored key holds it), and per-backward-node transients (freed when the node's recompute cache ends).
+// restored key holds it), per-backward-node transients (freed when the node's recompute cache ends), and
+// the outputs of transient re-runs (Plan::store_from), held only by the re-run that consumes them.
 class Simulator {
  public:
   Simulator(const StepProfile& p, const std::vector<char>& dropped, int64_t extra,
-            const OffloadSchedule* schedule = nullptr)
-      : p_(p), dropped_(dropped), extra_(extra), schedule_(schedule) {
+            const OffloadSchedule* schedule = nullptr, const std::map<int64_t, int64_t>* store_from = nullptr)
+      : p_(p), dropped_(dropped), extra_(extra), schedule_(schedule), store_from_(store_from) {
     const size_t ns = p.storages.size();
     saved_at_.assign(ns, -1);
     first_use_.assign(ns, -1);
@@ -128,6 +130,8 @@ class Simulator {
       // Prefetch: offloaded storages whose first use is within their distance are fetched back now.
       for (auto& [s, keys] : storage_keys_)
         if (!fetched_.count(s) && first_use(s) >= ord - schedule_->prefetch[static_cast<size_t>(s)]) fetch(s);
+      frame_bytes_ = 0;
+      step_ = static_cast<int64_t>(j);
       recompute_peak_ = resident_;
       for (const auto& key : node.saved) ensure(key, pred);
       // Two phases: rebuilding (producers' forward workspace on top of what is live), then the node's
@@ -191,24 +195,54 @@ class Simulator {
       fetch(p_.storage_of(key));  // needed before its prefetch point: fetched on demand
       return;
     }
-    rerun(key.first, pred);
+    rerun(key.first, key.second, /*store_required=*/true, pred);
   }
 
-  // Re-run producer `ord` (once per backward node): rebuild non-usable inputs, allocate its storages,
-  // store outputs whose keys are dropped and still awaited.
-  void rerun(int64_t ord, Prediction& pred) {
-    if (!cache_.insert(ord).second) return;
+  // A re-run of `ord` made to feed another re-run during this backward step keeps nothing.
+  bool transient(int64_t ord) const {
+    if (store_from_ == nullptr) return false;
+    auto it = store_from_->find(ord);
+    return it != store_from_->end() && step_ < it->second;
+  }
+
+  // Re-run producer `ord` for its output `out`. A storing re-run (once per backward node) rebuilds
+  // non-usable inputs, allocates its storages (held by the recompute cache until the node ends) and
+  // stores outputs whose keys are dropped and still awaited; returns 0. A transient re-run (each time it
+  // is asked) stores and caches nothing; returns the bytes its caller then holds: output `out`'s fresh
+  // storage, or the held input it is a view of. Inputs from transient re-runs are held while it runs.
+  int64_t rerun(int64_t ord, int out, bool store_required, Prediction& pred) {
+    if (cache_.count(ord)) return 0;
+    const bool is_transient = !store_required && transient(ord);
+    if (!is_transient) cache_.insert(ord);
     const ProfiledNode& n = p_.nodes[static_cast<size_t>(ord)];
-    for (const auto& in : n.inputs) ensure(in, pred);
+    std::vector<std::pair<int64_t, int64_t>> held;  // (storage, bytes) of inputs this re-run holds
+    for (const auto& in : n.inputs) {
+      if (usable(in)) continue;
+      const int64_t b = rerun(in.first, in.second, /*store_required=*/false, pred);
+      if (b > 0) {
+        held.emplace_back(p_.storage_of(in), b);
+        frame_bytes_ += b;
+      }
+    }
     pred.recompute_ms += n.forward_ms;
     pred.recomputed_nodes += 1;
-    // The producer allocates its fresh storages (held by the recompute cache until the node ends);
-    // while it runs, its measured forward workspace comes on top.
+    // The producer allocates its fresh storages; while it runs, its measured forward workspace comes on top.
+    int64_t fresh = 0;
     for (int64_t st : n.allocated_storage) {
-      if (transient_.insert(st).second) transient_bytes_ += p_.storages[static_cast<size_t>(st)].bytes;
+      if (is_transient) fresh += p_.storages[static_cast<size_t>(st)].bytes;
+      else if (transient_.insert(st).second) transient_bytes_ += p_.storages[static_cast<size_t>(st)].bytes;
     }
     const int64_t workspace = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
-    recompute_peak_ = std::max(recompute_peak_, resident_ + transient_bytes_ + workspace);
+    recompute_peak_ = std::max(recompute_peak_, resident_ + transient_bytes_ + frame_bytes_ + fresh + workspace);
+    for (const auto& h : held) frame_bytes_ -= h.second;
+    if (is_transient) {
+      const int64_t s = n.output_storage.at(static_cast<size_t>(out));
+      if (std::find(n.allocated_storage.begin(), n.allocated_storage.end(), s) != n.allocated_storage.end())
+        return p_.storages[static_cast<size_t>(s)].bytes;
+      for (const auto& h : held)
+        if (h.first == s) return h.second;
+      return 0;
+    }
     // Outputs whose keys were dropped and are still awaited are stored: their storage instance moves
     // from the cache's transients to the resident set (a view restored later moves its base likewise).
     for (size_t j = 0; j < n.output_storage.size(); ++j) {
@@ -221,6 +255,7 @@ class Simulator {
       hold(rec_holders_, storage, +1);
       if (transient_.erase(storage)) transient_bytes_ -= p_.storages[static_cast<size_t>(storage)].bytes;
     }
+    return 0;
   }
 
   const StepProfile& p_;
@@ -236,6 +271,9 @@ class Simulator {
   std::unordered_set<int64_t> cache_;
   std::unordered_set<int64_t> transient_;  // recomputed storage instances held only by the cache
   int64_t transient_bytes_ = 0, recompute_peak_ = 0;
+  const std::map<int64_t, int64_t>* store_from_ = nullptr;
+  int64_t step_ = 0;         // index of the backward node being simulated
+  int64_t frame_bytes_ = 0;  // outputs of transient re-runs held by the re-runs consuming them
   int64_t resident_ = 0;
 };
 
@@ -297,8 +335,9 @@ Strategy parse_strategy(const std::string& name) {
   if (name == "ordered-sets") return Strategy::OrderedSets;
   if (name == "uniform") return Strategy::Uniform;
   if (name == "sqrt") return Strategy::Sqrt;
+  if (name == "optimal-chain") return Strategy::OptimalChain;
   RATION_CHECK(false, "unknown plan strategy '", name,
-               "' (expected knapsack, ordered, ordered-sets, uniform or sqrt)");
+               "' (expected knapsack, ordered, ordered-sets, uniform, sqrt or optimal-chain)");
 }
 
 const char* to_string(Strategy s) {
@@ -308,6 +347,7 @@ const char* to_string(Strategy s) {
     case Strategy::OrderedSets: return "ordered-sets";
     case Strategy::Uniform: return "uniform";
     case Strategy::Sqrt: return "sqrt";
+    case Strategy::OptimalChain: return "optimal-chain";
   }
   return "?";
 }
@@ -323,17 +363,7 @@ std::string node_set_of(const std::string& scope) {
 
 Prediction simulate(const StepProfile& profile, const std::vector<char>& decision, int64_t extra_fixed_bytes,
                     const OffloadSchedule* schedule) {
-  RATION_ASSERT(decision.size() == profile.storages.size(), "decision vector size mismatch");
-  const bool any_offload = std::find(decision.begin(), decision.end(), kOffload) != decision.end();
-  RATION_ASSERT(!any_offload || schedule != nullptr, "offloaded storages need a schedule");
-  Simulator sim(profile, decision, extra_fixed_bytes, schedule);
-  Prediction pred = sim.run();
-  if (any_offload) {
-    pred.offload_stall_ms = schedule->stall_ms;
-    for (size_t s = 0; s < decision.size(); ++s)
-      if (sim.offloaded(static_cast<int64_t>(s))) pred.offloaded_bytes += profile.storages[s].bytes;
-  }
-  return pred;
+  return simulate(profile, decision, extra_fixed_bytes, {}, schedule);
 }
 
 OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<char>& decision, const OffloadCosts& c) {
@@ -400,6 +430,21 @@ OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<char>&
   return sch;
 }
 
+Prediction simulate(const StepProfile& profile, const std::vector<char>& decision, int64_t extra_fixed_bytes,
+                    const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule) {
+  RATION_ASSERT(decision.size() == profile.storages.size(), "decision vector size mismatch");
+  const bool any_offload = std::find(decision.begin(), decision.end(), kOffload) != decision.end();
+  RATION_ASSERT(!any_offload || schedule != nullptr, "offloaded storages need a schedule");
+  Simulator sim(profile, decision, extra_fixed_bytes, schedule, store_from.empty() ? nullptr : &store_from);
+  Prediction pred = sim.run();
+  if (any_offload) {
+    pred.offload_stall_ms = schedule->stall_ms;
+    for (size_t st = 0; st < decision.size(); ++st)
+      if (sim.offloaded(static_cast<int64_t>(st))) pred.offloaded_bytes += profile.storages[st].bytes;
+  }
+  return pred;
+}
+
 int64_t revolve_min_recomputes(int64_t n, int64_t c) {
   RATION_CHECK(n >= 1 && c >= 1, "revolve needs n >= 1 steps and c >= 1 checkpoints");
   if (c >= n - 1) return 0;
@@ -426,6 +471,181 @@ std::map<ValueKey, Plan::OffloadOrder> Plan::offloaded_keys(const StepProfile& p
       if (auto it = by_storage.find(profile.storage_of(k)); k.first >= 0 && it != by_storage.end()) keys[k] = it->second;
   return keys;
 }
+
+
+std::string why_not_chain(const StepProfile& profile) {
+  if (profile.nodes.empty()) return "the profile recorded no nodes";
+  for (size_t k = 0; k < profile.nodes.size(); ++k) {
+    for (const auto& in : profile.nodes[k].inputs) {
+      if (in.first < 0 || in.first == static_cast<int64_t>(k) - 1) continue;
+      const ProfiledNode& n = profile.nodes[k];
+      const ProfiledNode& from = profile.nodes[static_cast<size_t>(in.first)];
+      return detail::str("node ", k, " (", n.op, n.scope.empty() ? "" : " in " + n.scope, ") reads the output of node ",
+                         in.first, " (", from.op, from.scope.empty() ? "" : " in " + from.scope,
+                         "), not of the node just before it");
+    }
+  }
+  return "";
+}
+
+namespace {
+
+// ---- the binomial (Revolve) schedule on a chain -----------------------------------------------------
+// States 1..m are the chain's checkpointable values in forward order; state 0 (the chain's input) is
+// free. Backward needs state m, m-1, ..., 1 in turn ("unit" i needs state i resident), and each state is
+// released after its unit. Rebuilding state i from a resident state a < i re-runs i − a steps. Slots:
+// states resident at once (the one a unit needs included).
+//   C(l, s): state a resident, units a+l..a+1 to do, s slots: the sweep for unit a+l advances from a and
+//            stores state a+j (cost j), the rest of the sweep and units a+l..a+j+1 are C(l−j, s−1) from
+//            a+j, unit a+j finds its state resident, then C(j−1, s) from a.
+//   G(l, s): the same during forward, where keeping a state costs nothing: G(l−j, s−1) + C(j−1, s).
+// This is Griewank's binomial optimum: G(n, s) == revolve_min_recomputes(n + 1, s) (the unit of the
+// chain's head, which needs state n, is Revolve's last step).
+class BinomialSchedule {
+ public:
+  BinomialSchedule(int64_t m, int64_t slots) : m_(m), s_(slots) {
+    const size_t w = static_cast<size_t>(s_ + 1);
+    c_.assign(static_cast<size_t>(m_ + 1) * w, kInf);
+    g_ = c_;
+    cj_.assign(c_.size(), 0);
+    gj_ = cj_;
+    for (int64_t s = 0; s <= s_; ++s) at(c_, 0, s) = at(g_, 0, s) = 0;
+    for (int64_t l = 1; l <= m_; ++l) {
+      for (int64_t s = 1; s <= s_; ++s) {
+        for (int64_t j = 1; j <= l; ++j) {
+          const int64_t rest_c = l - j > 0 ? at(c_, l - j, s - 1) : 0;
+          const int64_t rest_g = l - j > 0 ? at(g_, l - j, s - 1) : 0;
+          const int64_t below = at(c_, j - 1, s);
+          if (rest_c < kInf && below < kInf && j + rest_c + below < at(c_, l, s)) {
+            at(c_, l, s) = j + rest_c + below;
+            at(cj_, l, s) = j;
+          }
+          if (rest_g < kInf && below < kInf && rest_g + below < at(g_, l, s)) {
+            at(g_, l, s) = rest_g + below;
+            at(gj_, l, s) = j;
+          }
+        }
+      }
+    }
+  }
+  // Steps re-run with `slots` slots (kInf: infeasible).
+  int64_t cost(int64_t slots) const { return at(g_, m_, slots); }
+  // keep[i]: state i kept in forward; store_for[i]: for a dropped state, the unit whose sweep stores it.
+  void emit(int64_t slots, std::vector<char>& keep, std::vector<int64_t>& store_for) const {
+    keep.assign(static_cast<size_t>(m_ + 1), 0);
+    store_for.assign(static_cast<size_t>(m_ + 1), -1);
+    emit_g(0, m_, slots, keep, store_for);
+  }
+  static constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+
+ private:
+  int64_t& at(std::vector<int64_t>& t, int64_t l, int64_t s) const { return t[static_cast<size_t>(l * (s_ + 1) + s)]; }
+  int64_t at(const std::vector<int64_t>& t, int64_t l, int64_t s) const { return t[static_cast<size_t>(l * (s_ + 1) + s)]; }
+  void emit_g(int64_t a, int64_t l, int64_t s, std::vector<char>& keep, std::vector<int64_t>& store_for) const {
+    if (l == 0) return;
+    const int64_t j = at(gj_, l, s);
+    keep[static_cast<size_t>(a + j)] = 1;
+    emit_g(a + j, l - j, s - 1, keep, store_for);
+    emit_c(a, j - 1, s, store_for);
+  }
+  void emit_c(int64_t a, int64_t l, int64_t s, std::vector<int64_t>& store_for) const {
+    if (l == 0) return;
+    const int64_t j = at(cj_, l, s);
+    store_for[static_cast<size_t>(a + j)] = a + l;
+    emit_c(a + j, l - j, s - 1, store_for);
+    emit_c(a, j - 1, s, store_for);
+  }
+  int64_t m_, s_;
+  std::vector<int64_t> c_, g_, cj_, gj_;
+};
+
+// One candidate plan for a chain: the binomial schedule with a given number of slots.
+struct ChainCandidate {
+  int64_t slots = 0;
+  std::vector<char> keep;                 // per plan group
+  std::map<int64_t, int64_t> store_from;  // Plan::store_from
+  Prediction prediction;
+};
+
+// Every binomial schedule (slots = m .. 1) for a chain profile, simulated. Checkpointable states are the
+// producers of saved groups at least 1/8 of the largest group (a producer's groups go together); smaller
+// groups are always kept. Every other re-run in the chain is transient.
+std::vector<ChainCandidate> chain_candidates(const StepProfile& profile, const std::vector<Group>& groups,
+                                             int64_t extra) {
+  std::vector<ChainCandidate> out;
+  int64_t largest = 0;
+  for (const auto& g : groups) largest = std::max(largest, g.bytes);
+  std::vector<int64_t> producers;  // states 1..m: producer ordinals in forward order
+  std::map<int64_t, int64_t> state_of_producer;
+  for (const auto& g : groups) {
+    if (g.bytes * 8 < largest || state_of_producer.count(g.producer)) continue;
+    producers.push_back(g.producer);
+    state_of_producer[g.producer] = 0;
+  }
+  std::sort(producers.begin(), producers.end());
+  const int64_t m = static_cast<int64_t>(producers.size());
+  if (m == 0) return out;
+  for (int64_t i = 0; i < m; ++i) state_of_producer[producers[static_cast<size_t>(i)]] = i + 1;
+  // Unit of state i: the first backward node that reads one of its groups.
+  std::map<int64_t, int64_t> first_read;  // storage -> backward step
+  for (size_t j = 0; j < profile.backward_order.size(); ++j)
+    for (const auto& k : profile.nodes[static_cast<size_t>(profile.backward_order[j])].saved)
+      first_read.emplace(profile.storage_of(k), static_cast<int64_t>(j));
+  std::vector<int64_t> unit_step(static_cast<size_t>(m + 1), std::numeric_limits<int64_t>::max());
+  for (const auto& g : groups) {
+    auto st = state_of_producer.find(g.producer);
+    auto fr = first_read.find(g.storage);
+    if (st == state_of_producer.end() || st->second == 0 || fr == first_read.end()) continue;
+    int64_t& u = unit_step[static_cast<size_t>(st->second)];
+    u = std::min(u, fr->second);
+  }
+  const BinomialSchedule schedule(m, m);
+  for (int64_t slots = m; slots >= 1; --slots) {
+    if (schedule.cost(slots) >= BinomialSchedule::kInf) break;
+    std::vector<char> keep_state;
+    std::vector<int64_t> store_for;
+    schedule.emit(slots, keep_state, store_for);
+    ChainCandidate c;
+    c.slots = slots;
+    for (const auto& g : groups) {
+      auto st = state_of_producer.find(g.producer);
+      c.keep.push_back(st == state_of_producer.end() || keep_state[static_cast<size_t>(st->second)] ? 1 : 0);
+    }
+    for (int64_t k = 0; k < static_cast<int64_t>(profile.nodes.size()); ++k) {
+      auto st = state_of_producer.find(k);
+      if (st == state_of_producer.end()) {
+        c.store_from[k] = std::numeric_limits<int64_t>::max();  // never checkpointed: always transient
+      } else if (!keep_state[static_cast<size_t>(st->second)]) {
+        const int64_t unit = store_for[static_cast<size_t>(st->second)];
+        RATION_ASSERT(unit > 0, "binomial schedule left state ", st->second, " without a store");
+        c.store_from[k] = unit_step[static_cast<size_t>(unit)];
+      }
+    }
+    std::vector<char> dropped(profile.storages.size(), 0);
+    for (size_t i = 0; i < groups.size(); ++i) dropped[static_cast<size_t>(groups[i].storage)] = c.keep[i] ? 0 : 1;
+    c.prediction = simulate(profile, dropped, extra, c.store_from);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// The candidate that fits `budget` with the fewest re-run nodes (null if none fits).
+const ChainCandidate* best_chain_fit(const std::vector<ChainCandidate>& cs, int64_t budget) {
+  const ChainCandidate* best = nullptr;
+  for (const auto& c : cs) {
+    if (c.prediction.peak_bytes > budget) continue;
+    if (best == nullptr || c.prediction.recomputed_nodes < best->prediction.recomputed_nodes) best = &c;
+  }
+  return best;
+}
+
+void apply_chain(Plan& plan, const ChainCandidate& c) {
+  for (size_t i = 0; i < plan.groups.size(); ++i) plan.groups[i].keep = c.keep[i] != 0;
+  plan.store_from = c.store_from;
+  plan.chain_slots = c.slots;
+}
+
+}  // namespace
 
 std::set<ValueKey> Plan::dropped_keys(const StepProfile& profile) const {
   std::set<int64_t> dropped;
@@ -466,9 +686,9 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   plan.offload_costs = options.offload;
   auto predict = [&](const std::vector<Group>& gs) {
     const std::vector<char> d = decision_vector(profile, gs);
-    if (!options.offload) return simulate(profile, d, extra);
+    if (!options.offload) return simulate(profile, d, extra, plan.store_from);
     const OffloadSchedule sch = schedule_offloads(profile, d, *options.offload);
-    return simulate(profile, d, extra, &sch);
+    return simulate(profile, d, extra, plan.store_from, &sch);
   };
 
   const Prediction full = predict(plan.groups);
@@ -560,6 +780,11 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
     std::vector<Group> floor_plan = plan.groups;
     plan.minimum_peak_bytes = std::min(full.peak_bytes, descend(floor_plan, 0));
   }
+  // On a chain, binomial schedules (recompute without storing) reach further down.
+  const bool chain = why_not_chain(profile).empty();
+  const std::vector<ChainCandidate> chain_plans = chain ? chain_candidates(profile, plan.groups, extra)
+                                                        : std::vector<ChainCandidate>{};
+  for (const auto& c : chain_plans) plan.minimum_peak_bytes = std::min(plan.minimum_peak_bytes, c.prediction.peak_bytes);
   RATION_CHECK(budget >= plan.minimum_peak_bytes, "memory budget ", format_bytes(budget),
                " is below the feasible minimum ", format_bytes(plan.minimum_peak_bytes),
                " for this model and batch (fixed occupancy ", format_bytes(plan.fixed_bytes),
@@ -598,6 +823,24 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
           if (!changed) break;
         }
       }
+      // Below what storing every rebuilt value can reach, a chain takes the binomial schedule (which
+      // recomputes without storing); above it the greedy plan is already the fewest re-runs on a chain
+      // (every value not resident when backward starts is rebuilt at least once).
+      if (!fits(plan.groups)) {
+        if (const ChainCandidate* c = best_chain_fit(chain_plans, budget)) apply_chain(plan, *c);
+      }
+      break;
+    }
+    case Strategy::OptimalChain: {
+      RATION_CHECK(chain, "strategy 'optimal-chain' needs a chain-shaped model (every node reading only the "
+                   "output of the node recorded just before it); this one is not: ", why_not_chain(profile),
+                   ". Use --plan knapsack.");
+      const ChainCandidate* c = best_chain_fit(chain_plans, budget);
+      int64_t lowest = full.peak_bytes;
+      for (const auto& cp : chain_plans) lowest = std::min(lowest, cp.prediction.peak_bytes);
+      RATION_CHECK(c != nullptr, "strategy 'optimal-chain' cannot meet the budget of ", format_bytes(budget),
+                   ": its lowest schedule needs ", format_bytes(lowest), ". Raise the budget.");
+      apply_chain(plan, *c);
       break;
     }
     case Strategy::Ordered: {
@@ -760,6 +1003,8 @@ nlohmann::json Plan::to_json() const {
           {"predicted_peak_at", prediction.peak_at},
           {"predicted_recompute_ms", prediction.recompute_ms},
           {"predicted_recomputed_nodes", prediction.recomputed_nodes},
+          {"transient_producers", store_from.size()},
+          {"chain_slots", chain_slots},
           {"node_sets", sets},
           {"groups", gs}};
   if (offload_costs) {
@@ -800,6 +1045,11 @@ std::string Plan::to_table() const {
                   static_cast<long long>(offloaded_groups), format_bytes(offloaded_bytes).c_str(),
                   prediction.offload_stall_ms, offload_costs->write_bytes_per_ms / 1e3,
                   offload_costs->read_bytes_per_ms / 1e3);
+    os << line;
+  }
+  if (!store_from.empty() && dropped_groups > 0) {
+    std::snprintf(line, sizeof line, "  %zu producers re-run without storing until their planned backward step\n",
+                  store_from.size());
     os << line;
   }
   std::map<std::string, std::array<int64_t, 4>> sets;

@@ -24,7 +24,10 @@
 
 namespace ration::memory {
 
-enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt };
+// OptimalChain: the binomial (Revolve, Griewank) schedule for chain-shaped models: which values to keep
+// in forward and, for the dropped ones, in which backward re-run sweep each is stored as a temporary
+// checkpoint (earlier sweeps pass through it without storing). Errors for graphs that are not chains.
+enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt, OptimalChain };
 Strategy parse_strategy(const std::string& name);  // throws listing the valid names
 const char* to_string(Strategy s);
 
@@ -89,6 +92,12 @@ struct Plan {
   int64_t offloaded_groups = 0, offloaded_bytes = 0;  // counted among the dropped
   std::optional<OffloadCosts> offload_costs;
   std::vector<Group> groups;       // in forward order
+  // Transient re-runs: producer ordinal -> index (in backward order) of the first backward node during
+  // which a re-run of it, made to feed another re-run, stores its dropped outputs; before that step
+  // such re-runs keep nothing (recompute without storing). Producers absent here always store (the
+  // default). A re-run for a value backward reads right now always stores it.
+  std::map<int64_t, int64_t> store_from;
+  int64_t chain_slots = 0;         // a binomial chain schedule's slots (activation states resident at once)
   Prediction prediction;
   bool fits = false;
 
@@ -110,6 +119,9 @@ enum : char { kKeep = 0, kRecompute = 1, kOffload = 2 };
 // storages follow `schedule`, which must then be given).
 Prediction simulate(const StepProfile& profile, const std::vector<char>& decision, int64_t extra_fixed_bytes,
                     const OffloadSchedule* schedule = nullptr);
+// Same, with transient re-runs (Plan::store_from).
+Prediction simulate(const StepProfile& profile, const std::vector<char>& decision, int64_t extra_fixed_bytes,
+                    const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule = nullptr);
 // The copy queues' timeline for the offloaded storages: FIFO copy-out after the saving node, deadline
 // at the first node whose end the copy has reached; fetch-back early enough to land before first use.
 OffloadSchedule schedule_offloads(const StepProfile& profile, const std::vector<char>& decision,
@@ -125,5 +137,9 @@ std::string node_set_of(const std::string& scope);
 // Revolve (Griewank) yardstick: the minimum number of forward re-evaluations needed to reverse a chain
 // of n steps holding at most c checkpoints (each step's state is one checkpoint-sized value).
 int64_t revolve_min_recomputes(int64_t n, int64_t c);
+
+// A chain-shaped profile: every recorded node's non-constant inputs are outputs of the node recorded just
+// before it. Returns an empty string for a chain, else why it is not one (names the offending node).
+std::string why_not_chain(const StepProfile& profile);
 
 }  // namespace ration::memory

@@ -58,7 +58,7 @@ at::Tensor SavedValue::unpack(uint32_t expected_version) {
       break;
     case SavedState::Dropped:
     case SavedState::Unsaved:
-      producer_->recompute();
+      producer_->recompute(/*store_required=*/true);
       RATION_ASSERT(state_ == SavedState::Resident, "recompute did not restore ", label_);
       return data_;  // rebuilt: version is fresh
     case SavedState::Offloaded: {

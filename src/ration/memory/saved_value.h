@@ -7,7 +7,8 @@
 // States:
 //   Unsaved   — referenced only as a recompute input; holds no data.
 //   Resident  — data held in memory (saved in forward, or rebuilt by recompute / fetched back).
-//   Dropped   — data freed by policy; backward rebuilds it by re-running the producer.
+//   Dropped   — data freed by policy; backward rebuilds it by re-running the producer. A re-run made
+//               only to feed another re-run may leave it Dropped (MemoryPolicy::store_rebuilt).
 //   Offloaded — data moved to another tier by policy; backward fetches it back (policy->fetch).
 //   Released  — backward consumed its last use; a later backward through it is an error.
 // Leaves and constants (no producer) are pinned: always Resident, never released.
@@ -104,6 +105,12 @@ class MemoryPolicy {
   virtual at::Tensor fetch(SavedValue& value);
   // A value was rebuilt by recompute (for accounting).
   virtual void on_recompute(Node& /*node*/, double /*ms*/) {}
+  // Recompute is re-running `producer` to rebuild an input of another re-run (not a value backward
+  // reads right now): true (default) stores its dropped, still-awaited outputs back into their handles
+  // and keeps its outputs in the node's RecomputeCache; false makes the re-run transient: its outputs
+  // live only while the consumer that asked for them runs, and a later need re-runs it again
+  // (Revolve-style recompute without storing).
+  virtual bool store_rebuilt(Node& /*producer*/) { return true; }
 };
 
 MemoryPolicy* current_policy();  // null when none installed
