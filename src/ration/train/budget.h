@@ -1,6 +1,6 @@
 // budget.h — glue between a run and the memory planner: the [memory] config keys (and the CLI flags
 // that set them), the profiling step, and the plan for a model and batch.
-// Keys: memory.budget ("2GiB"; absent = unconstrained), memory.plan (knapsack | ordered | ordered-sets |
+// Keys: memory.budget ("2GiB"; absent = unconstrained), memory.plan (knapsack | ordered | ordered-sets | optimal-chain |
 //       uniform | sqrt), memory.checkpoint_every (uniform), memory.keep_groups,
 //       memory.keep_bytes (user overrides that may only lower what is kept).
 //       [offload] (seed M2): offload.enabled (--offload), offload.tier (disk | host | host+disk),
