@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
@@ -27,6 +28,8 @@
 using namespace ration;
 
 namespace {
+using bench::median;
+using bench::cpu_ms_now;
 
 struct Point {
   std::string strategy;
@@ -39,16 +42,7 @@ struct Point {
   int64_t kept_groups = 0, dropped_groups = 0, recomputed_nodes = 0;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
 
-double cpu_ms_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
-}
 
 // Returns wall ms; `cpu_ms` gets the process CPU time of the step (robust to CPU stolen by neighbours
 // on a shared VM, which wall time is not).

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
@@ -34,6 +35,8 @@
 using namespace ration;
 
 namespace {
+using bench::median;
+using bench::cpu_ms_now;
 
 struct StepResult {
   double ms = 0;
@@ -63,10 +66,6 @@ StepResult step_once(models::Model& model, const data::Batch& batch, memory::Bud
   return r;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
 
 }  // namespace
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
 #include "ration/train/trainer.h"
@@ -21,6 +22,8 @@
 using namespace ration;
 
 namespace {
+using bench::median;
+using bench::cpu_ms_now;
 
 struct Sample {
   double ms;
@@ -48,10 +51,6 @@ Sample one_step(models::Model& model, const data::Batch& batch, bool torch_autog
   return {ms, peak, peak - before};
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
 
 }  // namespace
 
