@@ -31,6 +31,7 @@
 #include "ration/core/node.h"
 #include "ration/dist/tensor_parallel.h"
 #include "ration/dist/world.h"
+#include "worker_main.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/offload.h"
 #include "ration/nn/layers.h"
@@ -43,10 +44,7 @@ using memory::OffloadOptions;
 using memory::OffloadStats;
 using ration::testing::TempDir;
 
-World& world() {
-  static World w;
-  return w;
-}
+using testing::world;
 
 // x (B, T, IN) -> Linear -> h (B, T, D), identical on every rank, saved by the column layer and marked
 // replicated -> ColumnParallelLinear -> (B, T, H/n) -> gelu -> [dropout] -> RowParallelLinear -> (B, T, D).
@@ -291,18 +289,5 @@ TEST(DistShardedOffloadFailure, TierFailureOnOneRankIsAClearErrorThere) {
 
 int main(int argc, char** argv) {
   ration::memory::install_counting_allocator();  // before any tensor: offload needs its category tags
-  ::testing::InitGoogleTest(&argc, argv);
-  try {
-    ration::dist::WorldOptions options;
-    options.timeout = std::chrono::seconds(60);
-    ration::dist::world() = ration::dist::World::init(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ration_dist_offload_worker: %s\n", e.what());
-    return 2;
-  }
-  const auto& w = ration::dist::world();
-  std::printf("[rank %d/%d] %s world up\n", w.rank(), w.size(), ration::dist::to_string(w.backend()));
-  const int rc = RUN_ALL_TESTS();
-  if (rc == 0) w.barrier();
-  return rc;
+  return ration::dist::testing::run_worker(argc, argv, "ration_dist_offload_worker");
 }

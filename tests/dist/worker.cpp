@@ -23,6 +23,7 @@
 #include "ration/core/check.h"
 #include "ration/dist/tensor_parallel.h"
 #include "ration/dist/world.h"
+#include "worker_main.h"
 #include "ration/nn/layers.h"
 #include "ration/ops/ops.h"
 
@@ -31,10 +32,7 @@ namespace {
 
 using ration::testing::max_rel_error;
 
-World& world() {
-  static World w;
-  return w;
-}
+using testing::world;
 
 double tolerance(at::ScalarType t) { return t == at::kDouble ? 1e-12 : 1e-5; }
 
@@ -292,7 +290,6 @@ TEST(DistTensorParallel, GatheredColumnOutputMatchesLinear) {
 }  // namespace ration::dist
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
   // Launcher self-test (ctest Dist.LauncherStopsAllRanksWhenOneFails): this rank dies before rendezvous.
   const char* fail_rank = std::getenv("RATION_DIST_TEST_FAIL_RANK");
   const char* rank = std::getenv("RANK");
@@ -300,18 +297,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %s: failing on purpose (RATION_DIST_TEST_FAIL_RANK)\n", rank);
     return 3;
   }
-  try {
-    ration::dist::WorldOptions options;
-    options.timeout = std::chrono::seconds(60);
-    ration::dist::world() = ration::dist::World::init(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ration_dist_worker: %s\n", e.what());
-    return 2;
-  }
-  const auto& w = ration::dist::world();
-  std::printf("[rank %d/%d] %s world up\n", w.rank(), w.size(), ration::dist::to_string(w.backend()));
-  const int rc = RUN_ALL_TESTS();
-  // Leave together when everything passed (a failing rank exits at once; the launcher stops the others).
-  if (rc == 0) w.barrier();
-  return rc;
+  return ration::dist::testing::run_worker(argc, argv, "ration_dist_worker");
 }
