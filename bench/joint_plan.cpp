@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     memory::OffloadOptions oo;
     oo.tier = tier;
     oo.dir = dir;
-    memory::OffloadEngine engine(memory::make_tier(oo), oo);
+    memory::OffloadEngine engine(oo);
     const memory::OffloadCosts costs = memory::measure_offload_costs(engine.tier(), oo);
     std::printf("tier %s: write %.0f MB/s, read %.0f MB/s, per copy %.3f ms (measured now)\n", engine.tier().name().c_str(),
                 costs.write_bytes_per_ms / 1e3, costs.read_bytes_per_ms / 1e3, costs.per_copy_ms);

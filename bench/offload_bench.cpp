@@ -201,7 +201,7 @@ Phase run_engine(BufferSet& b, const std::string& dir) {
   o.dir = dir;
   o.min_bytes = 0;
   o.prefetch = 0;
-  memory::OffloadEngine engine(memory::make_tier(o), o);
+  memory::OffloadEngine engine(o);
   auto node = std::make_shared<Node>();
   node->spec.name = "bench_buffer";
   node->seq = 1;

@@ -331,7 +331,7 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
   const int64_t base = profile.baseline_bytes;
   const joint::Run plain = joint::run(*model_, batch_, nullptr);
   OffloadOptions o = options("disk");
-  memory::OffloadEngine engine(memory::make_tier(o), o);
+  memory::OffloadEngine engine(o);
   memory::PlanOptions probe;
   probe.budget_bytes = int64_t{1} << 40;
   probe.offload = memory::measure_offload_costs(engine.tier(), o, 4 << 20);

@@ -84,7 +84,7 @@ Planned plan_for(ration::train::Setup setup, int64_t batch_size) {
   memory::PlanOptions po = budget.plan;
   po.extra_fixed_bytes = train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *p.setup.model);
   if (offload.enabled) {
-    p.engine = std::make_unique<memory::OffloadEngine>(memory::make_tier(offload.options), offload.options);
+    p.engine = std::make_unique<memory::OffloadEngine>(offload.options);
     po.offload = memory::measure_offload_costs(p.engine->tier(), offload.options);
   }
   p.plan = memory::make_plan(p.profile, po);
@@ -134,7 +134,7 @@ int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>
     budget_policy = std::make_unique<memory::BudgetPolicy>(planned->plan, planned->profile, planned->engine.get());
     policy = budget_policy.get();
   } else if (offload.enabled) {
-    engine = std::make_unique<memory::OffloadEngine>(memory::make_tier(offload.options), offload.options);
+    engine = std::make_unique<memory::OffloadEngine>(offload.options);
     policy_owner = std::make_unique<memory::OffloadPolicy>(*engine);
     policy = policy_owner.get();
   }

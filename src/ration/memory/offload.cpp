@@ -206,6 +206,8 @@ OffloadEngine::OffloadEngine(std::unique_ptr<Tier> tier, OffloadOptions options)
   copy_in_ = std::make_unique<Queue>();
 }
 
+OffloadEngine::OffloadEngine(const OffloadOptions& options) : OffloadEngine(make_tier(options), options) {}
+
 OffloadEngine::~OffloadEngine() {
   // Drain the queues (their jobs hold entries), then free every stored buffer.
   copy_out_.reset();
@@ -555,7 +557,7 @@ void OffloadPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>
   const bool over_t1 = engine_.usage() > engine_.options().t1;
   for (auto& ref : node.saved) {
     SavedValue& v = *ref.value;
-    if ((over_t1 || replicated(v)) && engine_.offloadable(v)) engine_.offload(ref.value);
+    if (over_t1 || replicated(v)) engine_.offload(ref.value);  // refuses what cannot go
   }
   engine_.forward_node_done(ordinal);
 }
@@ -565,7 +567,7 @@ void OffloadPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>
 namespace ration {
 
 OffloadScope::OffloadScope(const memory::OffloadOptions& options) {
-  engine_ = std::make_unique<memory::OffloadEngine>(memory::make_tier(options), options);
+  engine_ = std::make_unique<memory::OffloadEngine>(options);
   policy_ = std::make_unique<memory::OffloadPolicy>(*engine_);
   scope_ = std::make_unique<PolicyScope>(policy_.get());
 }

@@ -77,6 +77,7 @@ struct OffloadStats {
 class OffloadEngine {
  public:
   OffloadEngine(std::unique_ptr<Tier> tier, OffloadOptions options);
+  explicit OffloadEngine(const OffloadOptions& options);  // with the tier the options name (make_tier)
   ~OffloadEngine();  // drains both queues and frees every stored buffer
   OffloadEngine(const OffloadEngine&) = delete;
   OffloadEngine& operator=(const OffloadEngine&) = delete;

@@ -294,7 +294,7 @@ nlohmann::json run_training(const TrainOptions& options) {
   std::unique_ptr<memory::OffloadEngine> offload_engine;
   std::unique_ptr<memory::OffloadPolicy> offload_policy;
   if (offload.enabled) {
-    offload_engine = std::make_unique<memory::OffloadEngine>(memory::make_tier(offload.options), offload.options);
+    offload_engine = std::make_unique<memory::OffloadEngine>(offload.options);
     if (budget.budget_bytes) {
       plan_options.offload = memory::measure_offload_costs(offload_engine->tier(), offload.options);
     } else {
