@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "op_check.h"
+#include "ration/config/config.h"
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
@@ -26,7 +27,6 @@
 #include "ration/memory/saved_value.h"
 #include "ration/models/model.h"
 #include "ration/ops/ops.h"
-#include "ration/train/config.h"
 
 namespace ration::testing {
 namespace {
