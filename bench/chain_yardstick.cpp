@@ -30,7 +30,7 @@
 #include "ration/memory/budget_policy.h"
 #include "ration/memory/planner.h"
 #include "ration/train/budget.h"
-#include "ration/train/config.h"
+#include "ration/config/config.h"
 
 using namespace ration;
 

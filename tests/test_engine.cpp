@@ -90,5 +90,29 @@ TEST(Engine, RecomputeChainEqualsPlainBitwise) {
   for (size_t i = 0; i < in.size(); ++i) EXPECT_TRUE(at::equal(plain[i], dropped[i])) << i;
 }
 
+// Leaving an inner OracleScope restores the outer one: its mode, its parameter list (gradients still
+// land in Value::grad) and torch tracking of a parameter both scopes name.
+TEST(Engine, NestedOracleScopesRestoreTheOuterScope) {
+  Value w = parameter(at::randn({3}, at::kDouble), "w");
+  Value u = parameter(at::randn({3}, at::kDouble), "u");
+  {
+    OracleScope outer({w});
+    {
+      OracleScope inner({u, w});
+      ops::sum(ops::mul(u, u)).backward();
+      ASSERT_TRUE(u.grad().defined());
+      EXPECT_TRUE(at::allclose(u.grad(), 2 * u.tensor()));
+    }
+    EXPECT_TRUE(oracle_mode());
+    EXPECT_TRUE(w.tensor().requires_grad()) << "the inner scope untracked a parameter of the outer one";
+    EXPECT_FALSE(u.tensor().requires_grad());
+    ops::sum(ops::mul(w, w)).backward();
+    ASSERT_TRUE(w.grad().defined()) << "the outer scope lost its parameter list";
+    EXPECT_TRUE(at::allclose(w.grad(), 2 * w.tensor()));
+  }
+  EXPECT_FALSE(oracle_mode());
+  EXPECT_FALSE(w.tensor().requires_grad());
+}
+
 }  // namespace
 }  // namespace ration::testing

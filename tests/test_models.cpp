@@ -26,7 +26,7 @@
 #include "ration/models/model.h"
 #include "ration/nn/layers.h"
 #include "ration/ops/ops.h"
-#include "ration/train/config.h"
+#include "ration/config/config.h"
 
 namespace ration::testing {
 namespace {

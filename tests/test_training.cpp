@@ -12,7 +12,7 @@
 #include "ration/core/node.h"
 #include "ration/models/model.h"
 #include "ration/optim/adamw.h"
-#include "ration/train/config.h"
+#include "ration/config/config.h"
 #include "ration/train/trainer.h"
 
 namespace ration {

@@ -9,7 +9,6 @@
 #include <random>
 
 #include "ration/core/check.h"
-#include "ration/memory/allocator.h"
 #include "ration/memory/saved_value.h"
 
 #ifdef RATION_CUDA
@@ -126,7 +125,7 @@ std::vector<at::Tensor> Node::recompute(bool store_required) {
   if (cache != nullptr) {
     if (const auto* hit = cache->find(this)) {
       for (size_t j = 0; j < hit->size(); ++j) {
-        if (auto h = outputs[j].lock(); h && h->state() == SavedState::Dropped) h->restore((*hit)[j]);
+        if (auto h = outputs[j].lock()) h->accept_rebuilt((*hit)[j]);
       }
       return *hit;
     }
@@ -149,10 +148,7 @@ std::vector<at::Tensor> Node::recompute(bool store_required) {
   const bool transient = !store_required && policy != nullptr && !policy->store_rebuilt(*this);
   if (!transient) {
     for (size_t j = 0; j < outs.size(); ++j) {
-      if (auto h = outputs[j].lock(); h && h->state() == SavedState::Dropped) {
-        h->restore(outs[j]);
-        memory::retag(outs[j], memory::Category::SavedActivations);
-      }
+      if (auto h = outputs[j].lock()) h->accept_rebuilt(outs[j]);
     }
   }
   if (policy != nullptr) policy->on_recompute(*this, ms);

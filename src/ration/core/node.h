@@ -48,7 +48,8 @@ struct OpSpec {
   std::shared_ptr<ReplicaGroup> replicas;
 };
 
-// An edge: where the gradient for one input goes.
+// An edge: where the gradient for one input goes. Its strong hold on the producer is also what keeps a
+// producer alive while the consumer may need its output rebuilt (saved handles hold producers weakly).
 struct Edge {
   std::shared_ptr<Node> node;        // non-leaf: producer node of the input
   int output_nr = 0;
@@ -96,7 +97,7 @@ class Node : public std::enable_shared_from_this<Node> {
 
   // Re-run forward from the inputs (recursively rebuilding any input that is not resident) with the
   // recorded RNG seed. Outputs whose handles are dropped but still awaited by backward are stored back
-  // into those handles, unless the re-run is transient: `store_required` false (the outputs only feed
+  // into those handles (SavedValue::accept_rebuilt), unless the re-run is transient: `store_required` false (the outputs only feed
   // another re-run) and the policy's store_rebuilt(*this) says no; a transient re-run stores nothing
   // and is not remembered by the RecomputeCache. All outputs are returned.
   std::vector<at::Tensor> recompute(bool store_required = false);

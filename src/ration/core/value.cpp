@@ -72,19 +72,26 @@ NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
 
 bool oracle_mode() { return t_oracle; }
 
-OracleScope::OracleScope(std::vector<Value> params) : params_(std::move(params)), prev_(t_oracle) {
-  for (auto& p : params_) p.tensor().set_requires_grad(true);
+OracleScope::OracleScope(std::vector<Value> params)
+    : params_(std::move(params)), prev_(t_oracle), prev_params_(t_oracle_params) {
+  for (auto& p : params_) {
+    was_tracked_.push_back(p.tensor().requires_grad() ? Tracked::Yes : Tracked::No);
+    p.tensor().set_requires_grad(true);
+  }
   t_oracle = true;
   t_oracle_params = &params_;
 }
 
+// Restores what the enclosing scope (if any) set: its mode, its parameter list, and torch tracking of
+// parameters it tracks too.
 OracleScope::~OracleScope() {
-  for (auto& p : params_) {
-    p.tensor().mutable_grad() = at::Tensor();
-    p.tensor().set_requires_grad(false);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (was_tracked_[i] == Tracked::Yes) continue;
+    params_[i].tensor().mutable_grad() = at::Tensor();
+    params_[i].tensor().set_requires_grad(false);
   }
   t_oracle = prev_;
-  t_oracle_params = nullptr;
+  t_oracle_params = prev_params_;
 }
 
 }  // namespace ration

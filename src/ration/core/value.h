@@ -86,6 +86,7 @@ class NoGradGuard {
 // calls torch::autograd. Same model code, same ATen kernels, libtorch's differentiation: the outside
 // oracle (gradcheck, tests) and the libtorch peer in benchmarks. Parameters given here get
 // requires_grad in torch's sense for the scope's lifetime; their torch gradients land in Value::grad.
+// Scopes nest: leaving an inner scope restores the outer one (its mode and its parameter list).
 bool oracle_mode();
 class OracleScope {
  public:
@@ -95,8 +96,11 @@ class OracleScope {
   OracleScope& operator=(const OracleScope&) = delete;
 
  private:
+  enum class Tracked { No, Yes };  // did torch track the parameter before this scope?
   std::vector<Value> params_;
+  std::vector<Tracked> was_tracked_;
   bool prev_;
+  std::vector<Value>* prev_params_;
 };
 
 }  // namespace ration

@@ -42,7 +42,8 @@ Value column_parallel_linear(const Value& x, const Value& w_shard, const Value& 
                w_shard.sizes(), "; got input ", x.sizes());
   RATION_CHECK(!b_shard.defined() || (b_shard.dim() == 1 && b_shard.size(0) == w_shard.size(0)),
                "column_parallel_linear: bias shard (", w_shard.size(0), ") expected; got ", b_shard.sizes());
-  // x is the same tensor on every rank: the memory runtime may store 1/n of it (seed M2 step 7).
+  // x is the same tensor on every rank: the memory runtime may store 1/n of it
+  // (docs/METHODS.md, Sharded offload over a process group).
   OpSpec spec = op_spec("column_parallel_linear", {0, 1});
   spec.replicated_inputs = {0};
   spec.replicas = world.replica_group();

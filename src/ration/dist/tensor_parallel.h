@@ -7,7 +7,8 @@
 // With n = world.size() ranks and a full layer y = x W^T + b, W (out, in):
 //   column parallel: rank r holds W_r = W[r*out/n : (r+1)*out/n, :] and b_r; y_r = x W_r^T + b_r is the
 //                    r-th slice of y's last dim. x is identical on every rank (its saved handle is marked
-//                    with the world's ReplicaGroup, seed M2 step 7: an offloader may keep 1/n of it).
+//                    with the world's ReplicaGroup: an offloader may keep 1/n of it; docs/METHODS.md,
+//                    Sharded offload over a process group).
 //   row parallel:    rank r holds W_r = W[:, r*in/n : (r+1)*in/n] and the whole b; it receives x_r, the
 //                    r-th slice of x's last dim (e.g. a column-parallel output), and
 //                    y = sum_r x_r W_r^T + b, identical on every rank.

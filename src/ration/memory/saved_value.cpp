@@ -24,8 +24,16 @@ const char* to_string(SavedState s) {
 }
 
 SavedValue::SavedValue(std::shared_ptr<Node> producer, int output_nr, int64_t nbytes)
-    : id_(g_next_id++), producer_(std::move(producer)), output_nr_(output_nr), nbytes_(nbytes) {
-  label_ = detail::str(producer_->spec.name, "#", producer_->seq, ":", output_nr_);
+    : id_(g_next_id++), producer_(producer), producer_seq_(producer->seq), output_nr_(output_nr), nbytes_(nbytes) {
+  RATION_ASSERT(producer_seq_ != 0, "a recorded node has sequence number 0");
+  label_ = detail::str(producer->spec.name, "#", producer->seq, ":", output_nr_);
+}
+
+std::shared_ptr<Node> SavedValue::live_producer() const {
+  std::shared_ptr<Node> p = producer_.lock();
+  RATION_ASSERT(p != nullptr, "the producer of saved value ", label_, " is gone while the value is still read ",
+                "(every reader holds the producer through its edge)");
+  return p;
 }
 
 SavedValue::SavedValue(const at::Tensor& leaf) : id_(g_next_id++), data_(leaf), state_(SavedState::Resident) {
@@ -58,7 +66,7 @@ at::Tensor SavedValue::unpack(uint32_t expected_version) {
       break;
     case SavedState::Dropped:
     case SavedState::Unsaved:
-      producer_->recompute(/*store_required=*/true);
+      live_producer()->recompute(/*store_required=*/true);
       RATION_ASSERT(state_ == SavedState::Resident, "recompute did not restore ", label_);
       return data_;  // rebuilt: version is fresh
     case SavedState::Offloaded: {
@@ -85,7 +93,7 @@ at::Tensor SavedValue::materialize() {
   if (state_ == SavedState::Resident) return data_;
   if (state_ == SavedState::Offloaded) return unpack(0);
   RATION_CHECK(!pinned(), "constant input ", label_, " has no data");
-  std::vector<at::Tensor> outs = producer_->recompute();
+  std::vector<at::Tensor> outs = live_producer()->recompute();
   return outs.at(static_cast<size_t>(output_nr_));
 }
 
@@ -97,6 +105,12 @@ void SavedValue::release_use(bool retain) {
     data_ = at::Tensor();
     state_ = SavedState::Released;
   }
+}
+
+void SavedValue::accept_rebuilt(const at::Tensor& data) {
+  if (state_ != SavedState::Dropped) return;
+  restore(data);
+  memory::retag(data_, memory::Category::SavedActivations);
 }
 
 void SavedValue::drop() {

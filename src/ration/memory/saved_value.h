@@ -12,6 +12,13 @@
 //   Offloaded — data moved to another tier by policy; backward fetches it back (policy->fetch).
 //   Released  — backward consumed its last use; a later backward through it is an error.
 // Leaves and constants (no producer) are pinned: always Resident, never released.
+//
+// Ownership: a handle holds its producer node weakly. A graph is owned from its outputs backwards (a
+// Value holds its grad_fn; a node holds its inputs' handles and, through its edges, their producers),
+// so a node that saves its own output forms no cycle and the whole graph goes with its last Value,
+// whether or not backward ran. While a handle is read — by the consumer that saved it, or by a re-run
+// rebuilding a consumer's input — that consumer is alive and holds the producer through its edge, so a
+// dropped value can always be rebuilt (docs/ARCHITECTURE.md, Between core and memory).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -24,8 +31,9 @@ namespace ration {
 
 class Node;
 
-// Processes on which a saved value is identical (e.g. the input of a tensor-parallel layer, seed M2
-// step 7): the offload engine may store 1/size() of it per process and rebuild it by all-gather.
+// Processes on which a saved value is identical (e.g. the input of a tensor-parallel layer): the offload
+// engine may store 1/size() of it per process and rebuild it by all-gather (docs/METHODS.md, Sharded
+// offload over a process group).
 // Implemented over c10d in dist/; every process must fetch such values in the same order.
 class ReplicaGroup {
  public:
@@ -50,8 +58,10 @@ class SavedValue {
 
   uint64_t id() const { return id_; }
   SavedState state() const { return state_; }
-  bool pinned() const { return producer_ == nullptr; }
-  const std::shared_ptr<Node>& producer() const { return producer_; }
+  bool pinned() const { return producer_seq_ == 0; }
+  // The producer node; null for a pinned handle, or once the graph it belonged to is gone.
+  std::shared_ptr<Node> producer() const { return producer_.lock(); }
+  uint64_t producer_seq() const { return producer_seq_; }  // the producer's Node::seq; 0 when pinned
   int output_nr() const { return output_nr_; }
   int pending_uses() const { return pending_uses_; }
   int64_t nbytes() const { return nbytes_; }
@@ -65,6 +75,9 @@ class SavedValue {
   at::Tensor materialize();
   // Backward finished one use; frees the data after the last one (unless retained).
   void release_use(bool retain);
+  // A re-run of the producer rebuilt this value: stored (and accounted as a saved activation) when the
+  // policy dropped it and backward still awaits it (Dropped); otherwise ignored.
+  void accept_rebuilt(const at::Tensor& data);
 
   // Policy actions.
   void drop();                               // Resident -> Dropped (data freed)
@@ -77,9 +90,10 @@ class SavedValue {
   const std::shared_ptr<ReplicaGroup>& replicas() const { return replicas_; }
 
  private:
-  friend class Node;
+  std::shared_ptr<Node> live_producer() const;  // the producer, which must be alive (asserted)
   uint64_t id_;
-  std::shared_ptr<Node> producer_;
+  std::weak_ptr<Node> producer_;
+  uint64_t producer_seq_ = 0;
   int output_nr_ = 0;
   at::Tensor data_;
   SavedState state_ = SavedState::Unsaved;

@@ -1,12 +1,14 @@
 // model.h — the interface the trainer, gradcheck and benchmarks use for every model family.
 // Built-in families (mlp, cnn, gpt, lstm_lm) are configured from the [model] section of a Config.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "ration/config/config.h"
+#include "ration/core/value.h"
 #include "ration/data/batch.h"
 #include "ration/nn/module.h"
-#include "ration/train/config.h"
 
 namespace ration::models {
 

@@ -18,7 +18,7 @@
 #include "ration/memory/planner.h"
 #include "ration/memory/profile.h"
 #include "ration/models/model.h"
-#include "ration/train/config.h"
+#include "ration/config/config.h"
 
 namespace ration::train {
 

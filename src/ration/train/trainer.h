@@ -14,7 +14,7 @@
 
 #include "ration/data/dataset.h"
 #include "ration/models/model.h"
-#include "ration/train/config.h"
+#include "ration/config/config.h"
 
 namespace ration::train {
 

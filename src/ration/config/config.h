@@ -1,7 +1,9 @@
 // config.h — typed, validated access to a TOML run configuration.
 // Owns: parsing CONFIG.toml plus `--set section.key=value` overrides into a flat "section.key" table,
 //       typed getters with defaults, and the unknown-key check. Every error names the file, the key and
-//       the expected form. Sections: [model] [data] [optim] [train] [memory] (see configs/*.toml).
+//       the expected form. Sections: [model] [data] [optim] [train] [memory] [offload] (see configs/*.toml).
+// Does not own: what any key means — each layer reads its own keys (models/ the [model] keys, train/ the
+//       rest). It sits below models/ so that models are built from a Config without depending on train/.
 #pragma once
 #include <cstdint>
 #include <map>

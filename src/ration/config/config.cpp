@@ -1,4 +1,4 @@
-#include "ration/train/config.h"
+#include "ration/config/config.h"
 
 #include <toml++/toml.h>
 
