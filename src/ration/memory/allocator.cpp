@@ -168,19 +168,6 @@ Stats device_stats(const at::Device& device) {
   return stats();
 }
 
-void reset_device_peak(const at::Device& device) {
-#ifdef RATION_CUDA
-  if (device.is_cuda()) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::cuda::current_device());
-    return;
-  }
-#endif
-  (void)device;
-  reset_peak();
-}
-
-Category current_category() { return t_category; }
-
 CategoryGuard::CategoryGuard(Category c) : prev_(t_category) { t_category = c; }
 CategoryGuard::~CategoryGuard() { t_category = prev_; }
 
