@@ -42,9 +42,10 @@ struct OffloadFlags {
     cmd->add_flag("--offload", offload, "offload saved activations (offload.enabled); with --memory-budget the "
                                         "planner chooses keep/recompute/offload");
     cmd->add_option("--offload-tier", tier, "disk (default), host or host+disk (offload.tier)");
-    cmd->add_option("--offload-t1", t1, "copy out when device usage exceeds SIZE (offload.t1, default 0)");
-    cmd->add_option("--offload-t2", t2, "pause forward while usage exceeds SIZE and copies are in flight (offload.t2)");
-    cmd->add_option("--offload-t3", t3, "hold prefetches while usage would exceed SIZE (offload.t3)");
+    cmd->add_option("--offload-t1", t1, "without a budget: copy out when device usage exceeds SIZE (offload.t1, default 0)");
+    cmd->add_option("--offload-t2", t2, "without a budget: pause forward while usage exceeds SIZE and copies are in "
+                                        "flight (offload.t2)");
+    cmd->add_option("--offload-t3", t3, "without a budget: hold prefetches while usage would exceed SIZE (offload.t3)");
     cmd->add_option("--offload-min-bytes", min_bytes, "keep saved values smaller than SIZE (offload.min_bytes, 64KiB)");
     cmd->add_option("--offload-dir", dir, "spill directory (offload.dir, default $TMPDIR or /tmp)");
     cmd->add_option("--offload-prefetch", prefetch, "fetch back N backward nodes ahead (offload.prefetch, default 2)");

@@ -297,6 +297,10 @@ struct StepRecord {
   int64_t worst_peak() const { return peaks.empty() ? 0 : *std::max_element(peaks.begin(), peaks.end()); }
 };
 
+// A step's dropout seed is train.seed * kSeedSpread + step: 2^64 divided by the golden ratio (odd), so
+// runs with nearby train.seed values draw from far-apart seeds instead of sharing most of their steps'.
+constexpr uint64_t kSeedSpread = 0x9E3779B97F4A7C15ULL;
+
 // One run of `ration train`: built from the options, then steps, evaluations, checkpoints, report.
 class TrainingRun {
  public:
@@ -370,7 +374,7 @@ class TrainingRun {
     StepOptions o;
     o.step = step_;
     // Dropout masks are a function of (seed, step), so a resumed run draws exactly what it would have.
-    o.seed = setup_.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(step_);
+    o.seed = setup_.seed * kSeedSpread + static_cast<uint64_t>(step_);
     o.optimizer = optimizer_.get();
     o.clip_grad_norm = run_.clip_grad_norm;
     const StepStats st = runtime_.measure_step(model_, batch, o);
