@@ -113,7 +113,9 @@ std::unique_ptr<Model> build_model(Config& cfg) {
     try {
       return build();
     } catch (const Error& e) {
-      RATION_CHECK(false, cfg.origin(), ": building the ", type, " model: ", e.message());
+      const std::string ours = cfg.origin() + ": ";  // said once, not twice
+      const std::string inner = e.message().rfind(ours, 0) == 0 ? e.message().substr(ours.size()) : e.message();
+      RATION_CHECK(false, ours, "building the ", type, " model: ", inner);
     }
     return nullptr;
   };
