@@ -20,6 +20,8 @@
 #include <thread>
 
 #include "ration/core/check.h"
+#include "ration/memory/offload.h"
+#include "ration/memory/tier.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/trainer.h"
 
@@ -382,6 +384,77 @@ TEST(Reliability, CorruptTensorBytesFailTheirCrcOnLoad) {
   // A truncated file too.
   std::ofstream(model, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
   expect_error_containing([&] { train::load_checkpoint(dir.path.string()); }, {"ckpt-20/model.pt", "damaged"});
+}
+
+// ---- 3, 4. a small or full offload tier ------------------------------------------------------------
+// configs/gpt.toml trained for a few steps in this process; returns the report.
+nlohmann::json train_gpt(const std::vector<std::string>& overrides, int64_t steps) {
+  train::TrainOptions opt;
+  opt.config_path = std::string(RATION_SOURCE_DIR) + "/configs/gpt.toml";
+  opt.json = true;
+  opt.steps = steps;
+  opt.overrides = overrides;
+  opt.overrides.push_back("train.checkpoint_dir=");
+  opt.overrides.push_back("train.eval_batches=1");
+  return train::run_training(opt);
+}
+
+TEST(Reliability, TierCapacityIsMeasuredAndBoundsThePlan) {
+  memory::OffloadOptions o;
+  o.min_bytes = 16 << 10;
+  memory::HostTier roomy(0), small(3 << 20), tiny(100 << 10);
+  EXPECT_EQ(roomy.free_bytes(), memory::Tier::kUnboundedTier);
+  EXPECT_EQ(small.free_bytes(), 3 << 20);
+  const memory::OffloadCosts c_small = memory::measure_offload_costs(small, o, 16 << 20);
+  EXPECT_GT(c_small.capacity_bytes, 2 << 20);
+  EXPECT_LE(c_small.capacity_bytes, 3 << 20);
+  EXPECT_EQ(small.used_bytes(), 0) << "measuring leaves nothing in the tier";
+  // Too small to measure (under four 64 KiB probes): nothing is offloaded to it, and that is no error.
+  EXPECT_EQ(memory::measure_offload_costs(tiny, o, 16 << 20).capacity_bytes, 0);
+}
+
+TEST(Reliability, SmallTierUnderABudgetPlansWithinItInsteadOfAborting) {
+  if (!have_ration_binary()) GTEST_SKIP() << kRation << " is not built";
+  TempDir dir(test_name());
+  SmallDisk disk(dir.path / "tier", "1m");
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a 1 MiB tmpfs here (needs root)";
+  const std::string gpt = std::string(RATION_SOURCE_DIR) + "/configs/gpt.toml";
+  const std::vector<std::string> flags = {"--memory-budget", "60MiB", "--offload", "--offload-dir", disk.dir.string()};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.end(), flags.begin(), flags.end());
+    return args;
+  };
+  const Finished plan = run_ration(with({"plan", gpt, "--json"}), dir.path, 300);
+  ASSERT_EQ(plan.status, 0) << plan.output;
+  const auto p = nlohmann::json::parse(plan.output.substr(plan.output.find('{')));
+  EXPECT_LE(p["offloaded_bytes"].get<int64_t>(), 1 << 20) << "planned more offload than the tier holds";
+  const Finished gc = run_ration(with({"gradcheck", gpt}), dir.path, 300);
+  EXPECT_EQ(gc.status, 0) << gc.output;
+  EXPECT_EQ(gc.output.find("No space left"), std::string::npos) << gc.output;
+  const auto r = train_gpt({"memory.budget=60MiB", "offload.enabled=true", "offload.dir=" + disk.dir.string()}, 2);
+  EXPECT_TRUE(r["memory"]["within_budget"].get<bool>()) << r["memory"].dump();
+  EXPECT_EQ(r["offload"]["totals"]["fallbacks"].get<int64_t>(), 0);
+}
+
+TEST(Reliability, FullTierUnderABudgetNeverBreaksTheBudget) {
+  TempDir dir(test_name());
+  SmallDisk disk(dir.path / "tier", "20m");
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a 20 MiB tmpfs here (needs root)";
+  const auto r = train_gpt({"memory.budget=42MiB", "offload.enabled=true", "offload.dir=" + disk.dir.string()}, 3);
+  const int64_t peak = r["memory"]["peak_bytes"].get<int64_t>();
+  EXPECT_LE(peak, int64_t{42} << 20) << r["memory"].dump();
+  EXPECT_TRUE(r["memory"]["within_budget"].get<bool>());
+  EXPECT_LE(r["plan"]["offloaded_bytes"].get<int64_t>(), int64_t{20} << 20);
+}
+
+TEST(Reliability, ThresholdOffloadIntoAFullTierNeverPeaksAboveNotOffloading) {
+  TempDir dir(test_name());
+  SmallDisk disk(dir.path / "tier", "2m");
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a 2 MiB tmpfs here (needs root)";
+  const int64_t plain = train_gpt({}, 2)["memory"]["peak_bytes"].get<int64_t>();
+  const auto r = train_gpt({"offload.enabled=true", "offload.dir=" + disk.dir.string()}, 2);
+  EXPECT_GT(r["offload"]["totals"]["fallbacks"].get<int64_t>(), 0) << "the tier did not fill: the probe tests nothing";
+  EXPECT_LE(r["memory"]["peak_bytes"].get<int64_t>(), plain) << r["offload"].dump();
 }
 
 // ---- 9. bad input of every kind -------------------------------------------------------------------
