@@ -15,6 +15,25 @@
 
 namespace {
 
+// An integer flag of at least `min`; the error names the expected form ("--steps: expected an integer
+// >= 1 (number of optimiser steps), got '0'"), unlike CLI11's range message with 1.8e308 bounds.
+CLI::Validator integer_at_least(int64_t min, const std::string& meaning) {
+  return CLI::Validator(
+      [min, meaning](std::string& text) -> std::string {
+        const std::string expected = "expected an integer >= " + std::to_string(min) + " (" + meaning + "), got '" + text + "'";
+        size_t pos = 0;
+        long long value = 0;
+        try {
+          value = std::stoll(text, &pos);
+        } catch (const std::exception&) {
+          return expected;
+        }
+        if (pos != text.size() || value < min) return expected;
+        return "";
+      },
+      "INT>=" + std::to_string(min));
+}
+
 // Budget flags are config keys ([memory] section) set from the command line.
 struct BudgetFlags {
   std::string budget, plan, keep_bytes;
@@ -22,7 +41,8 @@ struct BudgetFlags {
   void add_to(CLI::App* cmd) {
     cmd->add_option("--memory-budget", budget, "whole device-memory budget, e.g. 512MiB, 2GiB, 1.5G (memory.budget)");
     cmd->add_option("--plan", plan, "planner strategy: knapsack (default), ordered, ordered-sets, uniform, sqrt, optimal-chain (memory.plan)");
-    cmd->add_option("--keep-groups", keep_groups, "keep at most N saved groups (may only lower the plan's figure)");
+    cmd->add_option("--keep-groups", keep_groups, "keep at most N saved groups (may only lower the plan's figure)")
+        ->check(integer_at_least(0, "saved groups to keep"));
     cmd->add_option("--keep-bytes", keep_bytes, "keep at most SIZE of saved groups (may only lower the plan's figure)");
   }
   void apply(std::vector<std::string>& overrides) const {
@@ -48,7 +68,8 @@ struct OffloadFlags {
     cmd->add_option("--offload-t3", t3, "without a budget: hold prefetches while usage would exceed SIZE (offload.t3)");
     cmd->add_option("--offload-min-bytes", min_bytes, "keep saved values smaller than SIZE (offload.min_bytes, 64KiB)");
     cmd->add_option("--offload-dir", dir, "spill directory (offload.dir, default $TMPDIR or /tmp)");
-    cmd->add_option("--offload-prefetch", prefetch, "fetch back N backward nodes ahead (offload.prefetch, default 2)");
+    cmd->add_option("--offload-prefetch", prefetch, "fetch back N backward nodes ahead (offload.prefetch, default 2)")
+        ->check(integer_at_least(0, "backward nodes to fetch ahead"));
   }
   void apply(std::vector<std::string>& overrides) const {
     if (offload) overrides.push_back("offload.enabled=true");
@@ -176,8 +197,10 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "train a model from a TOML config");
   train->add_option("config", topt.config_path, "CONFIG.toml")->required()->check(CLI::ExistingFile);
   train->add_option("--set", topt.overrides, "override a config key: section.key=value (repeatable)");
-  train->add_option("--steps", steps, "number of optimiser steps (overrides train.steps/epochs)")->check(CLI::PositiveNumber);
-  train->add_option("--epochs", epochs, "number of epochs (overrides train.epochs)")->check(CLI::PositiveNumber);
+  train->add_option("--steps", steps, "number of optimiser steps (overrides train.steps/epochs)")
+      ->check(integer_at_least(1, "number of optimiser steps"));
+  train->add_option("--epochs", epochs, "number of epochs (overrides train.epochs)")
+      ->check(integer_at_least(1, "number of epochs"));
   train->add_option("--report", topt.report_path, "write the JSON report here");
   train->add_option("--resume", topt.resume, "resume from a checkpoint dir (or a run dir: follows 'latest')");
   train->add_flag("--json", topt.json, "no progress output; print the JSON report to stdout");
@@ -226,15 +249,15 @@ int main(int argc, char** argv) {
       if (epochs > 0) topt.epochs = epochs;
       const auto report = ration::train::run_training(topt);
       if (topt.json) std::cout << report.dump(2) << "\n";
-      return 0;
+      return report.value("exit_status", 0);  // 130 / 143 when stopped by SIGINT / SIGTERM
     }
     if (*gc) return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json);
     if (*plan) return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json);
   } catch (const ration::Error& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    std::fprintf(stderr, "\nerror: %s\n", ration::describe_error(e).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    std::fprintf(stderr, "\nerror: %s\n", ration::describe_error(e).c_str());
     return 3;
   }
   return 0;

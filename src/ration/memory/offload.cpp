@@ -71,34 +71,51 @@ std::unique_ptr<Tier> make_tier(const OffloadOptions& o) {
 }
 
 OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, int64_t probe_bytes) {
+  OffloadCosts c;
+  c.min_bytes = options.min_bytes;
+  c.min_prefetch = options.prefetch;
+  // Probe with at most a quarter of the tier's room, so measuring never fills it; a tier with less
+  // than a useful probe's room is not offloaded to at all (capacity 0, bandwidths nominal).
+  constexpr int64_t kSmallestProbe = 64 << 10;
+  const int64_t room = tier.free_bytes();
+  probe_bytes = std::min(probe_bytes, room / 4);
+  auto unusable = [&] {
+    c.capacity_bytes = 0;
+    c.write_bytes_per_ms = c.read_bytes_per_ms = 1;
+    return c;
+  };
+  if (probe_bytes < kSmallestProbe) return unusable();
+  // What the plan may use: the room less a tenth for file-system overhead and other writers.
+  c.capacity_bytes = room == Tier::kUnboundedTier ? room : room - room / 10;
   // Outside the device budget's accounting: these buffers exist only while measuring.
   at::Tensor big = at::randint(0, 256, {probe_bytes}, at::TensorOptions().dtype(at::kByte));
   at::Tensor small = at::randint(0, 256, {4096}, at::TensorOptions().dtype(at::kByte));
   at::Tensor back = at::empty_like(big), back_small = at::empty_like(small);
   std::vector<double> w, r, s;
-  for (int rep = 0; rep < 3; ++rep) {
-    auto t0 = Clock::now();
-    auto slot = tier.write(big);
-    w.push_back(ms_since(t0));
-    t0 = Clock::now();
-    tier.read(*slot, back);
-    r.push_back(ms_since(t0));
-    t0 = Clock::now();
-    auto tiny = tier.write(small);
-    tier.read(*tiny, back_small);
-    s.push_back(ms_since(t0) / 2);
+  try {
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = Clock::now();
+      auto slot = tier.write(big);
+      w.push_back(ms_since(t0));
+      t0 = Clock::now();
+      tier.read(*slot, back);
+      r.push_back(ms_since(t0));
+      t0 = Clock::now();
+      auto tiny = tier.write(small);
+      tier.read(*tiny, back_small);
+      s.push_back(ms_since(t0) / 2);
+    }
+  } catch (const TierFull&) {
+    return unusable();  // the room reported was not there (another writer)
   }
   RATION_CHECK(at::equal(back, big), "offload tier ", tier.name(), " returned different bytes than were written");
   auto med = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  OffloadCosts c;
   c.write_bytes_per_ms = static_cast<double>(probe_bytes) / std::max(med(w), 1e-6);
   c.read_bytes_per_ms = static_cast<double>(probe_bytes) / std::max(med(r), 1e-6);
   c.per_copy_ms = med(s);
-  c.min_bytes = options.min_bytes;
-  c.min_prefetch = options.prefetch;
   return c;
 }
 
@@ -225,6 +242,8 @@ struct OffloadEngine::Entry {
   Phase phase = Phase::CopyingOut;
   Fault fault = Fault::None;
   std::string error;
+  WhenTierFull when_full = WhenTierFull::Recompute;
+  at::Tensor kept;  // a failed write under KeepResident: the storage, still in memory (set by Q2 before `written`)
   std::shared_future<void> written, loaded;
   at::Tensor buffer;    // Q4 destination: the whole storage, or this process's shard
   at::Tensor restored;  // the whole storage, bytes
@@ -327,9 +346,11 @@ void OffloadEngine::begin_forward_node(const Node& node, int64_t ordinal) {
   }
 }
 
-bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t deadline, int prefetch) {
+bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t deadline, int prefetch,
+                            WhenTierFull when_full) {
   SavedValue& value = *handle;
   if (!offloadable(value)) return false;
+  if (when_full == WhenTierFull::KeepResident && tier_was_full_.load()) return false;
   const at::Tensor t = value.data();
   device_ = t.device();
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
@@ -342,6 +363,7 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
     e->storage_bytes = static_cast<int64_t>(t.storage().nbytes());
     e->storage = t.storage().getWeakStorageImpl();
     e->prefetch = prefetch >= 0 ? prefetch : options_.prefetch;
+    e->when_full = when_full;
     e->replicas = value.replicas() && value.replicas()->size() > 1 ? value.replicas() : nullptr;
     at::Tensor source = storage_bytes_of(t);
     if (e->replicas) {
@@ -365,6 +387,8 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
       } catch (const std::exception& x) {
         e->fault = Entry::Fault::Write;
         e->error = x.what();
+        tier_was_full_.store(true);
+        if (e->when_full == WhenTierFull::KeepResident && !e->replicas) e->kept = source;  // stays in memory
       }
       source = at::Tensor();  // the device copy is no longer ours to hold: usage falls here
       {
@@ -430,6 +454,12 @@ bool OffloadEngine::wait_oldest_copy_out() {
 
 void OffloadEngine::issue_read(const std::shared_ptr<Entry>& e, bool demand) {
   e->phase = Entry::Phase::CopyingIn;
+  if (ready(e->written) && e->fault == Entry::Fault::Write) {  // nothing to read back: no buffer
+    std::promise<void> nothing;
+    nothing.set_value();
+    e->loaded = nothing.get_future().share();
+    return;
+  }
   {
     CategoryGuard cat(Category::SavedActivations);
     e->buffer = at::empty({e->replicas ? e->shard_bytes : e->storage_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
@@ -495,7 +525,14 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
   RATION_ASSERT(view != e->views.end(), "offload entry lost the view of ", value.label());
   view->fetched = true;
   at::Tensor result;
-  if (e->fault != Entry::Fault::None) {
+  if (e->kept.defined()) {  // a failed write under KeepResident: the storage never left memory
+    e->restored = e->kept;
+    e->kept = at::Tensor();
+    e->buffer = at::Tensor();
+    count(&OffloadStats::fallbacks);
+  }
+  if (e->fault != Entry::Fault::None && !e->restored.defined()) {
+    e->buffer = at::Tensor();  // a read issued before the write failed: its buffer is of no use
     RATION_CHECK(!e->replicas, "sharded offload of ", value.label(), " failed on this process: ", e->error,
                  " (sharded values cannot fall back to recompute alone: the other processes wait in all-gather)");
     static bool warned = false;
@@ -547,7 +584,11 @@ void ThresholdPolicy::after_forward_node(Node& node, const std::vector<at::Tenso
   const OffloadOptions& o = engine_.options();
   const bool over_t1 = engine_.usage() > o.t1;  // T1: copy out
   for (auto& ref : node.saved) {
-    if (over_t1 || replicated(*ref.value)) engine_.offload(ref.value);  // refuses what cannot go
+    // Refuses what cannot go. A value that does not fit stays resident and offloading stops, so a full
+    // tier never peaks above not offloading; replicated values keep the plan's rule on every process
+    // alike (all of them take part in the all-gather).
+    const WhenTierFull when_full = replicated(*ref.value) ? WhenTierFull::Recompute : WhenTierFull::KeepResident;
+    if (over_t1 || replicated(*ref.value)) engine_.offload(ref.value, -1, -1, when_full);
   }
   // T2: forward pauses while usage exceeds it and copies are in flight (oldest first).
   while (engine_.usage() > o.t2 && engine_.wait_oldest_copy_out()) {

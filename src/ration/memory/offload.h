@@ -22,6 +22,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -59,7 +60,9 @@ struct OffloadOptions {
 void validate(const OffloadOptions& options);
 std::unique_ptr<Tier> make_tier(const OffloadOptions& options);
 // Measure the tier for the joint plan: write/read bandwidth on `probe_bytes` buffers (median of a few
-// round trips) and the fixed cost of one small copy.
+// round trips; smaller when the tier has less room), the fixed cost of one small copy, and what the
+// tier can hold (OffloadCosts::capacity_bytes). A tier too small to measure gets capacity 0: the
+// planner then keeps or recomputes everything.
 OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, int64_t probe_bytes = 16 << 20);
 
 struct OffloadStats {
@@ -71,12 +74,17 @@ struct OffloadStats {
   int64_t deferred_prefetches = 0;  // prefetches held back by T3
   int64_t forward_pauses = 0;       // times forward waited on copies because usage exceeded T2
   int64_t deadline_waits = 0;       // planned offloads whose copy was not done by its deadline
-  int64_t fallbacks = 0;            // values recomputed because the tier was full
+  int64_t fallbacks = 0;            // values whose write did not fit: recomputed (plan) or kept (thresholds)
   double write_ms = 0, read_ms = 0; // time the queues spent copying
   double forward_pause_ms = 0;      // forward blocked (T2 and deadlines)
   double fetch_wait_ms = 0;         // backward blocked waiting for Q4
   int64_t max_usage_bytes = 0;      // highest usage seen at a control point
 };
+
+// What a value whose copy-out did not fit becomes. The threshold loop keeps it resident (so offloading
+// into a full tier never needs more memory than not offloading) and stops offloading once the tier has
+// been full; a plan recomputes it (the plan counted on its memory being free).
+enum class WhenTierFull { KeepResident, Recompute };
 
 class OffloadEngine {
  public:
@@ -97,7 +105,9 @@ class OffloadEngine {
   // Start copying `value` out (Q2). `deadline`: forward ordinal by whose end the copy must be done
   // (-1: none); `prefetch`: nodes ahead to fetch back (-1: the option). Returns false (and leaves the
   // value resident) for values that cannot be offloaded: pinned, too small, not a saved activation.
-  bool offload(const std::shared_ptr<SavedValue>& value, int64_t deadline = -1, int prefetch = -1);
+  // `when_full`: what the value becomes if its copy-out does not fit (see WhenTierFull).
+  bool offload(const std::shared_ptr<SavedValue>& value, int64_t deadline = -1, int prefetch = -1,
+               WhenTierFull when_full = WhenTierFull::Recompute);
   // Wait for the copies whose deadline is `ordinal` or earlier; note the usage.
   void end_forward_node(int64_t ordinal);
   // Back-pressure: wait for the oldest copy-out still in flight. False when none is in flight.
@@ -108,9 +118,10 @@ class OffloadEngine {
   // value's prefetch distance, soonest needed first. A prefetch (not yet needed) starts only when
   // `may_prefetch(storage bytes)` says so; a value this node needs is fetched regardless.
   void before_backward_node(int64_t ordinal, const std::function<bool(int64_t bytes)>& may_prefetch);
-  // The value, resident again (waits for Q4). If the tier failed to store or return it, the value is
-  // marked Dropped (SavedValue::offload_failed) and an undefined tensor returned: the caller rebuilds
-  // it by recompute.
+  // The value, resident again (waits for Q4). If the tier failed to store it under KeepResident, the
+  // value is rebuilt from its storage, which never left memory. Otherwise, if the tier failed to store
+  // or return it, the value is marked Dropped (SavedValue::offload_failed) and an undefined tensor
+  // returned: the caller rebuilds it by recompute.
   at::Tensor fetch(SavedValue& value);
 
   bool offloadable(const SavedValue& value) const;
@@ -139,6 +150,7 @@ class OffloadEngine {
   std::unordered_map<const void*, std::shared_ptr<Entry>> by_storage_;  // StorageImpl -> entry
   std::vector<std::shared_ptr<Entry>> entries_;                         // this step, in offload order
   int64_t forward_ordinal_ = -1;                                        // the node whose saves are offloaded now
+  std::atomic<bool> tier_was_full_{false};  // a copy-out failed: KeepResident offloads stop
   at::Device device_ = at::kCPU;
   mutable std::mutex stats_mu_;
   OffloadStats stats_;

@@ -50,7 +50,7 @@ OffloadSettings read_offload_settings(Config& cfg) {
   try {
     memory::validate(o);
   } catch (const Error& e) {
-    RATION_CHECK(false, cfg.origin(), ": ", e.what());
+    RATION_CHECK(false, cfg.origin(), ": ", e.message());
   }
   return s;
 }

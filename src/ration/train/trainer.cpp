@@ -15,6 +15,7 @@
 #include "ration/core/node.h"
 #include "ration/data/fashion_mnist.h"
 #include "ration/data/text.h"
+#include "ration/models/families.h"
 #include "ration/memory/allocator.h"
 #include "ration/optim/adamw.h"
 #include "ration/optim/clip.h"
@@ -23,6 +24,7 @@
 #include "ration/train/budget.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/progress.h"
+#include "ration/train/signals.h"
 #include "ration/train/step_runtime.h"
 
 namespace ration::train {
@@ -99,6 +101,12 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
   return r;
 }
 
+// Keys that do not change the weights a run computes: a run differing only in these is the same run
+// (checkpoints it writes at a step hold the same weights). Budgets and offload are bitwise-neutral.
+const std::vector<std::string> kWeightNeutralKeys = {
+    "train.checkpoint_dir", "train.checkpoint_every", "train.keep_checkpoints", "train.log_every",
+    "train.eval_every", "train.eval_batches", "train.steps", "train.epochs", "memory.", "offload."};
+
 std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params) {
   if (r.optimizer == "sgd") {
     optim::SGDOptions o;
@@ -154,6 +162,13 @@ RunSettings read_run_settings(Config& cfg) {
   r.keep_checkpoints = cfg.get_int("train.keep_checkpoints", r.keep_checkpoints);
   RATION_CHECK(r.epochs > 0 && r.steps >= 0 && r.keep_checkpoints >= 1, cfg.origin(),
                ": train.epochs must be >= 1, train.steps >= 0 (0: use epochs), train.keep_checkpoints >= 1");
+  RATION_CHECK(r.eval_every >= 0, cfg.origin(), ": train.eval_every must be >= 0 (0: at each epoch's end), got ",
+               r.eval_every);
+  RATION_CHECK(r.eval_batches >= 0, cfg.origin(), ": train.eval_batches must be >= 0 (0: the whole set), got ",
+               r.eval_batches);
+  RATION_CHECK(r.checkpoint_every >= 0, cfg.origin(), ": train.checkpoint_every must be >= 0 (0: only at the end), got ",
+               r.checkpoint_every);
+  RATION_CHECK(r.log_every >= 1, cfg.origin(), ": train.log_every must be >= 1, got ", r.log_every);
   return r;
 }
 
@@ -177,6 +192,7 @@ Setup build_setup(Config config) {
   manual_seed(s.seed);
 
   s.data_kind = cfg.get_choice("data.kind", "fashion_mnist", {"fashion_mnist", "text"});
+  int64_t data_max_token = -1;  // text: the largest byte value in the corpus
   memory::CategoryGuard data_memory(memory::Category::Data);
   if (s.data_kind == "fashion_mnist") {
     const std::string dir = cfg.get_string("data.dir", data::kFashionMnistDir);
@@ -195,11 +211,17 @@ Setup build_setup(Config config) {
     s.train_set = std::make_shared<data::TextWindows>(corpus.train(), seq_len, 1);
     s.eval_set = std::make_shared<data::TextWindows>(corpus.val(), seq_len, seq_len);
     s.unigram_entropy_nats = corpus.unigram_entropy(/*bits=*/false);
+    data_max_token = std::max(corpus.train().max().item<int64_t>(), corpus.val().max().item<int64_t>());
   }
   const std::string device = cfg.get_choice("train.device", "cpu", {"cpu", "cuda"});
   {
     memory::CategoryGuard param_memory(memory::Category::Parameters);
     s.model = models::build_model(cfg);
+  }
+  if (const auto* lm = dynamic_cast<const models::LanguageModel*>(s.model.get()); lm && data_max_token >= 0) {
+    RATION_CHECK(data_max_token < lm->vocab_size(), cfg.origin(), ": model.vocab_size = ", lm->vocab_size(),
+                 " but the text in data.files has byte values up to ", data_max_token, "; hint: set model.vocab_size >= ",
+                 data_max_token + 1, " (256 covers every byte)");
   }
   if (device == "cuda") {
 #ifndef RATION_CUDA
@@ -320,10 +342,14 @@ class TrainingRun {
     total_steps_ = options.steps ? *options.steps : (run_.steps > 0 ? run_.steps : epochs * per_epoch_);
     schedule_ = std::make_unique<optim::WarmupCosine>(run_.lr, run_.schedule == "constant" ? run_.lr : run_.min_lr,
                                                       std::min(run_.warmup_steps, total_steps_), total_steps_);
+    fingerprint_ = c.fingerprint(kWeightNeutralKeys) + "-" + std::to_string(total_steps_);
   }
 
   nlohmann::json run() {
     resume();
+    prepare_checkpoint_dir();
+    // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
+    const InterruptScope interrupt;
     model_.train();
     memory::reset_peak();
     first_step_ = step_;
@@ -331,13 +357,31 @@ class TrainingRun {
     for (; step_ < total_steps_; ++step_) {
       train_one_step();
       after_step_duties();
+      if ((stop_signal_ = InterruptScope::requested()) != 0) {
+        ++step_;  // this step is done
+        break;
+      }
     }
     progress_.finish();
-    if (evals_.empty() || evals_.back()["step"].get<int64_t>() != total_steps_) evaluate_now(total_steps_);
-    const std::string final_ckpt = save(total_steps_);
+    // A stopped run skips the final evaluation (the user is waiting) and saves where it stopped.
+    if (stop_signal_ != 0) {
+      progress_.note(std::string("stopped by ") + InterruptScope::name(stop_signal_) + " after step " +
+                     std::to_string(step_));
+    } else if (evals_.empty() || evals_.back()["step"].get<int64_t>() != total_steps_) {
+      evaluate_now(total_steps_);
+    }
+    std::string final_ckpt, checkpoint_error;
+    try {
+      final_ckpt = save(step_);
+    } catch (const Error& e) {
+      checkpoint_error = e.message();  // reported after the report is written
+    }
     if (!final_ckpt.empty()) progress_.note("checkpoint " + final_ckpt);
     nlohmann::json report = build_report(final_ckpt);
-    write_report(report);
+    if (!checkpoint_error.empty()) report["checkpoint_error"] = checkpoint_error;
+    write_report(report, checkpoint_error);
+    RATION_CHECK(checkpoint_error.empty(), "the final checkpoint was not saved: ", checkpoint_error,
+                 options_.report_path.empty() ? "" : "; the report was written to " + options_.report_path);
     return report;
   }
 
@@ -347,11 +391,31 @@ class TrainingRun {
   void resume() {
     if (options_.resume.empty()) return;
     const Checkpoint ckpt = load_checkpoint(options_.resume);
+    RATION_CHECK(ckpt.step < total_steps_, "checkpoint ", ckpt.path, " is at step ", ckpt.step, " but this run has ",
+                 total_steps_, " steps in all, so there is nothing to train; hint: pass --steps greater than ",
+                 ckpt.step, " (the total, not the number of further steps)");
     restore_weights(ckpt, params_, model_.named_buffers());
     optimizer_->import_state(ckpt.optimizer);
     loader_.set_position({ckpt.metadata.ints.at("epoch"), ckpt.metadata.ints.at("loader_index")});
     step_ = ckpt.step;
     progress_.note("resumed from " + ckpt.path + " at step " + std::to_string(step_));
+    const auto planned = ckpt.metadata.ints.find("total_steps");
+    if (planned != ckpt.metadata.ints.end() && planned->second != total_steps_) {
+      notes_.push_back("the saved run was planned for " + std::to_string(planned->second) + " steps, this one for " +
+                       std::to_string(total_steps_) + ": the learning-rate schedule changes from step " +
+                       std::to_string(step_) + " on (warm-up " +
+                       std::to_string(std::min(run_.warmup_steps, total_steps_)) +
+                       " steps, decay to optim.min_lr at step " + std::to_string(total_steps_) + ")");
+      progress_.note("note: " + notes_.back().get<std::string>());
+    }
+  }
+
+  // The checkpoint directory is locked, and checked writable and free of another run's later steps,
+  // before the first step (not after the last).
+  void prepare_checkpoint_dir() {
+    if (run_.checkpoint_dir.empty()) return;
+    checkpoint_lock_.emplace(run_.checkpoint_dir);
+    check_run_may_write(run_.checkpoint_dir, step_, fingerprint_);
   }
 
   // With a budget: profile one step on the first batch (no update) and plan; the plan runs from the
@@ -440,11 +504,12 @@ class TrainingRun {
     meta.ints["epoch"] = loader_.position().epoch;
     meta.ints["loader_index"] = loader_.position().index;
     meta.ints["seed"] = static_cast<int64_t>(setup_.seed);
+    meta.ints["total_steps"] = total_steps_;
     NamedTensors weights;
     for (auto& [n, p] : params_) weights.emplace_back(n, p.tensor());
     for (auto& [n, b] : model_.named_buffers()) weights.emplace_back(n, b);
     return save_checkpoint(run_.checkpoint_dir, at_step, weights, optimizer_->export_state(), meta,
-                           static_cast<int>(run_.keep_checkpoints));
+                           static_cast<int>(run_.keep_checkpoints), fingerprint_);
   }
 
   nlohmann::json memory_report() {
@@ -508,6 +573,9 @@ class TrainingRun {
         {"parameters", model_.num_parameters()},
         {"steps", total_steps_},
         {"first_step", first_step_},
+        {"last_step", step_},
+        {"interrupted", stop_signal_ != 0},
+        {"notes", notes_},
         {"loss", record_.losses},
         {"eval", evals_},
         {"memory", memory_report()},
@@ -517,19 +585,29 @@ class TrainingRun {
         {"effective_config", setup_.config.effective()},
     };
     if (runtime_.engine()) report["offload"] = offload_report();
+    if (stop_signal_ != 0) {
+      report["interrupted_by"] = InterruptScope::name(stop_signal_);
+      report["exit_status"] = InterruptScope::exit_status(stop_signal_);
+    }
     return report;
   }
 
-  void write_report(const nlohmann::json& report) {
+  // `checkpoint_error`: the final save's failure, named too if the report cannot be written either.
+  void write_report(const nlohmann::json& report, const std::string& checkpoint_error) {
     if (options_.report_path.empty()) return;
     const std::filesystem::path p(options_.report_path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     const std::string tmp = options_.report_path + ".tmp";
+    bool written = false;
     {
       std::ofstream out(tmp);
-      RATION_CHECK(out.good(), "cannot write report '", options_.report_path, "'");
       out << report.dump(2) << "\n";
+      out.flush();
+      written = out.good();
     }
+    if (!written) std::filesystem::remove(tmp);
+    RATION_CHECK(written, "cannot write report '", options_.report_path, "'; hint: is its directory writable, the disk ",
+                 "full?", checkpoint_error.empty() ? "" : " (the final checkpoint failed too: " + checkpoint_error + ")");
     std::filesystem::rename(tmp, options_.report_path);
     progress_.note("report " + options_.report_path);
   }
@@ -547,6 +625,10 @@ class TrainingRun {
   std::unique_ptr<optim::WarmupCosine> schedule_;
   std::optional<BudgetCorrector> corrector_;
   int64_t per_epoch_ = 0, total_steps_ = 0, step_ = 0, first_step_ = 0;
+  std::string fingerprint_;                            // this run's identity in its checkpoints
+  std::optional<CheckpointDirLock> checkpoint_lock_;  // held from before the first step to the end
+  int stop_signal_ = 0;                               // SIGINT/SIGTERM that stopped the run, or 0
+  nlohmann::json notes_ = nlohmann::json::array();   // things the user should know, also in the report
   StepRecord record_;
   nlohmann::json evals_ = nlohmann::json::array();
 };
