@@ -10,6 +10,7 @@
 #include "ration/memory/allocator.h"
 #include "ration/memory/budget_policy.h"
 #include "ration/memory/offload.h"
+#include "ration/memory/plan_html.h"
 #include "ration/train/budget.h"
 #include "ration/train/gradcheck.h"
 #include "ration/train/trainer.h"
@@ -91,9 +92,13 @@ Planned plan_for(ration::train::Setup setup, int64_t batch_size) {
   return p;
 }
 
-int cmd_plan(const std::string& config_path, const std::vector<std::string>& overrides, int64_t batch_size, bool json) {
+int cmd_plan(const std::string& config_path, const std::vector<std::string>& overrides, int64_t batch_size, bool json,
+             const std::string& html) {
   using namespace ration;
   Planned p = plan_for(train::build_setup(train::load_config(config_path, overrides)), batch_size);
+  if (!html.empty())
+    memory::write_plan_html(html, "--html", p.profile, p.plan,
+                            config_path + ", budget " + memory::format_bytes(p.plan.budget_bytes));
   if (json) std::cout << p.plan.to_json().dump(2) << "\n";
   else std::cout << p.plan.to_table();
   return 0;
@@ -245,6 +250,8 @@ int main(int argc, char** argv) {
   plan->add_option("--set", plan_overrides, "override a config key: section.key=value (repeatable)");
   plan->add_option("--batch-size", plan_batch, "batch size (default: train.batch_size)");
   plan->add_flag("--json", plan_json, "print the plan as JSON");
+  std::string plan_html;
+  plan->add_option("--html", plan_html, "also write the memory picture (chart and sortable group table) to FILE.html");
   plan_budget.add_to(plan);
   plan_offload.add_to(plan);
 
@@ -264,7 +271,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*gc) return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json);
-    if (*plan) return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json);
+    if (*plan) return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json, plan_html);
   } catch (const ration::Error& e) {
     std::fprintf(stderr, "\nerror: %s\n", e.what());
     return 2;
