@@ -4,9 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include "ration/core/check.h"
+#include "ration/core/trace.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/budget_policy.h"
 #include "ration/memory/offload.h"
@@ -63,6 +65,31 @@ struct OffloadFlags {
   }
 };
 
+// --trace FILE.json [--trace-max-mb N]: a Chrome Trace Event file of everything the command runs.
+struct TraceFlags {
+  std::string path;
+  int64_t max_mb = 256;
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--trace", path, "write a timeline of the run to FILE.json (Chrome Trace Event format: "
+                                     "open in ui.perfetto.dev or chrome://tracing)");
+    cmd->add_option("--trace-max-mb", max_mb, "bound on the trace file in MiB (default 256); a larger trace is an error")
+        ->check(CLI::PositiveNumber);
+  }
+};
+
+// Runs `command` under a trace when --trace was given, and writes the trace once it returns.
+int with_trace(const TraceFlags& flags, const std::function<int()>& command) {
+  if (flags.path.empty()) return command();
+  ration::Trace trace(flags.max_mb << 20);
+  int rc = 0;
+  {
+    ration::TraceScope scope(trace);
+    rc = command();
+  }
+  trace.write(flags.path, "--trace", "--trace-max-mb");
+  return rc;
+}
+
 // Profile one step of the configured model on its first training batch and plan for the budget.
 struct Planned {
   ration::train::Setup setup;
@@ -89,6 +116,7 @@ Planned plan_for(ration::train::Setup setup, int64_t batch_size) {
     po.offload = memory::measure_offload_costs(p.engine->tier(), offload.options);
   }
   p.plan = memory::make_plan(p.profile, po);
+  if (Trace* trace = current_trace()) trace->set_budget(p.plan.budget_bytes);
   return p;
 }
 
@@ -254,6 +282,9 @@ int main(int argc, char** argv) {
   plan->add_option("--html", plan_html, "also write the memory picture (chart and sortable group table) to FILE.html");
   plan_budget.add_to(plan);
   plan_offload.add_to(plan);
+  TraceFlags gc_trace, plan_trace;
+  gc_trace.add_to(gc);
+  plan_trace.add_to(plan);
 
   CLI11_PARSE(app, argc, argv);
   train_budget.apply(topt.overrides);
@@ -270,8 +301,9 @@ int main(int argc, char** argv) {
       if (topt.json) std::cout << report.dump(2) << "\n";
       return 0;
     }
-    if (*gc) return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json);
-    if (*plan) return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json, plan_html);
+    if (*gc) return with_trace(gc_trace, [&] { return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json); });
+    if (*plan)
+      return with_trace(plan_trace, [&] { return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json, plan_html); });
   } catch (const ration::Error& e) {
     std::fprintf(stderr, "\nerror: %s\n", e.what());
     return 2;
