@@ -16,7 +16,7 @@
 #include "ration/memory/plan_html.h"
 #include "ration/memory/planner.h"
 #include "ration/models/model.h"
-#include "ration/train/budget.h"
+#include "ration/train/step_runtime.h"
 
 namespace ration::testing {
 namespace {

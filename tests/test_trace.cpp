@@ -23,7 +23,7 @@
 #include "ration/memory/allocator.h"
 #include "ration/models/model.h"
 #include "ration/ops/ops.h"
-#include "ration/train/budget.h"
+#include "ration/train/step_runtime.h"
 
 namespace ration::testing {
 namespace {

@@ -3,11 +3,11 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/csrc/api/include/torch/version.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -178,19 +178,6 @@ Stats device_stats(const at::Device& device) {
   (void)device;
   return stats();
 }
-
-void reset_device_peak(const at::Device& device) {
-#ifdef RATION_CUDA
-  if (device.is_cuda()) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::cuda::current_device());
-    return;
-  }
-#endif
-  (void)device;
-  reset_peak();
-}
-
-Category current_category() { return t_category; }
 
 CategoryGuard::CategoryGuard(Category c) : prev_(t_category) { t_category = c; }
 CategoryGuard::~CategoryGuard() { t_category = prev_; }

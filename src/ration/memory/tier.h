@@ -57,7 +57,6 @@ class SpillTier : public Tier {
   std::string name() const override { return "disk:" + dir_; }
   std::unique_ptr<Slot> write(const at::Tensor& src) override;
   void read(const Slot& slot, at::Tensor& dst) override;
-  const std::string& dir() const { return dir_; }
   // A file in `dir` that no one else can open (anonymous); -1 with errno on failure.
   static int open_anonymous(const std::string& dir);
 
