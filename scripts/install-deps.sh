@@ -8,6 +8,7 @@ PACKAGES=(
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc protobuf-compiler
   python3-torch dataset-fashion-mnist
+  chromium fonts-dejavu-core  # tests/cli/plan_html_render.sh renders `ration plan --html` headless
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

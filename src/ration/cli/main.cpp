@@ -4,10 +4,13 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include "ration/core/check.h"
+#include "ration/core/trace.h"
 #include "ration/memory/allocator.h"
+#include "ration/memory/plan_html.h"
 #include "ration/train/budget.h"
 #include "ration/train/gradcheck.h"
 #include "ration/train/step_runtime.h"
@@ -83,6 +86,31 @@ struct OffloadFlags {
   }
 };
 
+// --trace FILE.json [--trace-max-mb N]: a Chrome Trace Event file of everything the command runs.
+struct TraceFlags {
+  std::string path;
+  int64_t max_mb = 256;
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--trace", path, "write a timeline of the run to FILE.json (Chrome Trace Event format: "
+                                     "open in ui.perfetto.dev or chrome://tracing)");
+    cmd->add_option("--trace-max-mb", max_mb, "bound on the trace file in MiB (default 256); a larger trace is an error")
+        ->check(CLI::PositiveNumber);
+  }
+};
+
+// Runs `command` under a trace when --trace was given, and writes the trace once it returns.
+int with_trace(const TraceFlags& flags, const std::function<int()>& command) {
+  if (flags.path.empty()) return command();
+  ration::Trace trace(flags.max_mb << 20);
+  int rc = 0;
+  {
+    ration::TraceScope scope(trace);
+    rc = command();
+  }
+  trace.write(flags.path, "--trace", "--trace-max-mb");
+  return rc;
+}
+
 // A command's model, batch and memory runtime, built from the config (and its --set overrides) in one
 // call. With a budget the runtime has profiled one step on the batch and made its plan.
 struct Prepared {
@@ -105,14 +133,20 @@ Prepared prepare(const std::string& config_path, const std::vector<std::string>&
   p.runtime = std::make_unique<train::StepRuntime>(std::move(memory));
   p.runtime->prepare(model, p.batch, p.setup.seed + 1,
                      train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, model));
+  const memory::Plan* plan = p.runtime->current_plan();
+  if (Trace* trace = current_trace(); trace != nullptr && plan != nullptr) trace->set_budget(plan->budget_bytes);
   return p;
 }
 
-int cmd_plan(const std::string& config_path, const std::vector<std::string>& overrides, int64_t batch_size, bool json) {
+int cmd_plan(const std::string& config_path, const std::vector<std::string>& overrides, int64_t batch_size, bool json,
+             const std::string& html) {
   using namespace ration;
   Prepared p = prepare(config_path, overrides, batch_size);
   const memory::Plan* plan = p.runtime->current_plan();
   RATION_CHECK(plan != nullptr, "a memory budget is needed: --memory-budget SIZE (or memory.budget)");
+  if (!html.empty())
+    memory::write_plan_html(html, "--html", p.runtime->step_profile(), *plan,
+                            config_path + ", budget " + memory::format_bytes(plan->budget_bytes));
   if (json) std::cout << plan->to_json().dump(2) << "\n";
   else std::cout << plan->to_table();
   return 0;
@@ -233,8 +267,13 @@ int main(int argc, char** argv) {
   plan->add_option("--set", plan_overrides, "override a config key: section.key=value (repeatable)");
   plan->add_option("--batch-size", plan_batch, "batch size (default: train.batch_size)");
   plan->add_flag("--json", plan_json, "print the plan as JSON");
+  std::string plan_html;
+  plan->add_option("--html", plan_html, "also write the memory picture (chart and sortable group table) to FILE.html");
   plan_budget.add_to(plan);
   plan_offload.add_to(plan);
+  TraceFlags gc_trace, plan_trace;
+  gc_trace.add_to(gc);
+  plan_trace.add_to(plan);
 
   CLI11_PARSE(app, argc, argv);
   train_budget.apply(topt.overrides);
@@ -251,8 +290,9 @@ int main(int argc, char** argv) {
       if (topt.json) std::cout << report.dump(2) << "\n";
       return report.value("exit_status", 0);  // 130 / 143 when stopped by SIGINT / SIGTERM
     }
-    if (*gc) return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json);
-    if (*plan) return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json);
+    if (*gc) return with_trace(gc_trace, [&] { return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json); });
+    if (*plan)
+      return with_trace(plan_trace, [&] { return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json, plan_html); });
   } catch (const ration::Error& e) {
     std::fprintf(stderr, "\nerror: %s\n", ration::describe_error(e).c_str());
     return 2;

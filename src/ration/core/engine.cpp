@@ -6,6 +6,7 @@
 
 #include "ration/core/check.h"
 #include "ration/core/node.h"
+#include "ration/core/trace.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/saved_value.h"
 
@@ -98,6 +99,7 @@ void run_backward(const Values& roots, const std::vector<at::Tensor>& grads, boo
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
+    TraceSpan span(SpanKind::Backward, n->scope, n->spec.name);  // ends after the gradients are routed
     RATION_CHECK(!n->released, "Trying to backward through the graph a second time (op '", n->spec.name,
                  "' already freed its saved values). Pass retain_graph=true to the first backward.");
     std::vector<at::Tensor> grad_out = std::move(pending[n].grads);

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "ration/core/check.h"
+#include "ration/core/trace.h"
 #include "ration/memory/saved_value.h"
 
 #ifdef RATION_CUDA
@@ -130,6 +131,7 @@ std::vector<at::Tensor> Node::recompute(bool store_required) {
       return *hit;
     }
   }
+  TraceSpan span(SpanKind::Recompute, scope, spec.name);
   std::vector<at::Tensor> in(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i]) in[i] = inputs[i]->materialize();
@@ -197,6 +199,9 @@ Values apply_op(const OpSpec& spec, const Values& inputs, ForwardFn forward, Bac
   }
 
   const bool record = any_requires_grad && grad_enabled();
+  // Spans the forward and the policy's after_forward_node: the memory sample at its end is the node's.
+  std::optional<TraceSpan> span;
+  if (record) span.emplace(SpanKind::Forward, t_scope, spec.name);
   std::vector<at::Tensor> outs;
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -264,6 +269,7 @@ Values apply_op(const OpSpec& spec, const Values& inputs, ForwardFn forward, Bac
     result.emplace_back(std::move(impl));
   }
   if (MemoryPolicy* policy = current_policy()) policy->after_forward_node(*node, in, outs);
+  span.reset();  // ends here: the memory sample sees what the policy left, before `outs` goes
   return result;
 }
 

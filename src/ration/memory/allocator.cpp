@@ -3,6 +3,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/csrc/api/include/torch/version.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,7 @@ namespace {
 
 std::mutex g_mu;
 Stats g_stats;
+int64_t g_interval_peak = 0;  // device bytes high-water since the last take_interval_peak()
 bool g_installed = false;
 thread_local Category t_category = Category::Other;
 
@@ -38,6 +40,7 @@ void account(int64_t delta, Category c) {
       g_stats.peak_bytes = g_stats.current_bytes;
       g_stats.at_peak = g_stats.current;
     }
+    g_interval_peak = std::max(g_interval_peak, device_current_bytes(g_stats));
   }
 }
 
@@ -166,6 +169,14 @@ Stats stats() {
 
 int64_t device_peak_bytes(const Stats& s) { return s.peak_bytes - s.at_peak[static_cast<int>(Category::Data)]; }
 int64_t device_current_bytes(const Stats& s) { return s.current_bytes - s.current[static_cast<int>(Category::Data)]; }
+
+int64_t take_interval_peak() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const int64_t now = device_current_bytes(g_stats);
+  const int64_t peak = std::max(g_interval_peak, now);
+  g_interval_peak = now;
+  return peak;
+}
 
 int64_t current_bytes() {
   std::lock_guard<std::mutex> lock(g_mu);

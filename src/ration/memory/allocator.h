@@ -44,6 +44,10 @@ Stats stats();
 int64_t device_peak_bytes(const Stats& s);
 int64_t device_current_bytes(const Stats& s);
 void reset_peak();  // peak := current (per category too)
+// Device bytes' high-water mark since the previous call (the first call: since start), then restarts it
+// from the current bytes. Independent of reset_peak(), so a sampler (the trace's memory counter) sees
+// every peak even while policies reset theirs; meant for one sampler at a time.
+int64_t take_interval_peak();
 int64_t current_bytes();
 
 // Device memory (CUDA caching allocator) for the given device when built with RATION_CUDA; on CPU

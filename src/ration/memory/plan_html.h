@@ -1,0 +1,26 @@
+// plan_html.h — the memory picture of a budget plan: one self-contained HTML page a person can open.
+// Owns: rendering a measured StepProfile and the Plan made from it as HTML — an inline SVG chart of
+//       device memory at every node boundary of forward and backward (measured with everything kept, and
+//       the plan's prediction) with the budget line, axis labels with units and a legend whose series stay
+//       distinct in greyscale (dash patterns), then every saved group as a sortable table (node set,
+//       producer, bytes, decision, recompute ms, copy deadline) — and writing that page to a file.
+//       No network: no external script, style sheet, font or image; the page's only script is inline
+//       (table sorting).
+// Does not own: profiling (profile.h), planning (planner.h), the command line (cli/main.cpp).
+#pragma once
+#include <string>
+
+#include "ration/memory/planner.h"
+#include "ration/memory/profile.h"
+
+namespace ration::memory {
+
+// The page. `title` names the run (e.g. "configs/cnn.toml, budget 60 MiB"); it is escaped.
+std::string plan_html(const StepProfile& profile, const Plan& plan, const std::string& title);
+
+// Writes plan_html(...) to `path` through a temporary file renamed into place, so a reader never sees
+// half a page. Errors name `what` (the flag or key that gave the path), the path and the reason.
+void write_plan_html(const std::string& path, const std::string& what, const StepProfile& profile, const Plan& plan,
+                     const std::string& title);
+
+}  // namespace ration::memory
