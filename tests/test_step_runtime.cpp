@@ -163,6 +163,14 @@ TEST(StepRuntime, EachNodeHasOnePositionPerStep) {
   EXPECT_EQ(order.assign(fresh), 0);
   EXPECT_EQ(order.of(fresh), 0);
   EXPECT_EQ(order.of(*previous), -1) << "a node of an earlier step has no position in this one";
+  // A saved value is named by its producer's position; one whose graph is gone has none.
+  auto producer = std::make_shared<Node>();
+  producer->seq = fresh.seq + 1;
+  order.assign(*producer);
+  SavedValue value(producer, 0, 4);
+  EXPECT_EQ(order.of(value), 1);
+  producer.reset();
+  EXPECT_EQ(order.of(value), -1);
 }
 
 TEST(StepRuntime, ModeFollowsTheSettings) {

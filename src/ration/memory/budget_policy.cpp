@@ -30,7 +30,7 @@ void BudgetPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&
   for (auto& ref : node.saved) {
     SavedValue& v = *ref.value;
     if (v.pinned() || v.state() != SavedState::Resident) continue;
-    const int64_t producer = order_.of(*v.producer());
+    const int64_t producer = order_.of(v);
     if (producer < 0) continue;  // made before this step: not the plan's
     const ValueKey key{producer, v.output_nr()};
     bool drop = dropped_.count(key) > 0;

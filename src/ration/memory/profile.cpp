@@ -55,7 +55,7 @@ int64_t ProfilePolicy::storage_id(const at::Tensor& t) {
 
 ValueKey ProfilePolicy::key_of(const SavedValue& v) const {
   if (v.pinned()) return {-1, static_cast<int>(v.id())};
-  const int64_t ordinal = order_.of(*v.producer());
+  const int64_t ordinal = order_.of(v);
   RATION_ASSERT(ordinal >= 0, "saved value ", v.label(), " from a node outside the profiled step");
   return {ordinal, v.output_nr()};
 }

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "ration/core/node.h"
+#include "ration/memory/saved_value.h"
 
 namespace ration::memory {
 
@@ -32,6 +33,12 @@ class StepOrder {
   // `node`'s position in this step, or -1 when it was not recorded in it.
   int64_t of(const Node& node) const {
     return node.ordinal >= 0 && first_seq_ != kNone && node.seq >= first_seq_ ? node.ordinal : -1;
+  }
+  // The position of `value`'s producer in this step; -1 for a pinned value, a producer recorded
+  // outside this step, or one whose graph is gone.
+  int64_t of(const SavedValue& value) const {
+    const std::shared_ptr<Node> producer = value.producer();
+    return producer ? of(*producer) : -1;
   }
   int64_t size() const { return count_; }  // nodes recorded so far this step
 
