@@ -1,0 +1,80 @@
+// plan_context.h — what every planner strategy works over: the saved groups of one profiled step, the
+// budget, the simulator behind a prediction for any set of decisions, the knapsack order, the greedy
+// descent, and the figures only some strategies need (the feasible floor, the chain candidates), each
+// computed on first use and then kept.
+// Owns: the groups' static data (bytes, producer, single-drop recompute cost), predictions, the
+//       knapsack order and what releasing a group means (offload where the copy hides, else recompute),
+//       the descent, the lazily computed floor and chain candidates.
+// Does not own: the strategies themselves (plan_strategies.cpp), user overrides and the final plan
+//       (planner.cpp), the simulator's rules (plan_simulator.h).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ration/memory/plan_chain.h"
+#include "ration/memory/planner.h"
+#include "ration/memory/profile.h"
+
+namespace ration::memory {
+
+// One strategy's answer: a decision per plan group (forward order) and, for binomial chain schedules,
+// the transient re-runs (Plan::store_from) and the slot count.
+struct Choice {
+  std::vector<Decision> decisions;
+  std::map<int64_t, int64_t> store_from;
+  int64_t chain_slots = 0;
+};
+
+class PlanContext {
+ public:
+  PlanContext(const StepProfile& profile, const PlanOptions& options);
+
+  const StepProfile& profile() const { return profile_; }
+  const PlanOptions& options() const { return options_; }
+  int64_t budget() const { return options_.budget_bytes; }
+  const std::vector<Group>& groups() const { return groups_; }  // decisions all Keep
+  size_t size() const { return groups_.size(); }
+  Choice all_kept() const;
+
+  // Prediction for decisions per group, with transient re-runs `store_from`.
+  Prediction predict(const std::vector<Decision>& decisions,
+                     const std::map<int64_t, int64_t>& store_from = {}) const;
+  bool fits(const Choice& c) const { return predict(c.decisions, c.store_from).peak_bytes <= budget(); }
+  const Prediction& unconstrained() const { return unconstrained_; }
+  int64_t fixed_bytes() const { return fixed_bytes_; }
+
+  // Group indices, cheapest predicted cost (recompute, or an offload that does not hide) per byte first.
+  const std::vector<size_t>& knapsack_order() const { return by_ratio_; }
+  // What releasing group i means: Offload where its copy alone hides under compute (knapsack with
+  // offload only), else Recompute.
+  Decision release_decision(size_t i) const { return release_as_[i]; }
+  // Greedy descent: take releases in `order` when they lower the predicted peak, in passes, until the
+  // prediction fits `target` or no release helps. Returns the peak reached.
+  int64_t descend(std::vector<Decision>& decisions, int64_t target, const std::vector<size_t>& order) const;
+
+  // Computed on first use.
+  const std::string& why_not_chain();                      // empty: the profile is a chain
+  const std::vector<ChainCandidate>& chain_candidates();   // empty unless a chain
+  // The feasible floor: the lowest peak of everything kept, a full descent and the chain candidates.
+  int64_t minimum_peak();
+  // Throws the "below the feasible minimum" error when the budget is under minimum_peak().
+  void check_budget_reachable();
+
+ private:
+  const StepProfile& profile_;
+  const PlanOptions& options_;
+  std::vector<Group> groups_;
+  std::vector<int64_t> rerun_nodes_;  // per group: nodes a single release re-runs
+  std::vector<size_t> by_ratio_;
+  std::vector<Decision> release_as_;  // per group: Offload or Recompute
+  Prediction unconstrained_;
+  int64_t fixed_bytes_ = 0;
+  std::optional<std::string> why_not_chain_;
+  std::optional<std::vector<ChainCandidate>> chain_candidates_;
+  std::optional<int64_t> minimum_peak_;
+};
+
+}  // namespace ration::memory
