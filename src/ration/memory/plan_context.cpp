@@ -1,6 +1,7 @@
 #include "ration/memory/plan_context.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <set>
 #include <unordered_set>
@@ -13,15 +14,39 @@ namespace ration::memory {
 namespace {
 
 // Cost of re-running the producer of storage s if only s were dropped (its unsaved inputs re-run too).
-double single_cost(const StepProfile& p, const std::set<ValueKey>& saved, int64_t producer,
-                   std::unordered_set<int64_t>& seen) {
+double single_cost(const StepProfile& p, const std::vector<double>& forward_ms, const std::set<ValueKey>& saved,
+                   int64_t producer, std::unordered_set<int64_t>& seen) {
   if (producer < 0 || !seen.insert(producer).second) return 0;
   const ProfiledNode& n = p.nodes[static_cast<size_t>(producer)];
-  double cost = n.forward_ms;
+  double cost = forward_ms[static_cast<size_t>(producer)];
   for (const auto& in : n.inputs) {
-    if (in.first >= 0 && !saved.count(in)) cost += single_cost(p, saved, in.first, seen);
+    if (in.first >= 0 && !saved.count(in)) cost += single_cost(p, forward_ms, saved, in.first, seen);
   }
   return cost;
+}
+
+// One measured forward time per node is noisy (a descheduled thread can triple it), and the knapsack
+// order built on it then differs from run to run between nodes that do the same work. Nodes that do the
+// same work — same op, same module path up to block numbers, same bytes allocated — get the median of
+// their measured times, so identical layers cost the same and a single outlier does not move the order.
+std::vector<double> typical_forward_ms(const StepProfile& p) {
+  std::map<std::string, std::vector<size_t>> same_work;
+  for (size_t k = 0; k < p.nodes.size(); ++k) {
+    const ProfiledNode& n = p.nodes[k];
+    std::string key = n.op + "|";
+    for (char ch : n.scope) key += (ch >= '0' && ch <= '9') ? '#' : ch;
+    for (int64_t st : n.allocated_storage) key += "|" + std::to_string(p.storages[static_cast<size_t>(st)].bytes);
+    same_work[key].push_back(k);
+  }
+  std::vector<double> ms(p.nodes.size(), 0);
+  for (const auto& [key, nodes] : same_work) {
+    std::vector<double> t;
+    for (size_t k : nodes) t.push_back(p.nodes[k].forward_ms);
+    std::sort(t.begin(), t.end());
+    const double median = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
+    for (size_t k : nodes) ms[k] = median;
+  }
+  return ms;
 }
 
 // The saved groups of a profile, in forward order of their producers, with the number of nodes a
@@ -32,6 +57,7 @@ std::vector<Group> groups_of(const StepProfile& profile, std::vector<int64_t>& r
   std::set<ValueKey> saved_keys;
   for (const auto& node : profile.nodes)
     for (const auto& k : node.saved) saved_keys.insert(k);
+  const std::vector<double> forward_ms = typical_forward_ms(profile);
   std::vector<std::pair<Group, int64_t>> found;
   for (int64_t s : profile.saved_storages()) {
     if (!probe.droppable(s)) continue;
@@ -42,7 +68,7 @@ std::vector<Group> groups_of(const StepProfile& profile, std::vector<int64_t>& r
     g.op = profile.nodes[static_cast<size_t>(g.producer)].op;
     g.node_set = node_set_of(profile.nodes[static_cast<size_t>(g.producer)].scope);
     std::unordered_set<int64_t> seen;
-    g.recompute_ms = single_cost(profile, saved_keys, g.producer, seen);
+    g.recompute_ms = single_cost(profile, forward_ms, saved_keys, g.producer, seen);
     found.emplace_back(g, static_cast<int64_t>(seen.size()));
   }
   std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first.producer < b.first.producer; });
@@ -111,7 +137,17 @@ PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
     return cost[a] / static_cast<double>(std::max<int64_t>(groups_[a].bytes, 1)) <
            cost[b] / static_cast<double>(std::max<int64_t>(groups_[b].bytes, 1));
   });
-
+  // Orders that depend on memory and graph structure only (never on measured time), for the floor.
+  std::vector<size_t> forward(n);
+  std::iota(forward.begin(), forward.end(), 0);
+  std::vector<size_t> structural = forward;  // fewest re-run nodes per byte first, ties in forward order
+  std::stable_sort(structural.begin(), structural.end(), [&](size_t a, size_t b) {
+    return static_cast<double>(rerun_nodes_[a]) / static_cast<double>(std::max<int64_t>(groups_[a].bytes, 1)) <
+           static_cast<double>(rerun_nodes_[b]) / static_cast<double>(std::max<int64_t>(groups_[b].bytes, 1));
+  });
+  std::vector<size_t> largest(forward.rbegin(), forward.rend());  // largest first, ties latest first
+  std::stable_sort(largest.begin(), largest.end(), [&](size_t a, size_t b) { return groups_[a].bytes > groups_[b].bytes; });
+  memory_orders_ = {std::move(structural), std::move(largest)};
 }
 
 Choice PlanContext::all_kept() const {
@@ -172,13 +208,24 @@ const std::vector<ChainCandidate>& PlanContext::chain_candidates() {
 
 int64_t PlanContext::minimum_peak() {
   if (!minimum_peak_) {
-    std::vector<Decision> lowest = all_kept().decisions;
-    int64_t floor = std::min(unconstrained_.peak_bytes, descend(lowest, 0, by_ratio_));
+    int64_t floor = unconstrained_.peak_bytes;
+    for (const auto& order : memory_orders_) {
+      std::vector<Decision> lowest = all_kept().decisions;
+      floor = std::min(floor, descend(lowest, 0, order));
+    }
     // On a chain, binomial schedules (recompute without storing) reach further down.
     for (const auto& c : chain_candidates()) floor = std::min(floor, c.prediction.peak_bytes);
     minimum_peak_ = floor;
   }
   return *minimum_peak_;
+}
+
+std::optional<Choice> PlanContext::reach_budget_by_memory_order() const {
+  for (const auto& order : memory_orders_) {
+    Choice c = all_kept();
+    if (descend(c.decisions, budget(), order) <= budget()) return c;
+  }
+  return std::nullopt;
 }
 
 void PlanContext::check_budget_reachable() {

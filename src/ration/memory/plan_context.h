@@ -58,8 +58,14 @@ class PlanContext {
   // Computed on first use.
   const std::string& why_not_chain();                      // empty: the profile is a chain
   const std::vector<ChainCandidate>& chain_candidates();   // empty unless a chain
-  // The feasible floor: the lowest peak of everything kept, a full descent and the chain candidates.
+  // The feasible floor: the lowest peak of everything kept, full descents in the memory orders and the
+  // chain candidates. It never depends on measured time, so the same model gets the same floor on every
+  // run: a budget is met or refused deterministically.
   int64_t minimum_peak();
+  // A descent to the budget in the first memory order that reaches it (none when the floor is a chain
+  // schedule or above the budget): what the knapsack falls back to when its time-ordered descent stops
+  // above the budget, so that timing only chooses between plans that fit.
+  std::optional<Choice> reach_budget_by_memory_order() const;
   // Throws the "below the feasible minimum" error when the budget is under minimum_peak().
   void check_budget_reachable();
 
@@ -69,6 +75,9 @@ class PlanContext {
   std::vector<Group> groups_;
   std::vector<int64_t> rerun_nodes_;  // per group: nodes a single release re-runs
   std::vector<size_t> by_ratio_;
+  // Memory orders: fewest re-run nodes per byte first; largest first. Floors from the two differ by
+  // model (the first is lower on transformers, the second on recurrent chains), so both are tried.
+  std::vector<std::vector<size_t>> memory_orders_;
   std::vector<Decision> release_as_;  // per group: Offload or Recompute
   Prediction unconstrained_;
   int64_t fixed_bytes_ = 0;

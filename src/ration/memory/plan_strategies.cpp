@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
@@ -21,13 +22,20 @@ namespace {
 // changed nothing).
 constexpr int kOffloadRepairPasses = 3;
 
-// Knapsack: greedy descent in cost-per-byte order to the budget, then keep back as much as still fits
-// (most expensive first), then trade offloads whose queueing stall costs more than recomputing; on a
-// chain, if the greedy plan does not fit, the binomial schedule that fits with the fewest re-runs.
+// Knapsack: greedy descent in cost-per-byte order (measured recompute time) to the budget, falling back
+// to a memory-ordered descent where that one stops above it; then keep back as much as still fits (most
+// expensive first), then trade offloads whose queueing stall costs more than recomputing; on a chain, if
+// the greedy plan does not fit, the binomial schedule that fits with the fewest re-runs. A budget below
+// the floor is refused before any of this, so that measured times never decide whether a budget is met.
 Choice knapsack(PlanContext& ctx) {
+  ctx.check_budget_reachable();
   Choice c = ctx.all_kept();
   std::vector<Decision>& d = c.decisions;
-  ctx.descend(d, ctx.budget(), ctx.knapsack_order());
+  if (ctx.descend(d, ctx.budget(), ctx.knapsack_order()) > ctx.budget()) {
+    // The time-ordered descent got stuck above the budget; where a memory-ordered one reaches it, take
+    // that, so whether a budget is met never depends on measured times.
+    if (std::optional<Choice> reached = ctx.reach_budget_by_memory_order()) c = std::move(*reached);
+  }
   const std::vector<size_t>& order = ctx.knapsack_order();
   for (size_t r = order.size(); r-- > 0;) {
     const size_t i = order[r];
