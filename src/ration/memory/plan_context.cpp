@@ -8,6 +8,7 @@
 
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
+#include "ration/memory/plan_incremental.h"
 #include "ration/memory/plan_simulator.h"
 
 namespace ration::memory {
@@ -127,6 +128,7 @@ PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
                                             bwd_before[static_cast<size_t>(span.first_use[st])]);
       if (alone < g.recompute_ms) {
         release_as_[i] = Decision::Offload;
+        any_offload_release_ = true;
         cost[i] = alone;
       }
     }
@@ -150,6 +152,19 @@ PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
   memory_orders_ = {std::move(structural), std::move(largest)};
 }
 
+bool PlanContext::keep_or_recompute(const std::vector<Decision>& d) const {
+  return !any_offload_release_ && std::find(d.begin(), d.end(), Decision::Offload) == d.end();
+}
+
+IncrementalPeak PlanContext::incremental(const std::vector<Decision>& d) const {
+  // Descents start from everything kept: build that one once and hand out copies.
+  if (std::all_of(d.begin(), d.end(), [](Decision x) { return x == Decision::Keep; })) {
+    if (!all_kept_peak_) all_kept_peak_.emplace(profile_, groups_, options_.extra_fixed_bytes, d);
+    return *all_kept_peak_;
+  }
+  return IncrementalPeak(profile_, groups_, options_.extra_fixed_bytes, d);
+}
+
 Choice PlanContext::all_kept() const {
   Choice c;
   c.decisions.assign(groups_.size(), Decision::Keep);
@@ -169,6 +184,26 @@ Prediction PlanContext::predict(const std::vector<Decision>& decisions,
 // Releasing is not monotone: a released run of values is rebuilt and held together in backward, so a
 // release that only adds recompute transients is undone.
 int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order) const {
+  if (keep_or_recompute(d)) {  // the same descent, each try priced by the incremental peak
+    IncrementalPeak inc = incremental(d);
+    int64_t peak = inc.peak();
+    bool progress = true;
+    while (peak > target && progress) {
+      progress = false;
+      for (size_t i : order) {
+        if (d[i] != Decision::Keep) continue;
+        const int64_t p = inc.peak_if(i, Decision::Recompute);
+        if (p < peak) {
+          inc.set(i, Decision::Recompute);
+          d[i] = Decision::Recompute;
+          peak = p;
+          progress = true;
+          if (peak <= target) break;
+        }
+      }
+    }
+    return peak;
+  }
   int64_t peak = predict(d).peak_bytes;
   bool progress = true;
   while (peak > target && progress) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ration/memory/plan_chain.h"
+#include "ration/memory/plan_incremental.h"
 #include "ration/memory/planner.h"
 #include "ration/memory/profile.h"
 
@@ -45,6 +46,11 @@ class PlanContext {
   bool fits(const Choice& c) const { return predict(c.decisions, c.store_from).peak_bytes <= budget(); }
   const Prediction& unconstrained() const { return unconstrained_; }
   int64_t fixed_bytes() const { return fixed_bytes_; }
+
+  // Predictions for keep/recompute decisions (no offload, no transient re-runs) kept up to date as single
+  // groups change: what the descents and the strategies' fit checks use (plan_incremental.h).
+  bool keep_or_recompute(const std::vector<Decision>& decisions) const;
+  IncrementalPeak incremental(const std::vector<Decision>& decisions) const;
 
   // Group indices, cheapest predicted cost (recompute, or an offload that does not hide) per byte first.
   const std::vector<size_t>& knapsack_order() const { return by_ratio_; }
@@ -79,11 +85,13 @@ class PlanContext {
   // model (the first is lower on transformers, the second on recurrent chains), so both are tried.
   std::vector<std::vector<size_t>> memory_orders_;
   std::vector<Decision> release_as_;  // per group: Offload or Recompute
+  bool any_offload_release_ = false;
   Prediction unconstrained_;
   int64_t fixed_bytes_ = 0;
   std::optional<std::string> why_not_chain_;
   std::optional<std::vector<ChainCandidate>> chain_candidates_;
   std::optional<int64_t> minimum_peak_;
+  mutable std::optional<IncrementalPeak> all_kept_peak_;
 };
 
 }  // namespace ration::memory

@@ -37,12 +37,22 @@ Choice knapsack(PlanContext& ctx) {
     if (std::optional<Choice> reached = ctx.reach_budget_by_memory_order()) c = std::move(*reached);
   }
   const std::vector<size_t>& order = ctx.knapsack_order();
-  for (size_t r = order.size(); r-- > 0;) {
-    const size_t i = order[r];
-    if (d[i] == Decision::Keep) continue;
-    const Decision released = d[i];
-    d[i] = Decision::Keep;
-    if (!ctx.fits(c)) d[i] = released;
+  if (ctx.keep_or_recompute(d)) {
+    IncrementalPeak inc = ctx.incremental(d);
+    for (size_t r = order.size(); r-- > 0;) {
+      const size_t i = order[r];
+      if (d[i] == Decision::Keep || inc.peak_if(i, Decision::Keep) > ctx.budget()) continue;
+      inc.set(i, Decision::Keep);
+      d[i] = Decision::Keep;
+    }
+  } else {
+    for (size_t r = order.size(); r-- > 0;) {
+      const size_t i = order[r];
+      if (d[i] == Decision::Keep) continue;
+      const Decision released = d[i];
+      d[i] = Decision::Keep;
+      if (!ctx.fits(c)) d[i] = released;
+    }
   }
   if (ctx.options().offload) {
     for (int pass = 0; pass < kOffloadRepairPasses; ++pass) {
@@ -88,7 +98,11 @@ Choice optimal_chain(PlanContext& ctx) {
 // Ordered: recompute groups in forward order until the prediction fits.
 Choice ordered(PlanContext& ctx) {
   Choice c = ctx.all_kept();
-  for (size_t i = 0; i < c.decisions.size() && !ctx.fits(c); ++i) c.decisions[i] = Decision::Recompute;
+  IncrementalPeak inc = ctx.incremental(c.decisions);
+  for (size_t i = 0; i < c.decisions.size() && inc.peak() > ctx.budget(); ++i) {
+    inc.set(i, Decision::Recompute);
+    c.decisions[i] = Decision::Recompute;
+  }
   return c;
 }
 
