@@ -21,6 +21,7 @@
 #include "ration/memory/allocator.h"
 #include "ration/memory/planner.h"
 #include "ration/train/budget.h"
+#include "ration/train/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
