@@ -101,7 +101,7 @@ TEST(PlanHtml, ChartAndTableMatchThePlan) {
     const std::regex row_re("<tr data-group=\"" + std::to_string(g.storage) + "\">.*?data-v=\"" +
                             std::to_string(g.bytes) + "\".*?data-v=\"(kept|recomputed|offloaded)\"");
     ASSERT_TRUE(std::regex_search(page, m, row_re)) << "group " << g.storage;
-    EXPECT_EQ(m[1].str(), g.keep ? "kept" : g.offload ? "offloaded" : "recomputed");
+    EXPECT_EQ(m[1].str(), g.decision == memory::Decision::Keep ? "kept" : g.decision == memory::Decision::Offload ? "offloaded" : "recomputed");
   }
 
   // Self-contained and escaped.

@@ -11,6 +11,7 @@
 #include "ration/core/trace.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/plan_html.h"
+#include "ration/memory/plan_report.h"
 #include "ration/train/budget.h"
 #include "ration/train/gradcheck.h"
 #include "ration/train/step_runtime.h"
@@ -43,7 +44,7 @@ struct BudgetFlags {
   int64_t keep_groups = -1;
   void add_to(CLI::App* cmd) {
     cmd->add_option("--memory-budget", budget, "whole device-memory budget, e.g. 512MiB, 2GiB, 1.5G (memory.budget)");
-    cmd->add_option("--plan", plan, "planner strategy: knapsack (default), ordered, ordered-sets, uniform, sqrt, optimal-chain (memory.plan)");
+    cmd->add_option("--plan", plan, "planner strategy: " + ration::memory::strategy_name_list() + " (memory.plan; default knapsack)");
     cmd->add_option("--keep-groups", keep_groups, "keep at most N saved groups (may only lower the plan's figure)")
         ->check(integer_at_least(0, "saved groups to keep"));
     cmd->add_option("--keep-bytes", keep_bytes, "keep at most SIZE of saved groups (may only lower the plan's figure)");
@@ -147,7 +148,7 @@ int cmd_plan(const std::string& config_path, const std::vector<std::string>& ove
   if (!html.empty())
     memory::write_plan_html(html, "--html", p.runtime->step_profile(), *plan,
                             config_path + ", budget " + memory::format_bytes(plan->budget_bytes));
-  if (json) std::cout << plan->to_json().dump(2) << "\n";
+  if (json) std::cout << ration::memory::to_json(*plan).dump(2) << "\n";
   else std::cout << plan->to_table();
   return 0;
 }

@@ -45,7 +45,14 @@ std::string fixed(double v, int decimals) {
 }
 
 // What the plan decided for a group, as the table shows it.
-const char* decision_of(const Group& g) { return g.keep ? "kept" : g.offload ? "offloaded" : "recomputed"; }
+const char* decision_of(const Group& g) {
+  switch (g.decision) {
+    case Decision::Keep: return "kept";
+    case Decision::Offload: return "offloaded";
+    case Decision::Recompute: return "recomputed";
+  }
+  return "?";
+}
 
 // One line of the chart: bytes per node slot (forward ordinals, then backward execution order).
 struct Series {
@@ -303,7 +310,7 @@ void write_table(std::ostringstream& os, const StepProfile& profile, const Plan&
      << "</tr></thead>\n<tbody>\n";
   for (const auto& g : plan.groups) {
     const char* decision = decision_of(g);
-    const bool offloaded = !g.keep && g.offload;
+    const bool offloaded = g.decision == Decision::Offload;
     std::string producer = g.op + " #" + std::to_string(g.producer);
     if (g.producer >= 0 && static_cast<size_t>(g.producer) < profile.nodes.size() &&
         !profile.nodes[static_cast<size_t>(g.producer)].scope.empty())

@@ -1,9 +1,12 @@
-// planner.h — the budget planner (seed method M0): from a measured StepProfile and a device-memory
-// budget, decide keep or recompute for every saved group so that the predicted peak at every point of
-// forward and backward (recompute transients included) fits the budget.
-// Owns: the memory simulator (which mirrors the executor's rules exactly: what is resident, what a
-//       recompute rebuilds and stores, what it frees), the strategies, user overrides, and the plan as
-//       data (printable, JSON). Does not own: executing the plan (budget_policy.h).
+// planner.h — the budget planner: from a measured StepProfile and a device-memory budget, decide for every
+// saved group whether it is kept, recomputed or offloaded so that the predicted peak at every point of
+// forward and backward (recompute transients and copies included) fits the budget. The method is
+// described in docs/METHODS.md, "Keep / recompute / offload planning".
+// Owns: the plan as data (groups, decisions, prediction), the strategy names, make_plan (strategy, user
+//       overrides, final prediction), the public simulator entry points. Does not own: executing the plan
+//       (budget_policy.h), the simulator's rules (plan_simulator.h), the strategies' bodies
+//       (plan_strategies.cpp over plan_context.h), the chain schedule (plan_chain.h), printing a plan
+//       (plan_report.h).
 //
 // Terms: a group is one saved storage (views share their base's storage), owned by the node that
 // allocated it; a node set is the module a group's producer belongs to ("blocks.3", "conv1").
@@ -11,8 +14,6 @@
 // of everything that is not a saved activation (parameters, gradients, optimiser state, data, workspace
 // and backward transients).
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -25,14 +26,27 @@
 
 namespace ration::memory {
 
-// OptimalChain: the binomial (Revolve, Griewank) schedule for chain-shaped models: which values to keep
-// in forward and, for the dropped ones, in which backward re-run sweep each is stored as a temporary
-// checkpoint (earlier sweeps pass through it without storing). Errors for graphs that are not chains.
+// The planner's strategies; their names come from one table (plan_strategies.cpp) used by the CLI, the
+// config check and the JSON output. OptimalChain: the binomial (Revolve, Griewank) schedule for
+// chain-shaped models: which values to keep in forward and, for the dropped ones, in which backward
+// re-run sweep each is stored as a temporary checkpoint. Errors for graphs that are not chains.
 enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt, OptimalChain };
 Strategy parse_strategy(const std::string& name);  // throws listing the valid names
 const char* to_string(Strategy s);
+// Every strategy's name, in table order ("knapsack" first: the default).
+const std::vector<std::string>& strategy_names();
+// "knapsack, ordered, ... or optimal-chain" for help texts and error messages.
+std::string strategy_name_list();
 
-// Measured cost of the offload tier (seed M2) for the joint keep/recompute/offload plan.
+// What the plan does with one saved group.
+enum class Decision : uint8_t {
+  Keep,       // stays resident from its save until its last use in backward
+  Recompute,  // freed after forward; its producer is re-run in backward before the first use
+  Offload,    // copied to the offload tier after its save and fetched back before its first use
+};
+const char* to_string(Decision d);  // "keep", "recompute", "offload"
+
+// Measured cost of the offload tier for the joint keep/recompute/offload plan.
 struct OffloadCosts {
   double write_bytes_per_ms = 0;  // copy-out bandwidth (Q2)
   double read_bytes_per_ms = 0;   // copy-in bandwidth (Q4)
@@ -59,6 +73,9 @@ struct PlanOptions {
   std::optional<int64_t> keep_groups;       // user override: keep at most this many groups
   std::optional<int64_t> keep_bytes;        // user override: keep at most this many bytes
   std::optional<OffloadCosts> offload;      // set: offload is a third choice next to keep/recompute
+  // Compute the feasible minimum for the report even when the strategy meets the budget (it is always
+  // computed to explain a budget that cannot be met). A re-plan that does not print it may skip it.
+  bool report_minimum = true;
 };
 
 struct Prediction {
@@ -78,10 +95,10 @@ struct Group {
   int64_t producer = -1;           // ordinal of the node that allocated it
   std::string op, node_set;
   double recompute_ms = 0;         // producer chain cost if this group alone were dropped
-  bool keep = true;
-  bool offload = false;            // not kept: offloaded (true) or recomputed (false)
+  Decision decision = Decision::Keep;
   int64_t deadline = -1;           // offloaded: forward ordinal by whose end the copy is done
   int prefetch = 0;                // offloaded: backward ordinals ahead of first use to fetch back
+  bool kept() const { return decision == Decision::Keep; }
 };
 
 struct Plan {
@@ -90,7 +107,8 @@ struct Plan {
   int64_t fixed_bytes = 0;         // fixed occupancy
   int64_t capacity_bytes = 0;      // budget − fixed
   int64_t unconstrained_peak_bytes = 0;  // predicted with everything kept
-  int64_t minimum_peak_bytes = 0;  // predicted with every group dropped (the feasible floor we know)
+  // The lowest peak the planner can reach for this profile (PlanOptions::report_minimum; 0 = not computed).
+  int64_t minimum_peak_bytes = 0;
   int64_t initial_kept_groups = 0, initial_kept_bytes = 0;  // before user overrides
   int64_t kept_groups = 0, kept_bytes = 0, dropped_groups = 0, dropped_bytes = 0;
   int64_t offloaded_groups = 0, offloaded_bytes = 0;  // counted among the dropped
@@ -104,6 +122,7 @@ struct Plan {
   int64_t chain_slots = 0;         // a binomial chain schedule's slots (activation states resident at once)
   Prediction prediction;
   bool fits = false;
+  double plan_ms = 0;              // wall time make_plan took (profiling excluded)
 
   // Keys (producer ordinal, output) of every saved value whose group is recomputed.
   std::set<ValueKey> dropped_keys(const StepProfile& profile) const;
@@ -113,22 +132,18 @@ struct Plan {
   };
   // Keys of every saved value whose group is offloaded, with its copy deadline and prefetch distance.
   std::map<ValueKey, OffloadOrder> offloaded_keys(const StepProfile& profile) const;
-  nlohmann::json to_json() const;
-  std::string to_table() const;
+  std::string to_table() const;    // plan_report.cpp; the JSON form is memory::to_json (plan_report.h)
 };
 
-// Decision per storage id for the simulator.
-enum : char { kKeep = 0, kRecompute = 1, kOffload = 2 };
-// Simulate one step with the given decisions (by storage id: kKeep / kRecompute / kOffload; offloaded
-// storages follow `schedule`, which must then be given).
-Prediction simulate(const StepProfile& profile, const std::vector<char>& decision, int64_t extra_fixed_bytes,
+// Simulate one step with the given decisions (by storage id; offloaded storages follow `schedule`,
+// which must then be given). `store_from`: transient re-runs (Plan::store_from).
+Prediction simulate(const StepProfile& profile, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const OffloadSchedule* schedule = nullptr);
-// Same, with transient re-runs (Plan::store_from).
-Prediction simulate(const StepProfile& profile, const std::vector<char>& decision, int64_t extra_fixed_bytes,
+Prediction simulate(const StepProfile& profile, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule = nullptr);
 // The copy queues' timeline for the offloaded storages: FIFO copy-out after the saving node, deadline
 // at the first node whose end the copy has reached; fetch-back early enough to land before first use.
-OffloadSchedule schedule_offloads(const StepProfile& profile, const std::vector<char>& decision,
+OffloadSchedule schedule_offloads(const StepProfile& profile, const std::vector<Decision>& decision,
                                   const OffloadCosts& costs);
 
 // Plan. Throws ration::Error when the budget is below the feasible minimum (stating it), when the

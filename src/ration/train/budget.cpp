@@ -15,7 +15,7 @@ BudgetSettings read_budget_settings(Config& cfg) {
     s.plan.budget_bytes = *s.budget_bytes;
   }
   s.plan.strategy = memory::parse_strategy(
-      cfg.get_choice("memory.plan", "knapsack", {"knapsack", "ordered", "ordered-sets", "uniform", "sqrt", "optimal-chain"}));
+      cfg.get_choice("memory.plan", memory::strategy_names().front(), memory::strategy_names()));
   s.plan.checkpoint_every = cfg.get_int("memory.checkpoint_every", 1);
   RATION_CHECK(s.plan.checkpoint_every >= 1, cfg.origin(), ": memory.checkpoint_every must be >= 1");
   if (cfg.has("memory.keep_groups")) {

@@ -21,6 +21,7 @@
 #include "ration/optim/clip.h"
 #include "ration/optim/schedule.h"
 #include "ration/optim/sgd.h"
+#include "ration/memory/plan_report.h"
 #include "ration/train/budget.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/progress.h"
@@ -581,7 +582,7 @@ class TrainingRun {
         {"memory", memory_report()},
         {"time", time_report()},
         {"checkpoint", final_ckpt},
-        {"plan", plan ? plan->to_json() : nlohmann::json(nullptr)},
+        {"plan", plan ? memory::to_json(*plan) : nlohmann::json(nullptr)},
         {"effective_config", setup_.config.effective()},
     };
     if (runtime_.engine()) report["offload"] = offload_report();

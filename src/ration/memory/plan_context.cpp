@@ -1,0 +1,288 @@
+#include "ration/memory/plan_context.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+#include <unordered_set>
+
+#include "ration/core/check.h"
+#include "ration/memory/allocator.h"
+#include "ration/memory/plan_incremental.h"
+#include "ration/memory/plan_simulator.h"
+
+namespace ration::memory {
+namespace {
+
+// Cost of re-running the producer of storage s if only s were dropped (its unsaved inputs re-run too).
+double single_cost(const StepProfile& p, const std::vector<double>& forward_ms, const std::set<ValueKey>& saved,
+                   int64_t producer, std::unordered_set<int64_t>& seen) {
+  if (producer < 0 || !seen.insert(producer).second) return 0;
+  const ProfiledNode& n = p.nodes[static_cast<size_t>(producer)];
+  double cost = forward_ms[static_cast<size_t>(producer)];
+  for (const auto& in : n.inputs) {
+    if (in.first >= 0 && !saved.count(in)) cost += single_cost(p, forward_ms, saved, in.first, seen);
+  }
+  return cost;
+}
+
+// One measured forward time per node is noisy (a descheduled thread can triple it), and the knapsack
+// order built on it then differs from run to run between nodes that do the same work. Nodes that do the
+// same work — same op, same module path up to block numbers, same bytes allocated — get the median of
+// their measured times, so identical layers cost the same and a single outlier does not move the order.
+std::vector<double> typical_forward_ms(const StepProfile& p) {
+  std::map<std::string, std::vector<size_t>> same_work;
+  for (size_t k = 0; k < p.nodes.size(); ++k) {
+    const ProfiledNode& n = p.nodes[k];
+    std::string key = n.op + "|";
+    for (char ch : n.scope) key += (ch >= '0' && ch <= '9') ? '#' : ch;
+    for (int64_t st : n.allocated_storage) key += "|" + std::to_string(p.storages[static_cast<size_t>(st)].bytes);
+    same_work[key].push_back(k);
+  }
+  std::vector<double> ms(p.nodes.size(), 0);
+  for (const auto& [key, nodes] : same_work) {
+    std::vector<double> t;
+    for (size_t k : nodes) t.push_back(p.nodes[k].forward_ms);
+    std::sort(t.begin(), t.end());
+    const double median = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
+    for (size_t k : nodes) ms[k] = median;
+  }
+  return ms;
+}
+
+// The saved groups of a profile, in forward order of their producers, with the number of nodes a
+// single release would re-run (the group's producer and its unsaved inputs' producers).
+std::vector<Group> groups_of(const StepProfile& profile, std::vector<int64_t>& rerun_nodes) {
+  const std::vector<Decision> none(profile.storages.size(), Decision::Keep);
+  const Simulator probe(profile, none, 0);
+  std::set<ValueKey> saved_keys;
+  for (const auto& node : profile.nodes)
+    for (const auto& k : node.saved) saved_keys.insert(k);
+  const std::vector<double> forward_ms = typical_forward_ms(profile);
+  std::vector<std::pair<Group, int64_t>> found;
+  for (int64_t s : profile.saved_storages()) {
+    if (!probe.droppable(s)) continue;
+    Group g;
+    g.storage = s;
+    g.bytes = profile.storages[static_cast<size_t>(s)].bytes;
+    g.producer = profile.storages[static_cast<size_t>(s)].allocated_by;
+    g.op = profile.nodes[static_cast<size_t>(g.producer)].op;
+    g.node_set = node_set_of(profile.nodes[static_cast<size_t>(g.producer)].scope);
+    std::unordered_set<int64_t> seen;
+    g.recompute_ms = single_cost(profile, forward_ms, saved_keys, g.producer, seen);
+    found.emplace_back(g, static_cast<int64_t>(seen.size()));
+  }
+  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first.producer < b.first.producer; });
+  std::vector<Group> groups;
+  rerun_nodes.clear();
+  for (auto& [g, nodes] : found) {
+    groups.push_back(std::move(g));
+    rerun_nodes.push_back(nodes);
+  }
+  return groups;
+}
+
+// The joint plan (knapsack with offload): a group's predicted cost when offloaded alone is its two copies'
+// fixed cost plus whatever part of each copy does not hide under the compute between its saving and the
+// end of forward (copy-out) or between the start of backward and its first use (copy-in).
+double offload_alone_ms(const Group& g, const OffloadCosts& c, double forward_window_ms, double backward_window_ms) {
+  const double bytes = static_cast<double>(g.bytes);
+  return 2 * c.per_copy_ms + std::max(0.0, bytes / c.write_bytes_per_ms - forward_window_ms) +
+         std::max(0.0, bytes / c.read_bytes_per_ms - backward_window_ms);
+}
+
+}  // namespace
+
+PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
+    : profile_(profile), options_(options) {
+  groups_ = groups_of(profile, rerun_nodes_);
+  const size_t n = groups_.size();
+  unconstrained_ = predict(all_kept().decisions);
+  int64_t saved_total = 0;
+  for (const auto& g : groups_) saved_total += g.bytes;
+  // Fixed occupancy: the measured peak of everything that is not a saved activation.
+  fixed_bytes_ = std::max<int64_t>(0, unconstrained_.peak_bytes - saved_total);
+
+  // Knapsack order by predicted cost per byte; with offload (knapsack only) a group is offloaded where
+  // the copy alone would hide better than re-running its producers.
+  std::vector<double> cost(n);
+  release_as_.assign(n, Decision::Recompute);
+  for (size_t i = 0; i < n; ++i) cost[i] = groups_[i].recompute_ms;
+  if (options.offload && options.strategy == Strategy::Knapsack && options.offload->capacity_bytes > 0) {
+    const OffloadCosts& c = *options.offload;
+    RATION_CHECK(c.write_bytes_per_ms > 0 && c.read_bytes_per_ms > 0, "offload planning needs measured tier bandwidths");
+    const SaveSpan span = save_span(profile);
+    double fwd_total = 0, bwd_total = 0;
+    std::vector<double> end_f;
+    for (const auto& node : profile.nodes) end_f.push_back(fwd_total += node.forward_ms);
+    std::vector<double> bwd_before(profile.nodes.size(), 0);  // backward time before the node runs
+    for (int64_t ord : profile.backward_order) {
+      bwd_before[static_cast<size_t>(ord)] = bwd_total;
+      bwd_total += profile.nodes[static_cast<size_t>(ord)].backward_ms;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const Group& g = groups_[i];
+      const auto st = static_cast<size_t>(g.storage);
+      if (g.bytes < std::max<int64_t>(c.min_bytes, 1) || span.saved_at[st] < 0) continue;
+      const double alone = offload_alone_ms(g, c, fwd_total - end_f[static_cast<size_t>(span.saved_at[st])],
+                                            bwd_before[static_cast<size_t>(span.first_use[st])]);
+      if (alone < g.recompute_ms) {
+        release_as_[i] = Decision::Offload;
+        any_offload_release_ = true;
+        cost[i] = alone;
+      }
+    }
+  }
+  by_ratio_.resize(n);
+  std::iota(by_ratio_.begin(), by_ratio_.end(), 0);
+  std::stable_sort(by_ratio_.begin(), by_ratio_.end(), [&](size_t a, size_t b) {
+    return cost[a] / static_cast<double>(std::max<int64_t>(groups_[a].bytes, 1)) <
+           cost[b] / static_cast<double>(std::max<int64_t>(groups_[b].bytes, 1));
+  });
+  // Orders that depend on memory and graph structure only (never on measured time), for the floor.
+  std::vector<size_t> forward(n);
+  std::iota(forward.begin(), forward.end(), 0);
+  std::vector<size_t> structural = forward;  // fewest re-run nodes per byte first, ties in forward order
+  std::stable_sort(structural.begin(), structural.end(), [&](size_t a, size_t b) {
+    return static_cast<double>(rerun_nodes_[a]) / static_cast<double>(std::max<int64_t>(groups_[a].bytes, 1)) <
+           static_cast<double>(rerun_nodes_[b]) / static_cast<double>(std::max<int64_t>(groups_[b].bytes, 1));
+  });
+  std::vector<size_t> largest(forward.rbegin(), forward.rend());  // largest first, ties latest first
+  std::stable_sort(largest.begin(), largest.end(), [&](size_t a, size_t b) { return groups_[a].bytes > groups_[b].bytes; });
+  memory_orders_ = {std::move(structural), std::move(largest)};
+}
+
+namespace {
+// The tier stores each offloaded buffer in whole file-system pages.
+constexpr int64_t kTierPage = 4096;
+int64_t in_tier(int64_t bytes) { return (bytes + kTierPage - 1) / kTierPage * kTierPage; }
+}  // namespace
+
+Decision PlanContext::release_decision(size_t i, const std::vector<Decision>& decisions) const {
+  if (release_as_[i] != Decision::Offload) return release_as_[i];
+  int64_t offloaded = 0;
+  for (size_t j = 0; j < groups_.size(); ++j)
+    if (j != i && decisions[j] == Decision::Offload) offloaded += in_tier(groups_[j].bytes);
+  return in_tier(groups_[i].bytes) <= options_.offload->capacity_bytes - offloaded ? Decision::Offload
+                                                                                   : Decision::Recompute;
+}
+
+bool PlanContext::keep_or_recompute(const std::vector<Decision>& d) const {
+  return !any_offload_release_ && std::find(d.begin(), d.end(), Decision::Offload) == d.end();
+}
+
+IncrementalPeak PlanContext::incremental(const std::vector<Decision>& d) const {
+  // Descents start from everything kept: build that one once and hand out copies.
+  if (std::all_of(d.begin(), d.end(), [](Decision x) { return x == Decision::Keep; })) {
+    if (!all_kept_peak_) all_kept_peak_.emplace(profile_, groups_, options_.extra_fixed_bytes, d);
+    return *all_kept_peak_;
+  }
+  return IncrementalPeak(profile_, groups_, options_.extra_fixed_bytes, d);
+}
+
+Choice PlanContext::all_kept() const {
+  Choice c;
+  c.decisions.assign(groups_.size(), Decision::Keep);
+  return c;
+}
+
+Prediction PlanContext::predict(const std::vector<Decision>& decisions,
+                                const std::map<int64_t, int64_t>& store_from) const {
+  std::vector<Decision> by_storage(profile_.storages.size(), Decision::Keep);
+  for (size_t i = 0; i < groups_.size(); ++i) by_storage[static_cast<size_t>(groups_[i].storage)] = decisions[i];
+  const int64_t extra = options_.extra_fixed_bytes;
+  if (!options_.offload) return simulate(profile_, by_storage, extra, store_from);
+  const OffloadSchedule sch = schedule_offloads(profile_, by_storage, *options_.offload);
+  return simulate(profile_, by_storage, extra, store_from, &sch);
+}
+
+// Releasing is not monotone: a released run of values is rebuilt and held together in backward, so a
+// release that only adds recompute transients is undone.
+int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order) const {
+  if (keep_or_recompute(d)) {  // the same descent, each try priced by the incremental peak
+    IncrementalPeak inc = incremental(d);
+    int64_t peak = inc.peak();
+    bool progress = true;
+    while (peak > target && progress) {
+      progress = false;
+      for (size_t i : order) {
+        if (d[i] != Decision::Keep) continue;
+        const int64_t p = inc.peak_if(i, Decision::Recompute);
+        if (p < peak) {
+          inc.set(i, Decision::Recompute);
+          d[i] = Decision::Recompute;
+          peak = p;
+          progress = true;
+          if (peak <= target) break;
+        }
+      }
+    }
+    return peak;
+  }
+  int64_t peak = predict(d).peak_bytes;
+  bool progress = true;
+  while (peak > target && progress) {
+    progress = false;
+    for (size_t i : order) {
+      if (d[i] != Decision::Keep) continue;
+      d[i] = release_decision(i, d);
+      int64_t p = predict(d).peak_bytes;
+      if (p >= peak && d[i] == Decision::Offload) {  // an offload held too long to help: try recomputing it
+        d[i] = Decision::Recompute;
+        p = predict(d).peak_bytes;
+      }
+      if (p < peak) {
+        peak = p;
+        progress = true;
+        if (peak <= target) break;
+      } else {
+        d[i] = Decision::Keep;
+      }
+    }
+  }
+  return peak;
+}
+
+const std::string& PlanContext::why_not_chain() {
+  if (!why_not_chain_) why_not_chain_ = memory::why_not_chain(profile_);
+  return *why_not_chain_;
+}
+
+const std::vector<ChainCandidate>& PlanContext::chain_candidates() {
+  if (!chain_candidates_) {
+    chain_candidates_ = why_not_chain().empty() ? memory::chain_candidates(profile_, groups_, options_.extra_fixed_bytes)
+                                                : std::vector<ChainCandidate>{};
+  }
+  return *chain_candidates_;
+}
+
+int64_t PlanContext::minimum_peak() {
+  if (!minimum_peak_) {
+    int64_t floor = unconstrained_.peak_bytes;
+    for (const auto& order : memory_orders_) {
+      std::vector<Decision> lowest = all_kept().decisions;
+      floor = std::min(floor, descend(lowest, 0, order));
+    }
+    // On a chain, binomial schedules (recompute without storing) reach further down.
+    for (const auto& c : chain_candidates()) floor = std::min(floor, c.prediction.peak_bytes);
+    minimum_peak_ = floor;
+  }
+  return *minimum_peak_;
+}
+
+std::optional<Choice> PlanContext::reach_budget_by_memory_order() const {
+  for (const auto& order : memory_orders_) {
+    Choice c = all_kept();
+    if (descend(c.decisions, budget(), order) <= budget()) return c;
+  }
+  return std::nullopt;
+}
+
+void PlanContext::check_budget_reachable() {
+  RATION_CHECK(budget() >= minimum_peak(), "memory budget ", format_bytes(budget()), " is below the feasible minimum ",
+               format_bytes(minimum_peak()), " for this model and batch (fixed occupancy ", format_bytes(fixed_bytes_),
+               ": parameters, gradients, optimiser state and workspace, plus what must stay saved). "
+               "Raise --memory-budget or lower train.batch_size.");
+}
+
+}  // namespace ration::memory

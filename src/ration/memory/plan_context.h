@@ -1,0 +1,99 @@
+// plan_context.h — what every planner strategy works over: the saved groups of one profiled step, the
+// budget, the simulator behind a prediction for any set of decisions, the knapsack order, the greedy
+// descent, and the figures only some strategies need (the feasible floor, the chain candidates), each
+// computed on first use and then kept.
+// Owns: the groups' static data (bytes, producer, single-drop recompute cost), predictions, the
+//       knapsack order and what releasing a group means (offload where the copy hides, else recompute),
+//       the descent, the lazily computed floor and chain candidates.
+// Does not own: the strategies themselves (plan_strategies.cpp), user overrides and the final plan
+//       (planner.cpp), the simulator's rules (plan_simulator.h).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ration/memory/plan_chain.h"
+#include "ration/memory/plan_incremental.h"
+#include "ration/memory/planner.h"
+#include "ration/memory/profile.h"
+
+namespace ration::memory {
+
+// One strategy's answer: a decision per plan group (forward order) and, for binomial chain schedules,
+// the transient re-runs (Plan::store_from) and the slot count.
+struct Choice {
+  std::vector<Decision> decisions;
+  std::map<int64_t, int64_t> store_from;
+  int64_t chain_slots = 0;
+};
+
+class PlanContext {
+ public:
+  PlanContext(const StepProfile& profile, const PlanOptions& options);
+
+  const StepProfile& profile() const { return profile_; }
+  const PlanOptions& options() const { return options_; }
+  int64_t budget() const { return options_.budget_bytes; }
+  const std::vector<Group>& groups() const { return groups_; }  // decisions all Keep
+  size_t size() const { return groups_.size(); }
+  Choice all_kept() const;
+
+  // Prediction for decisions per group, with transient re-runs `store_from`.
+  Prediction predict(const std::vector<Decision>& decisions,
+                     const std::map<int64_t, int64_t>& store_from = {}) const;
+  bool fits(const Choice& c) const { return predict(c.decisions, c.store_from).peak_bytes <= budget(); }
+  const Prediction& unconstrained() const { return unconstrained_; }
+  int64_t fixed_bytes() const { return fixed_bytes_; }
+
+  // Predictions for keep/recompute decisions (no offload, no transient re-runs) kept up to date as single
+  // groups change: what the descents and the strategies' fit checks use (plan_incremental.h).
+  bool keep_or_recompute(const std::vector<Decision>& decisions) const;
+  IncrementalPeak incremental(const std::vector<Decision>& decisions) const;
+
+  // Group indices, cheapest predicted cost (recompute, or an offload that does not hide) per byte first.
+  const std::vector<size_t>& knapsack_order() const { return by_ratio_; }
+  // What releasing group i means, given the other decisions: Offload where its copy alone hides under
+  // compute (knapsack with offload only) and the tier still has room for it next to the groups already
+  // offloaded (OffloadCosts::capacity_bytes, each rounded up to a file-system page), else Recompute. A
+  // group that does not fit the tier is recomputed in the plan, never as a run-time fall-back.
+  Decision release_decision(size_t i, const std::vector<Decision>& decisions) const;
+  // Greedy descent: take releases in `order` when they lower the predicted peak, in passes, until the
+  // prediction fits `target` or no release helps. Returns the peak reached.
+  int64_t descend(std::vector<Decision>& decisions, int64_t target, const std::vector<size_t>& order) const;
+
+  // Computed on first use.
+  const std::string& why_not_chain();                      // empty: the profile is a chain
+  const std::vector<ChainCandidate>& chain_candidates();   // empty unless a chain
+  // The feasible floor: the lowest peak of everything kept, full descents in the memory orders and the
+  // chain candidates. It never depends on measured time, so the same model gets the same floor on every
+  // run: a budget is met or refused deterministically.
+  int64_t minimum_peak();
+  // A descent to the budget in the first memory order that reaches it (none when the floor is a chain
+  // schedule or above the budget): what the knapsack falls back to when its time-ordered descent stops
+  // above the budget, so that timing only chooses between plans that fit.
+  std::optional<Choice> reach_budget_by_memory_order() const;
+  // Throws the "below the feasible minimum" error when the budget is under minimum_peak().
+  void check_budget_reachable();
+
+ private:
+  const StepProfile& profile_;
+  const PlanOptions& options_;
+  std::vector<Group> groups_;
+  std::vector<int64_t> rerun_nodes_;  // per group: nodes a single release re-runs
+  std::vector<size_t> by_ratio_;
+  // Memory orders: fewest re-run nodes per byte first; largest first. Floors from the two differ by
+  // model (the first is lower on transformers, the second on recurrent chains), so both are tried.
+  std::vector<std::vector<size_t>> memory_orders_;
+  std::vector<Decision> release_as_;  // per group: Offload or Recompute
+  bool any_offload_release_ = false;
+  Prediction unconstrained_;
+  int64_t fixed_bytes_ = 0;
+  std::optional<std::string> why_not_chain_;
+  std::optional<std::vector<ChainCandidate>> chain_candidates_;
+  std::optional<int64_t> minimum_peak_;
+  mutable std::optional<IncrementalPeak> all_kept_peak_;
+};
+
+}  // namespace ration::memory

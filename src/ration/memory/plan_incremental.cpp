@@ -1,0 +1,536 @@
+#include "ration/memory/plan_incremental.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "ration/core/check.h"
+
+namespace ration::memory {
+namespace {
+
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max() / 4;
+constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
+constexpr int kAlwaysUsable = -1;  // a leaf or constant input (pinned)
+constexpr int kNeverUsable = -2;   // a value no backward saves: always rebuilt when needed
+
+using State = IncrementalPeak::State;
+bool holding(State s) { return s == State::Kept || s == State::Restored; }
+// Two runs agree on a key from here on when it is usable-and-holding in both, or in the same other state.
+int norm(State s) { return holding(s) ? 0 : s == State::Dropped ? 1 : 2; }
+
+}  // namespace
+
+// ---- segment tree / Fenwick -----------------------------------------------------------------------
+void IncrementalPeak::Tree::init(const std::vector<int64_t>& v) {
+  n = v.size();
+  size_t size = 1;
+  while (size < std::max<size_t>(n, 1)) size <<= 1;
+  mx.assign(2 * size, kNone);
+  lazy.assign(2 * size, 0);
+  for (size_t i = 0; i < n; ++i) mx[size + i] = v[i];
+  for (size_t i = size; i-- > 1;) mx[i] = std::max(mx[2 * i], mx[2 * i + 1]);
+}
+
+namespace {
+struct TreeOps {
+  std::vector<int64_t>& mx;
+  std::vector<int64_t>& lazy;
+  void apply(size_t node, int64_t d) {
+    if (mx[node] != kNone) mx[node] += d;
+    lazy[node] += d;
+  }
+  void push(size_t node) {
+    if (lazy[node] != 0) {
+      apply(2 * node, lazy[node]);
+      apply(2 * node + 1, lazy[node]);
+      lazy[node] = 0;
+    }
+  }
+  void add(size_t node, size_t nl, size_t nr, size_t l, size_t r, int64_t d) {
+    if (r < nl || nr < l) return;
+    if (l <= nl && nr <= r) return apply(node, d);
+    push(node);
+    const size_t mid = (nl + nr) / 2;
+    add(2 * node, nl, mid, l, r, d);
+    add(2 * node + 1, mid + 1, nr, l, r, d);
+    mx[node] = std::max(mx[2 * node], mx[2 * node + 1]);
+  }
+  void assign(size_t node, size_t nl, size_t nr, size_t i, int64_t v) {
+    if (nl == nr) {
+      mx[node] = v;
+      lazy[node] = 0;
+      return;
+    }
+    push(node);
+    const size_t mid = (nl + nr) / 2;
+    if (i <= mid) assign(2 * node, nl, mid, i, v);
+    else assign(2 * node + 1, mid + 1, nr, i, v);
+    mx[node] = std::max(mx[2 * node], mx[2 * node + 1]);
+  }
+};
+int64_t tree_max(const std::vector<int64_t>& mx, const std::vector<int64_t>& lazy, size_t node, size_t nl, size_t nr,
+                 size_t l, size_t r) {
+  if (r < nl || nr < l) return kNone;
+  if (l <= nl && nr <= r) return mx[node];
+  const size_t mid = (nl + nr) / 2;
+  const int64_t m = std::max(tree_max(mx, lazy, 2 * node, nl, mid, l, r), tree_max(mx, lazy, 2 * node + 1, mid + 1, nr, l, r));
+  return m == kNone ? kNone : m + lazy[node];
+}
+}  // namespace
+
+void IncrementalPeak::Tree::add(size_t l, size_t r, int64_t delta) {
+  if (l > r || r >= n || delta == 0) return;
+  TreeOps{mx, lazy}.add(1, 0, mx.size() / 2 - 1, l, r, delta);
+}
+void IncrementalPeak::Tree::assign(size_t i, int64_t value) { TreeOps{mx, lazy}.assign(1, 0, mx.size() / 2 - 1, i, value); }
+int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
+  if (l > r || r >= n) return kNone;
+  return tree_max(mx, lazy, 1, 0, mx.size() / 2 - 1, l, r);
+}
+
+void IncrementalPeak::Fenwick::init(const std::vector<int64_t>& v) {
+  t.assign(v.size() + 1, 0);
+  for (size_t i = 0; i < v.size(); ++i) add(i, i, v[i]);
+}
+void IncrementalPeak::Fenwick::add(size_t l, size_t r, int64_t delta) {
+  auto bump = [&](size_t i, int64_t d) {
+    for (++i; i < t.size(); i += i & (~i + 1)) t[i] += d;
+  };
+  if (l > r || delta == 0) return;
+  bump(l, delta);
+  if (r + 1 < t.size() - 1) bump(r + 1, -delta);
+}
+int64_t IncrementalPeak::Fenwick::at(size_t i) const {
+  int64_t s = 0;
+  for (++i; i > 0; i -= i & (~i + 1)) s += t[i];
+  return s;
+}
+
+// ---- one backward step, as Simulator::run does it (no transient re-runs, no offload) ----------------
+// `St` reads and writes key states: the whole run's (build) or an overlay on the committed plan (evaluate).
+template <class St>
+struct StepRun {
+  const StepProfile& p;
+  const std::vector<std::vector<int>>& inputs;
+  const std::vector<std::vector<int64_t>>& input_producers;
+  const std::vector<std::vector<int>>& outputs;
+  const std::vector<std::vector<int>>& out_storage;
+  const std::vector<std::vector<int>>& storage_keys;
+  const std::vector<int>& key_storage;
+  const std::vector<int64_t>& key_producer;
+  const std::vector<char>& is_group;
+  const std::vector<int64_t>& bytes;
+  const std::vector<int64_t>& workspace;
+  std::vector<uint32_t>& cache_epoch;
+  std::vector<uint32_t>& transient_epoch;
+  uint32_t cache_stamp, transient_stamp;
+  St& st;
+  int64_t& resident;
+  std::vector<int>& touched;
+  std::vector<int>& restored;
+  int64_t transient_bytes = 0, recompute_peak = 0;
+
+  bool usable(int k) {
+    if (k == kAlwaysUsable) return true;
+    if (k == kNeverUsable) return false;
+    if (key_producer[static_cast<size_t>(k)] < 0) return true;
+    return holding(st.get(k));
+  }
+  void touch(int k) {
+    if (k < 0) return;
+    const int s = key_storage[static_cast<size_t>(k)];
+    if (s >= 0 && is_group[static_cast<size_t>(s)]) touched.push_back(s);
+  }
+  bool held(int s) {
+    for (int k : storage_keys[static_cast<size_t>(s)])
+      if (holding(st.get(k))) return true;
+    return false;
+  }
+  void rerun(int64_t ord) {
+    const auto o = static_cast<size_t>(ord);
+    if (cache_epoch[o] == cache_stamp) return;
+    cache_epoch[o] = cache_stamp;
+    for (size_t i = 0; i < inputs[o].size(); ++i) {
+      const int in = inputs[o][i];
+      touch(in);
+      if (!usable(in)) rerun(input_producers[o][i]);
+    }
+    for (int64_t s : p.nodes[o].allocated_storage) {
+      if (transient_epoch[static_cast<size_t>(s)] == transient_stamp) continue;
+      transient_epoch[static_cast<size_t>(s)] = transient_stamp;
+      transient_bytes += bytes[static_cast<size_t>(s)];
+    }
+    recompute_peak = std::max(recompute_peak, resident + transient_bytes + workspace[o]);
+    for (size_t j = 0; j < outputs[o].size(); ++j) {
+      const int k = outputs[o][j];
+      touch(k);
+      if (k < 0 || st.get(k) != State::Dropped) continue;
+      const int s = out_storage[o][j];
+      const bool was_held = s >= 0 && held(s);
+      st.set(k, State::Restored);
+      restored.push_back(k);
+      if (s < 0) continue;
+      if (!was_held) resident += bytes[static_cast<size_t>(s)];
+      if (transient_epoch[static_cast<size_t>(s)] == transient_stamp) {
+        transient_epoch[static_cast<size_t>(s)] = 0;
+        transient_bytes -= bytes[static_cast<size_t>(s)];
+      }
+    }
+  }
+};
+
+// Committed plan's key states: every key's state at the start of backward step j follows from its
+// decision, its restore step and its release step.
+IncrementalPeak::State IncrementalPeak::base_state(int k, int64_t j) const {
+  const auto kk = static_cast<size_t>(k);
+  if (j > release_step_[kk]) return State::Released;
+  const int s = key_storage_[kk];
+  if (s < 0 || !is_group_[static_cast<size_t>(s)] || !dropped(s)) return State::Kept;
+  return restore_step_[kk] < j ? State::Restored : State::Dropped;
+}
+
+IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>& groups, int64_t extra,
+                                 const std::vector<Decision>& decisions)
+    : p_(p), extra_(extra) {
+  nn_ = p.nodes.size();
+  nb_ = p.backward_order.size();
+  const size_t ns = p.storages.size();
+  bytes_.resize(ns);
+  for (size_t s = 0; s < ns; ++s) bytes_[s] = p.storages[s].bytes;
+  is_group_.assign(ns, 0);
+  decision_.assign(ns, Decision::Keep);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    RATION_ASSERT(decisions[g] != Decision::Offload, "incremental peaks cover keep/recompute plans only");
+    const auto s = static_cast<size_t>(groups[g].storage);
+    storage_of_group_.push_back(static_cast<int>(s));
+    is_group_[s] = 1;
+    decision_[s] = decisions[g];
+  }
+  // Keys: every saved value.
+  std::map<ValueKey, int> id;
+  for (const auto& node : p.nodes) {
+    for (const auto& key : node.saved) {
+      if (id.count(key)) continue;
+      id[key] = static_cast<int>(nk_++);
+      key_storage_.push_back(static_cast<int>(p.storage_of(key)));
+      key_producer_.push_back(key.first);
+    }
+  }
+  storage_keys_.assign(ns, {});
+  for (size_t k = 0; k < nk_; ++k)
+    if (key_storage_[k] >= 0) storage_keys_[static_cast<size_t>(key_storage_[k])].push_back(static_cast<int>(k));
+  node_inputs_.resize(nn_);
+  node_input_producers_.resize(nn_);
+  node_saved_.resize(nn_);
+  node_outputs_.resize(nn_);
+  node_out_storage_.resize(nn_);
+  workspace_.resize(nn_);
+  std::vector<int64_t> pending(nk_, 0);
+  for (size_t o = 0; o < nn_; ++o) {
+    const ProfiledNode& n = p.nodes[o];
+    for (const auto& in : n.inputs) {
+      auto it = id.find(in);
+      node_inputs_[o].push_back(in.first < 0 ? kAlwaysUsable : it != id.end() ? it->second : kNeverUsable);
+      node_input_producers_[o].push_back(in.first);
+    }
+    for (const auto& key : n.saved) {
+      node_saved_[o].push_back(id.at(key));
+      ++pending[static_cast<size_t>(id.at(key))];
+    }
+    for (size_t j = 0; j < n.output_storage.size(); ++j) {
+      auto it = id.find(ValueKey{static_cast<int64_t>(o), static_cast<int>(j)});
+      node_outputs_[o].push_back(it != id.end() ? it->second : kNeverUsable);
+      node_out_storage_[o].push_back(static_cast<int>(n.output_storage[j]));
+    }
+    workspace_[o] = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
+  }
+  // Release: after the backward step of a key's last pending use (keys without a storage never are).
+  release_step_.assign(nk_, kNever);
+  released_at_.assign(nb_, {});
+  std::vector<int64_t> storage_release(ns, -1);  // measured run: last release of any key on a group storage
+  for (size_t j = 0; j < nb_; ++j) {
+    for (int k : node_saved_[static_cast<size_t>(p.backward_order[j])]) {
+      if (--pending[static_cast<size_t>(k)] != 0 || key_storage_[static_cast<size_t>(k)] < 0) continue;
+      release_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
+      released_at_[j].push_back(k);
+    }
+  }
+  // The measured (keep-everything) run's saved bytes at each backward step's start, and what it held
+  // besides them.
+  std::vector<int64_t> measured(nb_ + 1, 0);
+  for (size_t s = 0; s < ns; ++s) {
+    if (!is_group_[s] || storage_keys_[s].empty()) continue;
+    int64_t last = -1;
+    for (int k : storage_keys_[s]) last = std::max(last, release_step_[static_cast<size_t>(k)]);
+    const auto until = static_cast<size_t>(std::min<int64_t>(last, static_cast<int64_t>(nb_) - 1));
+    measured[0] += bytes_[s];
+    measured[until + 1] -= bytes_[s];
+  }
+  start_other_.resize(nb_);
+  transient_other_.resize(nb_);
+  int64_t m = 0;
+  for (size_t j = 0; j < nb_; ++j) {
+    m += measured[j];
+    transient_other_[j] = p.backward_peak_bytes[j] - m;
+    start_other_[j] = p.backward_start_bytes[j] - m;
+  }
+  // Forward: a recomputed group is freed after the last forward node that needs it.
+  std::vector<int64_t> saved_at(ns, -1), last_alive(ns, -1);
+  for (size_t k = 0; k < nn_; ++k)
+    for (const auto& key : p.nodes[k].saved) {
+      const int64_t s = p.storage_of(key);
+      if (s >= 0 && saved_at[static_cast<size_t>(s)] < 0) saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+    }
+  for (const auto& [key, s] : p.value_storage) {
+    if (s < 0 || key.first < 0) continue;
+    auto it = p.value_last_alive.find(key);
+    const int64_t last = it == p.value_last_alive.end() ? static_cast<int64_t>(nn_) : it->second;
+    last_alive[static_cast<size_t>(s)] = std::max(last_alive[static_cast<size_t>(s)], last);
+  }
+  forward_release_.assign(ns, kNever);
+  for (size_t s = 0; s < ns; ++s)
+    if (is_group_[s]) forward_release_[s] = std::max(last_alive[s], saved_at[s]);
+  over_epoch_.assign(nk_, 0);
+  over_state_.assign(nk_, State::Kept);
+  cache_epoch_.assign(nn_, 0);
+  transient_epoch_.assign(ns, 0);
+  build();
+}
+
+namespace {
+struct FullState {
+  std::vector<State>& s;
+  State get(int k) const { return s[static_cast<size_t>(k)]; }
+  void set(int k, State v) { s[static_cast<size_t>(k)] = v; }
+};
+}  // namespace
+
+// The committed plan from scratch: forward peaks, then every backward step.
+void IncrementalPeak::build() {
+  std::vector<int64_t> fwd(nn_), release_after(nn_ + 1, 0);
+  for (size_t s = 0; s < decision_.size(); ++s)
+    if (is_group_[s] && dropped(static_cast<int>(s)) && forward_release_[s] < static_cast<int64_t>(nn_))
+      release_after[static_cast<size_t>(forward_release_[s])] += bytes_[s];
+  int64_t released = 0;
+  for (size_t k = 0; k < nn_; ++k) {
+    fwd[k] = p_.nodes[k].peak_bytes + extra_ - released;
+    released += release_after[k];
+  }
+  forward_.init(fwd);
+
+  std::vector<State> states(nk_, State::Kept);
+  for (size_t k = 0; k < nk_; ++k) {
+    const int s = key_storage_[k];
+    if (s >= 0 && is_group_[static_cast<size_t>(s)] && dropped(s)) states[k] = State::Dropped;
+  }
+  FullState st{states};
+  restore_step_.assign(nk_, kNever);
+  restored_at_.assign(nb_, {});
+  touched_at_.assign(nb_, {});
+  touches_.assign(decision_.size(), {});
+  std::vector<int64_t> values(nb_), resident_at(nb_);
+  int64_t resident = 0;
+  for (size_t s = 0; s < decision_.size(); ++s) {
+    if (!is_group_[s]) continue;
+    for (int k : storage_keys_[s])
+      if (holding(states[static_cast<size_t>(k)])) {
+        resident += bytes_[s];
+        break;
+      }
+  }
+  for (size_t j = 0; j < nb_; ++j) {
+    StepResult r;
+    r.resident_at_start = resident;
+    StepRun<FullState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
+                           is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+                           st, resident, r.touched, r.restored};
+    run.recompute_peak = resident;
+    const auto ord = static_cast<size_t>(p_.backward_order[j]);
+    for (int k : node_saved_[ord]) {
+      run.touch(k);
+      if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
+    }
+    values[j] = std::max(start_other_[j] + run.recompute_peak, transient_other_[j] + resident + run.transient_bytes) + extra_;
+    for (int k : released_at_[j]) {
+      const State was = st.get(k);
+      st.set(k, State::Released);
+      const int s = key_storage_[static_cast<size_t>(k)];
+      if (holding(was) && is_group_[static_cast<size_t>(s)] && !run.held(s)) resident -= bytes_[static_cast<size_t>(s)];
+    }
+    resident_at[j] = r.resident_at_start;
+    for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
+    for (int s : r.touched) touches_[static_cast<size_t>(s)].insert(static_cast<int64_t>(j));
+    restored_at_[j] = std::move(r.restored);
+    touched_at_[j] = std::move(r.touched);
+  }
+  backward_.init(values);
+  resident_.init(resident_at);
+  last_.valid = false;
+}
+
+int64_t IncrementalPeak::peak() const {
+  int64_t peak = 0;
+  if (nn_ > 0) peak = std::max(peak, forward_.max(0, nn_ - 1));
+  if (nb_ > 0) peak = std::max(peak, backward_.max(0, nb_ - 1));
+  return peak;
+}
+
+namespace {
+// Key states of the run being evaluated: the overlay where it differs from the committed plan.
+struct OverlayState {
+  const IncrementalPeak* self;
+  std::vector<uint32_t>& epoch;
+  std::vector<State>& state;
+  std::vector<int>& keys;
+  uint32_t stamp;
+  int64_t step;
+  IncrementalPeak::State (IncrementalPeak::*base)(int, int64_t) const;
+  State get(int k) const {
+    return epoch[static_cast<size_t>(k)] == stamp ? state[static_cast<size_t>(k)] : (self->*base)(k, step);
+  }
+  void set(int k, State v) {
+    if (epoch[static_cast<size_t>(k)] != stamp) {
+      epoch[static_cast<size_t>(k)] = stamp;
+      keys.push_back(k);
+    }
+    state[static_cast<size_t>(k)] = v;
+  }
+};
+}  // namespace
+
+void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e) {
+  e.storage = s;
+  e.to = to;
+  e.steps.clear();
+  e.first = e.last = -1;
+  e.valid = true;
+  const Decision from = decision_[s];
+  if (from == to) {
+    e.peak = peak();
+    e.resident_delta = 0;
+    return;
+  }
+  const int64_t sign = to == Decision::Keep ? 1 : -1;
+  const int64_t b = bytes_[s];
+  int64_t peak = 0;
+  // Forward: the group is resident after its last forward need only when kept.
+  if (nn_ > 0) {
+    const int64_t a = forward_release_[s];
+    if (a >= static_cast<int64_t>(nn_) - 1) {
+      peak = std::max(peak, forward_.max(0, nn_ - 1));
+    } else {
+      peak = std::max(peak, forward_.max(0, static_cast<size_t>(a)));
+      peak = std::max(peak, forward_.max(static_cast<size_t>(a + 1), nn_ - 1) + sign * b);
+    }
+  }
+  e.resident_delta = sign * b;
+  if (nb_ == 0) {
+    e.peak = peak;
+    return;
+  }
+  const auto& touches = touches_[s];
+  if (touches.empty()) {
+    e.peak = std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta);
+    return;
+  }
+  const int64_t first = *touches.begin();
+  e.first = first;
+  if (first > 0) peak = std::max(peak, backward_.max(0, static_cast<size_t>(first - 1)) + e.resident_delta);
+
+  ++over_stamp_;
+  over_keys_.clear();
+  OverlayState st{this, over_epoch_, over_state_, over_keys_, over_stamp_, first, &IncrementalPeak::base_state};
+  for (int k : storage_keys_[s]) st.set(k, to == Decision::Keep ? State::Kept : State::Dropped);
+  int64_t resident = resident_.at(static_cast<size_t>(first)) + e.resident_delta;
+  int64_t j = first;
+  for (;; ++j) {
+    st.step = j;
+    StepResult r;
+    r.resident_at_start = resident;
+    StepRun<OverlayState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
+                              is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+                              st, resident, r.touched, r.restored};
+    run.recompute_peak = resident;
+    const auto ju = static_cast<size_t>(j);
+    const auto ord = static_cast<size_t>(p_.backward_order[ju]);
+    for (int k : node_saved_[ord]) {
+      run.touch(k);
+      if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
+    }
+    r.value = std::max(start_other_[ju] + run.recompute_peak, transient_other_[ju] + resident + run.transient_bytes) + extra_;
+    peak = std::max(peak, r.value);
+    for (int k : released_at_[ju]) {
+      const State was = st.get(k);
+      st.set(k, State::Released);
+      const int ks = key_storage_[static_cast<size_t>(k)];
+      if (holding(was) && is_group_[static_cast<size_t>(ks)] && !run.held(ks)) resident -= bytes_[static_cast<size_t>(ks)];
+    }
+    // A key the committed plan restored here but this run did not stays dropped in this run.
+    for (int k : restored_at_[ju])
+      if (over_epoch_[static_cast<size_t>(k)] != over_stamp_) st.set(k, State::Dropped);
+    e.steps.push_back(std::move(r));
+    // Keys in the same state as the committed plan's from the next step on need no overlay.
+    size_t kept = 0;
+    for (int k : over_keys_) {
+      if (over_epoch_[static_cast<size_t>(k)] != over_stamp_) continue;
+      if (norm(over_state_[static_cast<size_t>(k)]) == norm(base_state(k, j + 1))) {
+        over_epoch_[static_cast<size_t>(k)] = 0;
+        continue;
+      }
+      over_keys_[kept++] = k;
+    }
+    over_keys_.resize(kept);
+    if (over_keys_.empty() || ju + 1 == nb_) break;
+  }
+  e.last = j;
+  if (static_cast<size_t>(j) + 1 < nb_) peak = std::max(peak, backward_.max(static_cast<size_t>(j + 1), nb_ - 1));
+  e.peak = peak;
+}
+
+int64_t IncrementalPeak::peak_if(size_t g, Decision d) {
+  evaluate(static_cast<size_t>(storage_of_group_[g]), d, last_);
+  return last_.peak;
+}
+
+void IncrementalPeak::set(size_t g, Decision d) {
+  const auto s = static_cast<size_t>(storage_of_group_[g]);
+  if (!(last_.valid && last_.storage == s && last_.to == d)) evaluate(s, d, last_);
+  commit(last_);
+}
+
+void IncrementalPeak::commit(const Evaluation& e) {
+  const size_t s = e.storage;
+  if (decision_[s] == e.to) return;
+  const int64_t sign = e.to == Decision::Keep ? 1 : -1;
+  const int64_t a = forward_release_[s];
+  if (nn_ > 0 && a < static_cast<int64_t>(nn_) - 1) forward_.add(static_cast<size_t>(a + 1), nn_ - 1, sign * bytes_[s]);
+  decision_[s] = e.to;
+  if (nb_ > 0) {
+    const size_t before = e.first < 0 ? nb_ : static_cast<size_t>(e.first);
+    if (before > 0) {
+      backward_.add(0, before - 1, e.resident_delta);
+      resident_.add(0, before - 1, e.resident_delta);
+    }
+  }
+  if (e.first >= 0) {
+    for (int64_t j = e.first; j <= e.last; ++j) {
+      const auto ju = static_cast<size_t>(j);
+      for (int k : restored_at_[ju]) restore_step_[static_cast<size_t>(k)] = kNever;
+      for (int t : touched_at_[ju]) touches_[static_cast<size_t>(t)].erase(touches_[static_cast<size_t>(t)].find(j));
+    }
+    for (int64_t j = e.first; j <= e.last; ++j) {
+      const auto ju = static_cast<size_t>(j);
+      const StepResult& r = e.steps[static_cast<size_t>(j - e.first)];
+      restored_at_[ju] = r.restored;
+      for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;
+      touched_at_[ju] = r.touched;
+      for (int t : r.touched) touches_[static_cast<size_t>(t)].insert(j);
+      backward_.assign(ju, r.value);
+      resident_.add(ju, ju, r.resident_at_start - resident_.at(ju));
+    }
+  }
+  last_.valid = false;
+}
+
+}  // namespace ration::memory

@@ -1,0 +1,118 @@
+// plan_incremental.h — the predicted peak of a keep/recompute plan, kept up to date as single groups
+// change decision, so that a strategy trying thousands of changes pays near-linear time in total
+// instead of one whole-step simulation per try.
+// Owns: the peak under keep/recompute decisions without transient re-runs or offload, exactly as the
+//       simulator (plan_simulator.h) computes it. Does not own: the simulator's rules (it runs the same
+//       rules step by step), offload or binomial chain plans (those use the simulator directly).
+//
+// How: forward peaks are the measured ones minus the groups released after their last forward use, so a
+// change is a range add over node positions (a segment tree with range add and range max). Backward, a
+// group's change cannot matter before the first backward step that touches it (consults one of its keys
+// or re-runs its producer): before that step the only difference is its bytes being resident or not (a
+// range add). From that step on, the backward steps are re-simulated with the new decision, reading the
+// committed plan's key states for everything the change did not alter, until every key is back in the
+// state the committed plan has (usable / not usable, holding its storage or not); from there on the
+// committed plan's peaks hold unchanged. The window is a few steps (one block's re-runs) on every model
+// measured, so an evaluation costs O(window + log n).
+#pragma once
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "ration/memory/planner.h"
+#include "ration/memory/profile.h"
+
+namespace ration::memory {
+
+class IncrementalPeak {
+ public:
+  // `groups`: the plan's groups (their storages must be droppable); `decisions` per group, Keep or
+  // Recompute only.
+  IncrementalPeak(const StepProfile& profile, const std::vector<Group>& groups, int64_t extra_fixed_bytes,
+                  const std::vector<Decision>& decisions);
+
+  int64_t peak() const;
+  // The peak if group `g` took decision `d` (Keep or Recompute); nothing changes.
+  int64_t peak_if(size_t g, Decision d);
+  // Make group `g` take decision `d`.
+  void set(size_t g, Decision d);
+  Decision decision(size_t g) const { return decision_[storage_of_group_[g]]; }
+
+  enum class State : uint8_t { Kept, Dropped, Restored, Released };
+
+ private:
+  struct Tree {  // range add, point assign, range max (lazy segment tree)
+    void init(const std::vector<int64_t>& v);
+    void add(size_t l, size_t r, int64_t delta);  // [l, r]
+    void assign(size_t i, int64_t value);
+    int64_t max(size_t l, size_t r) const;        // [l, r]; INT64_MIN when empty
+    size_t n = 0;
+    std::vector<int64_t> mx, lazy;
+  };
+  struct Fenwick {  // range add, point query
+    void init(const std::vector<int64_t>& v);
+    void add(size_t l, size_t r, int64_t delta);
+    int64_t at(size_t i) const;
+    std::vector<int64_t> t;
+  };
+  // One simulated backward step's results in the run being evaluated.
+  struct StepResult {
+    int64_t value = 0, resident_at_start = 0;
+    std::vector<int> touched;   // group storages touched
+    std::vector<int> restored;  // keys restored
+  };
+  struct Evaluation {
+    size_t storage = 0;
+    Decision to = Decision::Keep;
+    int64_t peak = 0;
+    int64_t first = -1, last = -1;  // backward window [first, last] (first = -1: no window)
+    int64_t resident_delta = 0;     // on backward steps before the window
+    std::vector<StepResult> steps;
+    bool valid = false;
+  };
+
+  State base_state(int k, int64_t j) const;
+  bool dropped(int s) const { return decision_[static_cast<size_t>(s)] == Decision::Recompute; }
+  void build();
+  void evaluate(size_t storage, Decision to, Evaluation& e);
+  void commit(const Evaluation& e);
+
+  // Static data.
+  const StepProfile& p_;
+  int64_t extra_;
+  size_t nn_ = 0, nb_ = 0, nk_ = 0;
+  std::vector<int> storage_of_group_;
+  std::vector<char> is_group_;                     // by storage
+  std::vector<int64_t> bytes_;                     // by storage
+  std::vector<int64_t> forward_release_;           // by storage: last forward node that needs it
+  std::vector<int> key_storage_;                   // by key: storage id, -1 none
+  std::vector<int64_t> key_producer_;              // by key
+  std::vector<int64_t> release_step_;              // by key: last backward step that reads it
+  std::vector<std::vector<int>> storage_keys_;     // by storage: its saved keys
+  std::vector<std::vector<int>> node_inputs_;      // by node: key id, -1 always usable, -2 never
+  std::vector<std::vector<int64_t>> node_input_producers_;  // by node: each input's producer
+  std::vector<std::vector<int>> node_saved_;       // by node: key ids of saved values (pinned left out)
+  std::vector<std::vector<int>> node_outputs_;     // by node: key ids of outputs (-2 unsaved)
+  std::vector<std::vector<int>> node_out_storage_; // by node: storage of each output in node_outputs_
+  std::vector<std::vector<int>> released_at_;      // by backward step: keys released after it
+  std::vector<int64_t> workspace_;                 // by node: forward workspace
+  std::vector<int64_t> start_other_, transient_other_;  // by backward step
+
+  // The committed plan.
+  std::vector<Decision> decision_;                 // by storage
+  std::vector<int64_t> restore_step_;              // by key: backward step that restored it (or never)
+  std::vector<std::vector<int>> restored_at_;      // by backward step
+  std::vector<std::vector<int>> touched_at_;       // by backward step
+  std::vector<std::multiset<int64_t>> touches_;    // by storage: steps that touch it
+  Tree forward_, backward_;
+  Fenwick resident_;                               // by backward step: resident bytes at its start
+  Evaluation last_;
+
+  // Scratch of the run being simulated (epoch stamps avoid clearing).
+  std::vector<uint32_t> over_epoch_, cache_epoch_, transient_epoch_;
+  std::vector<State> over_state_;
+  std::vector<int> over_keys_;
+  uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
+};
+
+}  // namespace ration::memory

@@ -1,0 +1,328 @@
+#include "ration/memory/plan_simulator.h"
+
+#include <algorithm>
+
+#include "ration/core/check.h"
+
+namespace ration::memory {
+
+SaveSpan save_span(const StepProfile& p) {
+  SaveSpan span;
+  span.saved_at.assign(p.storages.size(), -1);
+  span.first_use.assign(p.storages.size(), -1);
+  for (size_t k = 0; k < p.nodes.size(); ++k) {
+    for (const auto& key : p.nodes[k].saved) {
+      const int64_t s = p.storage_of(key);
+      if (s < 0) continue;
+      if (span.saved_at[static_cast<size_t>(s)] < 0) span.saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+      span.first_use[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+    }
+  }
+  return span;
+}
+
+Simulator::Simulator(const StepProfile& p, const std::vector<Decision>& decision, int64_t extra,
+                     const OffloadSchedule* schedule, const std::map<int64_t, int64_t>* store_from)
+    : p_(p), decision_(decision), extra_(extra), schedule_(schedule), store_from_(store_from) {
+  const size_t ns = p.storages.size();
+  saved_at_.assign(ns, -1);
+  first_use_.assign(ns, -1);
+  // A dropped storage is freed once no Value held by model code refers to it: the latest
+  // "last alive" of the values on it (held past forward = never freed in forward).
+  last_alive_.assign(ns, -1);
+  const int64_t past_forward = static_cast<int64_t>(p.nodes.size());
+  for (const auto& [key, s] : p.value_storage) {
+    if (s < 0 || key.first < 0) continue;
+    auto it = p.value_last_alive.find(key);
+    const int64_t last = it == p.value_last_alive.end() ? past_forward : it->second;
+    last_alive_[static_cast<size_t>(s)] = std::max(last_alive_[static_cast<size_t>(s)], last);
+  }
+  for (size_t k = 0; k < p.nodes.size(); ++k) {
+    for (const auto& key : p.nodes[k].saved) {
+      ++pending_[key];
+      const int64_t s = p.storage_of(key);
+      if (s >= 0 && saved_at_[static_cast<size_t>(s)] < 0) saved_at_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+      if (s >= 0) first_use_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+    }
+  }
+}
+
+Prediction Simulator::run() {
+  Prediction pred;
+  const size_t ns = p_.storages.size();
+  // ---- forward: measured peak minus saved storages the measured run held, plus what this plan holds.
+  // Events per node: storages allocated there (both runs hold them), dropped storages released after
+  // their last forward use (this plan only).
+  std::vector<int64_t> alloc_at(p_.nodes.size(), 0), release_after(p_.nodes.size(), 0);
+  for (size_t s = 0; s < ns; ++s) {
+    if (!droppable(static_cast<int64_t>(s))) continue;
+    alloc_at[static_cast<size_t>(p_.storages[s].allocated_by)] += p_.storages[s].bytes;
+    if (dropped(s)) {
+      // Recomputed: freed when model code lets go. Offloaded: and when its copy is done.
+      const int64_t copied = decision_[s] == Decision::Offload ? schedule_->deadline[s] : saved_at_[s];
+      const int64_t last = std::max(last_alive_[s], copied);
+      if (last < static_cast<int64_t>(p_.nodes.size())) release_after[static_cast<size_t>(last)] += p_.storages[s].bytes;
+    }
+  }
+  int64_t measured_saved = 0, planned_saved = 0;
+  for (size_t k = 0; k < p_.nodes.size(); ++k) {
+    measured_saved += alloc_at[k];
+    planned_saved += alloc_at[k];
+    const int64_t peak = p_.nodes[k].peak_bytes - measured_saved + planned_saved + extra_;
+    pred.forward_peaks.push_back(peak);
+    if (peak > pred.peak_bytes) {
+      pred.peak_bytes = peak;
+      pred.peak_at = "forward " + p_.nodes[k].op + "#" + std::to_string(k);
+    }
+    planned_saved -= release_after[k];
+  }
+  // ---- backward.
+  orig_holders_.assign(ns, 0);
+  rec_holders_.assign(ns, 0);
+  std::map<ValueKey, int> measured_pending = pending_;
+  std::vector<int64_t> measured_holders(ns, 0);
+  resident_ = 0;
+  for (const auto& [key, n] : pending_) {
+    const int64_t s = p_.storage_of(key);
+    if (!droppable(s)) {  // e.g. a view of a parameter: never dropped, its memory is not ours to plan
+      state_[key] = KeyState::Kept;
+      continue;
+    }
+    measured_holders[static_cast<size_t>(s)] += 1;
+    if (!dropped(static_cast<size_t>(s))) {
+      hold(orig_holders_, s, +1);
+      state_[key] = KeyState::Kept;
+    } else if (decision_[static_cast<size_t>(s)] == Decision::Offload) {
+      state_[key] = KeyState::Offloaded;
+      storage_keys_[s].push_back(key);
+    } else {
+      state_[key] = KeyState::Dropped;
+    }
+  }
+  // What the measured (keep-everything) run held: every saved storage until its last use.
+  int64_t measured_resident = 0;
+  for (size_t s = 0; s < ns; ++s)
+    if (measured_holders[s] > 0) measured_resident += p_.storages[s].bytes;
+  for (size_t j = 0; j < p_.backward_order.size(); ++j) {
+    const int64_t ord = p_.backward_order[j];
+    const ProfiledNode& node = p_.nodes[static_cast<size_t>(ord)];
+    // Measured in the keep-everything run: what the node needs beyond saved values (gradients,
+    // its backward workspace) and what was live besides saved values as it started.
+    const int64_t transient_other = p_.backward_peak_bytes[j] - measured_resident;
+    const int64_t start_other = p_.backward_start_bytes[j] - measured_resident;
+    cache_.clear();
+    transient_.clear();
+    transient_bytes_ = 0;
+    // Prefetch: offloaded storages whose first use is within their distance are fetched back now.
+    for (auto& [s, keys] : storage_keys_)
+      if (!fetched_.count(s) && first_use(s) >= ord - schedule_->prefetch[static_cast<size_t>(s)]) fetch(s);
+    frame_bytes_ = 0;
+    step_ = static_cast<int64_t>(j);
+    recompute_peak_ = resident_;
+    for (const auto& key : node.saved) ensure(key, pred);
+    // Two phases: rebuilding (producers' forward workspace on top of what is live), then the node's
+    // own backward with rebuilt values held by the recompute cache.
+    const int64_t peak = std::max(start_other + recompute_peak_, transient_other + resident_ + transient_bytes_) + extra_;
+    pred.backward_peaks.push_back(peak);
+    if (peak > pred.peak_bytes) {
+      pred.peak_bytes = peak;
+      pred.peak_at = "backward " + node.op + "#" + std::to_string(ord);
+    }
+    // Release after the node: pending uses of its saved keys.
+    for (const auto& key : node.saved) {
+      const int64_t s = p_.storage_of(key);
+      if (--measured_pending[key] == 0 && droppable(s) && --measured_holders[static_cast<size_t>(s)] == 0)
+        measured_resident -= p_.storages[static_cast<size_t>(s)].bytes;
+      auto& n = pending_[key];
+      if (--n > 0) continue;
+      auto st = state_.find(key);
+      if (st == state_.end() || s < 0) continue;
+      if (droppable(s) && st->second == KeyState::Kept) hold(orig_holders_, s, -1);
+      if (droppable(s) && st->second == KeyState::Restored) hold(rec_holders_, s, -1);
+      st->second = KeyState::Released;
+    }
+  }
+  return pred;
+}
+
+// An offloaded storage comes back whole (one buffer); each of its keys holds it until its last use.
+void Simulator::fetch(int64_t s) {
+  if (!fetched_.insert(s).second) return;
+  for (const auto& key : storage_keys_[s]) {
+    auto st = state_.find(key);
+    if (st == state_.end() || st->second != KeyState::Offloaded) continue;
+    st->second = KeyState::Restored;
+    hold(rec_holders_, s, +1);
+  }
+}
+
+// A storage instance is resident while it has holders; track the byte total incrementally.
+void Simulator::hold(std::vector<int64_t>& holders, int64_t s, int delta) {
+  int64_t& h = holders[static_cast<size_t>(s)];
+  const bool before = h > 0;
+  h += delta;
+  const bool after = h > 0;
+  if (before != after) resident_ += (after ? 1 : -1) * p_.storages[static_cast<size_t>(s)].bytes;
+}
+
+bool Simulator::usable(const ValueKey& key) const {
+  if (key.first < 0) return true;
+  auto it = state_.find(key);
+  return it != state_.end() && (it->second == KeyState::Kept || it->second == KeyState::Restored);
+}
+
+void Simulator::ensure(const ValueKey& key, Prediction& pred) {
+  if (usable(key)) return;
+  if (auto st = state_.find(key); st != state_.end() && st->second == KeyState::Offloaded) {
+    fetch(p_.storage_of(key));  // needed before its prefetch point: fetched on demand
+    return;
+  }
+  rerun(key.first, key.second, /*store_required=*/true, pred);
+}
+
+// A re-run of `ord` made to feed another re-run during this backward step keeps nothing.
+bool Simulator::transient(int64_t ord) const {
+  if (store_from_ == nullptr) return false;
+  auto it = store_from_->find(ord);
+  return it != store_from_->end() && step_ < it->second;
+}
+
+// Re-run producer `ord` for its output `out`. A storing re-run (once per backward node) rebuilds
+// non-usable inputs, allocates its storages (held by the recompute cache until the node ends) and
+// stores outputs whose keys are dropped and still awaited; returns 0. A transient re-run (each time it
+// is asked) stores and caches nothing; returns the bytes its caller then holds: output `out`'s fresh
+// storage, or the held input it is a view of. Inputs from transient re-runs are held while it runs.
+int64_t Simulator::rerun(int64_t ord, int out, bool store_required, Prediction& pred) {
+  if (cache_.count(ord)) return 0;
+  const bool is_transient = !store_required && transient(ord);
+  if (!is_transient) cache_.insert(ord);
+  const ProfiledNode& n = p_.nodes[static_cast<size_t>(ord)];
+  std::vector<std::pair<int64_t, int64_t>> held;  // (storage, bytes) of inputs this re-run holds
+  for (const auto& in : n.inputs) {
+    if (usable(in)) continue;
+    const int64_t b = rerun(in.first, in.second, /*store_required=*/false, pred);
+    if (b > 0) {
+      held.emplace_back(p_.storage_of(in), b);
+      frame_bytes_ += b;
+    }
+  }
+  pred.recompute_ms += n.forward_ms;
+  pred.recomputed_nodes += 1;
+  // The producer allocates its fresh storages; while it runs, its measured forward workspace comes on top.
+  int64_t fresh = 0;
+  for (int64_t st : n.allocated_storage) {
+    if (is_transient) fresh += p_.storages[static_cast<size_t>(st)].bytes;
+    else if (transient_.insert(st).second) transient_bytes_ += p_.storages[static_cast<size_t>(st)].bytes;
+  }
+  const int64_t workspace = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
+  recompute_peak_ = std::max(recompute_peak_, resident_ + transient_bytes_ + frame_bytes_ + fresh + workspace);
+  for (const auto& h : held) frame_bytes_ -= h.second;
+  if (is_transient) {
+    const int64_t s = n.output_storage.at(static_cast<size_t>(out));
+    if (std::find(n.allocated_storage.begin(), n.allocated_storage.end(), s) != n.allocated_storage.end())
+      return p_.storages[static_cast<size_t>(s)].bytes;
+    for (const auto& h : held)
+      if (h.first == s) return h.second;
+    return 0;
+  }
+  // Outputs whose keys were dropped and are still awaited are stored: their storage instance moves
+  // from the cache's transients to the resident set (a view restored later moves its base likewise).
+  for (size_t j = 0; j < n.output_storage.size(); ++j) {
+    const ValueKey key{ord, static_cast<int>(j)};
+    auto st = state_.find(key);
+    if (st == state_.end() || st->second != KeyState::Dropped) continue;
+    st->second = KeyState::Restored;
+    const int64_t storage = n.output_storage[j];
+    if (storage < 0) continue;
+    hold(rec_holders_, storage, +1);
+    if (transient_.erase(storage)) transient_bytes_ -= p_.storages[static_cast<size_t>(storage)].bytes;
+  }
+  return 0;
+}
+
+Prediction simulate(const StepProfile& profile, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
+                    const OffloadSchedule* schedule) {
+  return simulate(profile, decision, extra_fixed_bytes, {}, schedule);
+}
+
+OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<Decision>& decision, const OffloadCosts& c) {
+  const size_t ns = p.storages.size(), nn = p.nodes.size();
+  OffloadSchedule sch;
+  sch.deadline.assign(ns, -1);
+  sch.prefetch.assign(ns, 0);
+  if (nn == 0) return sch;
+  const SaveSpan span = save_span(p);
+  const std::vector<int64_t>& saved_at = span.saved_at;
+  const std::vector<int64_t>& first_use = span.first_use;
+  auto bytes_of = [&](size_t s) { return static_cast<double>(p.storages[s].bytes); };
+  // Forward: node k ends at end_f[k] (measured forward times); Q2 copies in order of saving.
+  std::vector<double> end_f(nn);
+  double t = 0;
+  for (size_t k = 0; k < nn; ++k) end_f[k] = (t += p.nodes[k].forward_ms);
+  std::vector<size_t> order;
+  for (size_t s = 0; s < ns; ++s)
+    if (decision[s] == Decision::Offload && saved_at[s] >= 0) order.push_back(s);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return saved_at[a] < saved_at[b]; });
+  double free_at = 0;
+  for (size_t s : order) {
+    const auto from = static_cast<size_t>(saved_at[s]);
+    const double done = std::max(end_f[from], free_at) + c.per_copy_ms + bytes_of(s) / c.write_bytes_per_ms;
+    free_at = done;
+    const auto k = static_cast<int64_t>(std::lower_bound(end_f.begin() + static_cast<std::ptrdiff_t>(from), end_f.end(), done) -
+                                        end_f.begin());
+    sch.deadline[s] = std::min<int64_t>(k, static_cast<int64_t>(nn) - 1);
+  }
+  sch.stall_ms += std::max(0.0, free_at - end_f[nn - 1]);
+  // Backward: node j (execution order) starts at start_b[j]; a read for first use u issued with
+  // distance d starts at the first node whose ordinal is <= u + d (the executor's rule).
+  const auto& bo = p.backward_order;
+  if (bo.empty()) return sch;
+  std::vector<double> start_b(bo.size());
+  std::vector<int64_t> min_ord(bo.size());
+  t = 0;
+  for (size_t j = 0; j < bo.size(); ++j) {
+    start_b[j] = t;
+    t += p.nodes[static_cast<size_t>(bo[j])].backward_ms;
+    min_ord[j] = j == 0 ? bo[j] : std::min(min_ord[j - 1], bo[j]);
+  }
+  auto first_at_or_below = [&](int64_t ordinal) {  // first j with some bo[<=j] <= ordinal
+    const auto it = std::lower_bound(min_ord.begin(), min_ord.end(), ordinal, [](int64_t a, int64_t b) { return a > b; });
+    return static_cast<size_t>(std::min<std::ptrdiff_t>(it - min_ord.begin(), static_cast<std::ptrdiff_t>(bo.size()) - 1));
+  };
+  std::vector<std::pair<size_t, size_t>> reads;  // (need index, storage)
+  for (size_t s : order) reads.emplace_back(first_at_or_below(first_use[s]), s);
+  std::stable_sort(reads.begin(), reads.end());
+  double free_b = 0;
+  for (const auto& [need_j, s] : reads) {
+    const double need = start_b[need_j];
+    const double copy = c.per_copy_ms + bytes_of(s) / c.read_bytes_per_ms;
+    int d = c.min_prefetch;
+    double done = 0;
+    for (;; ++d) {
+      const size_t issue_j = first_at_or_below(first_use[s] + d);
+      done = std::max(start_b[issue_j], free_b) + copy;
+      if (done <= need || issue_j == 0 || d > static_cast<int>(nn)) break;
+    }
+    sch.prefetch[s] = d;
+    free_b = done;
+    sch.stall_ms += std::max(0.0, done - need);
+  }
+  return sch;
+}
+
+Prediction simulate(const StepProfile& profile, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
+                    const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule) {
+  RATION_ASSERT(decision.size() == profile.storages.size(), "decision vector size mismatch");
+  const bool any_offload = std::find(decision.begin(), decision.end(), Decision::Offload) != decision.end();
+  RATION_ASSERT(!any_offload || schedule != nullptr, "offloaded storages need a schedule");
+  Simulator sim(profile, decision, extra_fixed_bytes, schedule, store_from.empty() ? nullptr : &store_from);
+  Prediction pred = sim.run();
+  if (any_offload) {
+    pred.offload_stall_ms = schedule->stall_ms;
+    for (size_t st = 0; st < decision.size(); ++st)
+      if (sim.offloaded(static_cast<int64_t>(st))) pred.offloaded_bytes += profile.storages[st].bytes;
+  }
+  return pred;
+}
+
+}  // namespace ration::memory

@@ -1,0 +1,75 @@
+// plan_simulator.h — the planner's model of one training step's memory: given a decision per saved
+// storage (keep / recompute / offload) it predicts the live bytes at every node boundary of forward and
+// backward, recompute transients and copies included, to the byte the executor will measure.
+// Owns: the simulator's rules, which mirror SavedValue, Node::recompute and the engine exactly (what is
+//       resident, what a recompute rebuilds and stores, what it frees, when an offloaded copy lands).
+// Does not own: choosing decisions (plan_context.h, plan_strategies.cpp), the copy queues' timeline
+//       (schedule_offloads in plan_simulator.cpp, declared in planner.h), executing a plan (budget_policy.h).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <set>
+#include <unordered_set>
+#include <vector>
+
+#include "ration/memory/planner.h"
+#include "ration/memory/profile.h"
+
+namespace ration::memory {
+
+// Per storage: the first forward ordinal whose node saves it and the last one (its first use in backward).
+struct SaveSpan {
+  std::vector<int64_t> saved_at, first_use;  // -1: never saved
+};
+SaveSpan save_span(const StepProfile& profile);
+
+// A key is usable without recompute iff it is pinned, or saved and kept (until its last use), or
+// restored by a recompute or a fetch (until its last use). Memory is counted by storage instance: the
+// original (alive while a kept key holds it), a recomputed instance (alive while a restored key holds
+// it), per-backward-node transients (freed when the node's recompute cache ends), and the outputs of
+// transient re-runs (Plan::store_from), held only by the re-run that consumes them.
+class Simulator {
+ public:
+  Simulator(const StepProfile& p, const std::vector<Decision>& decision, int64_t extra,
+            const OffloadSchedule* schedule = nullptr, const std::map<int64_t, int64_t>* store_from = nullptr);
+
+  // Droppable: saved, and allocated by a recorded node.
+  bool droppable(int64_t s) const {
+    return s >= 0 && saved_at_[static_cast<size_t>(s)] >= 0 && p_.storages[static_cast<size_t>(s)].allocated_by >= 0;
+  }
+  bool offloaded(int64_t s) const {
+    return s >= 0 && droppable(s) && decision_[static_cast<size_t>(s)] == Decision::Offload;
+  }
+  Prediction run();
+
+ private:
+  enum class KeyState { Kept, Dropped, Offloaded, Restored, Released };
+  bool dropped(size_t s) const { return decision_[s] != Decision::Keep; }
+  int64_t first_use(int64_t s) const { return first_use_[static_cast<size_t>(s)]; }
+  void fetch(int64_t s);
+  void hold(std::vector<int64_t>& holders, int64_t s, int delta);
+  bool usable(const ValueKey& key) const;
+  void ensure(const ValueKey& key, Prediction& pred);
+  bool transient(int64_t ord) const;
+  int64_t rerun(int64_t ord, int out, bool store_required, Prediction& pred);
+
+  const StepProfile& p_;
+  const std::vector<Decision>& decision_;
+  int64_t extra_;
+  const OffloadSchedule* schedule_;
+  std::vector<int64_t> saved_at_, last_alive_, first_use_;
+  std::map<int64_t, std::vector<ValueKey>> storage_keys_;  // offloaded storage -> its saved keys
+  std::set<int64_t> fetched_;
+  std::map<ValueKey, int> pending_;
+  std::map<ValueKey, KeyState> state_;
+  std::vector<int64_t> orig_holders_, rec_holders_;
+  std::unordered_set<int64_t> cache_;
+  std::unordered_set<int64_t> transient_;  // recomputed storage instances held only by the cache
+  int64_t transient_bytes_ = 0, recompute_peak_ = 0;
+  const std::map<int64_t, int64_t>* store_from_ = nullptr;
+  int64_t step_ = 0;         // index of the backward node being simulated
+  int64_t frame_bytes_ = 0;  // outputs of transient re-runs held by the re-runs consuming them
+  int64_t resident_ = 0;     // bytes of storage instances that have holders
+};
+
+}  // namespace ration::memory

@@ -1,0 +1,250 @@
+// plan_strategies.cpp — the planner's strategies, one function each over a PlanContext, and the one
+// table that names them (parsing, printing, the config check and help texts all read it).
+// Owns: every strategy's rule for choosing decisions, and the strategy table.
+// Does not own: predictions, the knapsack order and the descent (plan_context.h), user overrides and the
+//       final plan (planner.cpp).
+#include "ration/memory/plan_strategies.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include "ration/core/check.h"
+#include "ration/memory/allocator.h"
+
+namespace ration::memory {
+namespace {
+
+// The joint plan's clean-up passes: one offload is switched to recompute per pass where its marginal
+// stall on the shared copy queues exceeds its recompute cost. Each pass re-simulates every offload, so
+// the passes are capped; by the third the queues have settled on every model measured (later passes
+// changed nothing).
+constexpr int kOffloadRepairPasses = 3;
+
+// Knapsack: greedy descent in cost-per-byte order (measured recompute time) to the budget, falling back
+// to a memory-ordered descent where that one stops above it; then keep back as much as still fits (most
+// expensive first), then trade offloads whose queueing stall costs more than recomputing; on a chain, if
+// the greedy plan does not fit, the binomial schedule that fits with the fewest re-runs. A budget below
+// the floor is refused before any of this, so that measured times never decide whether a budget is met.
+Choice knapsack(PlanContext& ctx) {
+  ctx.check_budget_reachable();
+  Choice c = ctx.all_kept();
+  std::vector<Decision>& d = c.decisions;
+  if (ctx.descend(d, ctx.budget(), ctx.knapsack_order()) > ctx.budget()) {
+    // The time-ordered descent got stuck above the budget; where a memory-ordered one reaches it, take
+    // that, so whether a budget is met never depends on measured times.
+    if (std::optional<Choice> reached = ctx.reach_budget_by_memory_order()) c = std::move(*reached);
+  }
+  const std::vector<size_t>& order = ctx.knapsack_order();
+  if (ctx.keep_or_recompute(d)) {
+    IncrementalPeak inc = ctx.incremental(d);
+    for (size_t r = order.size(); r-- > 0;) {
+      const size_t i = order[r];
+      if (d[i] == Decision::Keep || inc.peak_if(i, Decision::Keep) > ctx.budget()) continue;
+      inc.set(i, Decision::Keep);
+      d[i] = Decision::Keep;
+    }
+  } else {
+    for (size_t r = order.size(); r-- > 0;) {
+      const size_t i = order[r];
+      if (d[i] == Decision::Keep) continue;
+      const Decision released = d[i];
+      d[i] = Decision::Keep;
+      if (!ctx.fits(c)) d[i] = released;
+    }
+  }
+  if (ctx.options().offload) {
+    for (int pass = 0; pass < kOffloadRepairPasses; ++pass) {
+      bool changed = false;
+      const double stall = ctx.predict(d).offload_stall_ms;
+      for (size_t i = 0; i < d.size(); ++i) {
+        if (d[i] != Decision::Offload) continue;
+        d[i] = Decision::Recompute;
+        const Prediction without = ctx.predict(d);
+        if (stall - without.offload_stall_ms > ctx.groups()[i].recompute_ms && without.peak_bytes <= ctx.budget()) {
+          changed = true;
+          break;
+        }
+        d[i] = Decision::Offload;
+      }
+      if (!changed) break;
+    }
+  }
+  // Below what storing every rebuilt value can reach, a chain takes the binomial schedule (which
+  // recomputes without storing); above it the greedy plan is already the fewest re-runs on a chain
+  // (every value not resident when backward starts is rebuilt at least once).
+  if (!ctx.fits(c)) {
+    if (const ChainCandidate* best = best_chain_fit(ctx.chain_candidates(), ctx.budget()))
+      c = {best->decisions, best->store_from, best->slots};
+  }
+  return c;
+}
+
+// Optimal chain: the binomial schedule with the fewest re-runs that fits (chain-shaped models only).
+Choice optimal_chain(PlanContext& ctx) {
+  RATION_CHECK(ctx.why_not_chain().empty(), "strategy 'optimal-chain' needs a chain-shaped model (every node reading only "
+               "the output of the node recorded just before it); this one is not: ", ctx.why_not_chain(),
+               ". Use --plan knapsack.");
+  const std::vector<ChainCandidate>& candidates = ctx.chain_candidates();
+  const ChainCandidate* best = best_chain_fit(candidates, ctx.budget());
+  int64_t lowest = ctx.unconstrained().peak_bytes;
+  for (const auto& cp : candidates) lowest = std::min(lowest, cp.prediction.peak_bytes);
+  RATION_CHECK(best != nullptr, "strategy 'optimal-chain' cannot meet the budget of ", format_bytes(ctx.budget()),
+               ": its lowest schedule needs ", format_bytes(lowest), ". Raise the budget.");
+  return {best->decisions, best->store_from, best->slots};
+}
+
+// Ordered: recompute groups in forward order until the prediction fits.
+Choice ordered(PlanContext& ctx) {
+  Choice c = ctx.all_kept();
+  IncrementalPeak inc = ctx.incremental(c.decisions);
+  for (size_t i = 0; i < c.decisions.size() && inc.peak() > ctx.budget(); ++i) {
+    inc.set(i, Decision::Recompute);
+    c.decisions[i] = Decision::Recompute;
+  }
+  return c;
+}
+
+// Ordered sets: the largest number of kept groups G that fits, split across node sets in proportion to
+// their sizes (largest remainders); within each set, groups are recomputed in forward order until its
+// share is met.
+Choice ordered_sets(PlanContext& ctx) {
+  Choice c = ctx.all_kept();
+  const size_t n = ctx.size();
+  std::map<std::string, std::vector<size_t>> sets;
+  std::vector<std::string> set_order;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& name = ctx.groups()[i].node_set;
+    if (!sets.count(name)) set_order.push_back(name);
+    sets[name].push_back(i);
+  }
+  for (int64_t target = static_cast<int64_t>(n); target >= 0; --target) {
+    std::vector<int64_t> per(set_order.size());
+    std::vector<std::pair<double, size_t>> remainders;
+    int64_t assigned = 0;
+    for (size_t k = 0; k < set_order.size(); ++k) {
+      const double exact = static_cast<double>(target) * static_cast<double>(sets[set_order[k]].size()) /
+                           static_cast<double>(std::max<size_t>(n, 1));
+      per[k] = static_cast<int64_t>(std::floor(exact));
+      assigned += per[k];
+      remainders.emplace_back(exact - std::floor(exact), k);
+    }
+    std::stable_sort(remainders.begin(), remainders.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    for (size_t r = 0; assigned < target && r < remainders.size(); ++r, ++assigned) per[remainders[r].second] += 1;
+    for (size_t k = 0; k < set_order.size(); ++k) {
+      const auto& idx = sets[set_order[k]];
+      const int64_t to_recompute = static_cast<int64_t>(idx.size()) - per[k];
+      for (size_t m = 0; m < idx.size(); ++m)
+        c.decisions[idx[m]] = static_cast<int64_t>(m) >= to_recompute ? Decision::Keep : Decision::Recompute;
+    }
+    if (ctx.fits(c)) break;
+  }
+  return c;
+}
+
+// Checkpointing as PyTorch users do it: the blocks are the numbered node sets ("blocks.3"), or, in a
+// model without any, every top-level module.
+std::vector<std::string> blocks_of(const std::vector<Group>& groups) {
+  std::vector<std::string> blocks;
+  for (const auto& g : groups) {
+    const auto dot = g.node_set.find('.');
+    if (dot != std::string::npos && std::find(blocks.begin(), blocks.end(), g.node_set) == blocks.end())
+      blocks.push_back(g.node_set);
+  }
+  if (blocks.empty()) {
+    for (const auto& g : groups)
+      if (std::find(blocks.begin(), blocks.end(), g.node_set) == blocks.end() && g.node_set != "(top)")
+        blocks.push_back(g.node_set);
+  }
+  return blocks;
+}
+
+// Inside blocks keep only the block's outputs (groups read by a node outside the block) of every k-th
+// block; everything else in blocks is recomputed; groups outside blocks are kept.
+Choice keep_outputs_of_every_kth_block(PlanContext& ctx, const std::vector<std::string>& blocks, int64_t k) {
+  Choice c = ctx.all_kept();
+  const std::vector<Group>& groups = ctx.groups();
+  const StepProfile& profile = ctx.profile();
+  std::map<int64_t, size_t> group_of_storage;
+  for (size_t i = 0; i < groups.size(); ++i) group_of_storage[groups[i].storage] = i;
+  std::vector<char> used_outside(groups.size(), 0);
+  for (const auto& node : profile.nodes) {
+    const std::string set = node_set_of(node.scope);
+    for (const auto& in : node.inputs) {
+      auto it = group_of_storage.find(profile.storage_of(in));
+      if (it != group_of_storage.end() && groups[it->second].node_set != set) used_outside[it->second] = 1;
+    }
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto it = std::find(blocks.begin(), blocks.end(), groups[i].node_set);
+    if (it == blocks.end()) continue;
+    const int64_t index = it - blocks.begin();
+    c.decisions[i] = used_outside[i] && ((index + 1) % k == 0) ? Decision::Keep : Decision::Recompute;
+  }
+  return c;
+}
+
+// Uniform: every k-th block (memory.checkpoint_every).
+Choice uniform(PlanContext& ctx) {
+  return keep_outputs_of_every_kth_block(ctx, blocks_of(ctx.groups()), std::max<int64_t>(1, ctx.options().checkpoint_every));
+}
+
+// Sqrt: every ceil(sqrt(blocks))-th block (Chen et al.'s sqrt(n) checkpointing).
+Choice sqrt_blocks(PlanContext& ctx) {
+  const std::vector<std::string> blocks = blocks_of(ctx.groups());
+  const auto k = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(blocks.size()))));
+  return keep_outputs_of_every_kth_block(ctx, blocks, std::max<int64_t>(1, k));
+}
+
+struct StrategyEntry {
+  Strategy id;
+  const char* name;
+  Choice (*run)(PlanContext&);
+};
+
+// The one table of strategies; the first is the default.
+const StrategyEntry kStrategies[] = {
+    {Strategy::Knapsack, "knapsack", knapsack},
+    {Strategy::Ordered, "ordered", ordered},
+    {Strategy::OrderedSets, "ordered-sets", ordered_sets},
+    {Strategy::Uniform, "uniform", uniform},
+    {Strategy::Sqrt, "sqrt", sqrt_blocks},
+    {Strategy::OptimalChain, "optimal-chain", optimal_chain},
+};
+
+const StrategyEntry& entry(Strategy s) {
+  for (const auto& e : kStrategies)
+    if (e.id == s) return e;
+  RATION_ASSERT(false, "strategy missing from the strategy table");
+}
+
+}  // namespace
+
+const std::vector<std::string>& strategy_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& e : kStrategies) v.emplace_back(e.name);
+    return v;
+  }();
+  return names;
+}
+
+std::string strategy_name_list() {
+  const auto& names = strategy_names();
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
+Strategy parse_strategy(const std::string& name) {
+  for (const auto& e : kStrategies)
+    if (name == e.name) return e.id;
+  RATION_CHECK(false, "unknown plan strategy '", name, "' (expected ", strategy_name_list(), ")");
+}
+
+const char* to_string(Strategy s) { return entry(s).name; }
+
+Choice run_strategy(PlanContext& ctx) { return entry(ctx.options().strategy).run(ctx); }
+
+}  // namespace ration::memory
