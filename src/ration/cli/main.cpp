@@ -1,4 +1,4 @@
-// main.cpp — the `ration` command line: train, gradcheck, plan.
+// main.cpp — the `ration` command line: train, gradcheck, plan, launch.
 // Owns: argument parsing and exit codes (0 ok, 1 check failed, 2 user error). Work happens in train/.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -9,6 +9,7 @@
 
 #include "ration/core/check.h"
 #include "ration/core/trace.h"
+#include "ration/dist/launch.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/plan_html.h"
 #include "ration/memory/plan_report.h"
@@ -220,12 +221,67 @@ int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>
   return r.passed ? 0 : 1;
 }
 
+const char* const kLaunchUsage =
+    "usage: ration launch -n N [--master-addr A] [--master-port P] [--nnodes M --node-rank R] [--grace S] "
+    "-- train CONFIG.toml [train flags...]\n"
+    "  starts N ranks of this node with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set as torchrun "
+    "does;\n  --master-port 0 picks a free port (one node); defaults 127.0.0.1:29500, --grace 15 (seconds the "
+    "others get\n  to stop after one rank fails, before SIGTERM)\n";
+
+// `ration launch ... -- COMMAND...`: parsed by hand so that everything after `--` reaches the ranks as is.
+int cmd_launch(int argc, char** argv) {
+  ration::dist::LaunchOptions o;
+  int i = 2;
+  auto int_flag = [&](const std::string& flag, const std::string& text) {
+    size_t pos = 0;
+    int v = 0;
+    try {
+      v = std::stoi(text, &pos);
+    } catch (const std::exception&) {
+      pos = std::string::npos;
+    }
+    RATION_CHECK(pos == text.size(), "ration launch: ", flag, " needs an integer, got '", text, "'\n", kLaunchUsage);
+    return v;
+  };
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "-h" || a == "--help") {
+      std::cout << kLaunchUsage;
+      return 0;
+    }
+    RATION_CHECK(i + 1 < argc, "ration launch: unknown or incomplete argument '", a, "'\n", kLaunchUsage);
+    const std::string v = argv[++i];
+    if (a == "-n" || a == "--nproc-per-node") o.nproc_per_node = int_flag(a, v);
+    else if (a == "--master-addr") o.master_addr = v;
+    else if (a == "--master-port") o.master_port = int_flag(a, v);
+    else if (a == "--nnodes") o.nnodes = int_flag(a, v);
+    else if (a == "--node-rank") o.node_rank = int_flag(a, v);
+    else if (a == "--grace") o.grace_s = int_flag(a, v);
+    else RATION_CHECK(false, "ration launch: unknown argument '", a, "'\n", kLaunchUsage);
+  }
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  return ration::dist::launch(o);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "launch") {
+    try {
+      return cmd_launch(argc, argv);
+    } catch (const ration::Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    }
+  }
   ration::memory::install_counting_allocator();
   CLI::App app{"ration: train neural networks inside a memory budget"};
   app.require_subcommand(1);
+  app.footer("launch: ration launch -n N [...] -- train CONFIG.toml ... (ration launch --help)");
 
   ration::train::TrainOptions topt;
   int64_t steps = 0, epochs = 0;
@@ -288,7 +344,7 @@ int main(int argc, char** argv) {
       if (steps > 0) topt.steps = steps;
       if (epochs > 0) topt.epochs = epochs;
       const auto report = ration::train::run_training(topt);
-      if (topt.json) std::cout << report.dump(2) << "\n";
+      if (topt.json && report["dist"]["rank"].get<int>() == 0) std::cout << report.dump(2) << "\n";
       return report.value("exit_status", 0);  // 130 / 143 when stopped by SIGINT / SIGTERM
     }
     if (*gc) return with_trace(gc_trace, [&] { return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json); });

@@ -1,6 +1,7 @@
 // dataset.cpp — deterministic epoch orders and the resumable loader (see dataset.h).
 #include "ration/data/dataset.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "ration/core/check.h"
@@ -43,10 +44,23 @@ std::vector<int64_t> shuffle_order(int64_t n, uint64_t seed, int64_t epoch) {
   return order;
 }
 
+std::vector<int64_t> bootstrap_order(int64_t n, uint64_t seed, int64_t epoch) {
+  RATION_CHECK(n > 0, "cannot bootstrap-sample a count of ", n);
+  std::vector<int64_t> draws(static_cast<size_t>(n));
+  SplitMix64 seeder{seed ^ 0xB0075791ull};
+  SplitMix64 rng{seeder.next() ^ (static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ull)};
+  rng.next();
+  for (auto& d : draws) d = static_cast<int64_t>(rng.below(static_cast<uint64_t>(n)));
+  return draws;
+}
+
 Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), options_(options) {
   RATION_CHECK(dataset_ != nullptr, "Loader needs a dataset");
   RATION_CHECK(options_.batch_size > 0, "batch_size must be > 0, got ", options_.batch_size);
+  RATION_CHECK(options_.shard_count >= 1 && options_.shard_rank >= 0 && options_.shard_rank < options_.shard_count,
+               "loader shard ", options_.shard_rank, " of ", options_.shard_count,
+               " is not valid; expected shard_count >= 1 and shard_rank in [0, shard_count)");
   RATION_CHECK(dataset_->size() > 0, "Loader given an empty dataset");
   RATION_CHECK(batches_per_epoch() > 0, "batch_size ", options_.batch_size, " exceeds the dataset's ",
                dataset_->size(), " items with drop_last, so an epoch has no batch; hint: lower batch_size");
@@ -54,12 +68,14 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
 
 int64_t Loader::epoch_items() const {
   const int64_t n = dataset_->size();
-  return options_.drop_last ? n / options_.batch_size * options_.batch_size : n;
+  const int64_t global = options_.batch_size * options_.shard_count;
+  return options_.drop_last ? n / global * global : n;
 }
 
 int64_t Loader::batches_per_epoch() const {
   const int64_t n = dataset_->size();
-  return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
+  const int64_t global = options_.batch_size * options_.shard_count;
+  return options_.drop_last ? n / global : (n + global - 1) / global;
 }
 
 bool Loader::has_next_in_epoch() const { return position_.index < epoch_items(); }
@@ -73,7 +89,9 @@ void Loader::set_position(LoaderPosition position) {
 
 const std::vector<int64_t>& Loader::order() {
   if (cached_epoch_ != position_.epoch) {
-    if (options_.shuffle) {
+    if (options_.shuffle && options_.sampling == Sampling::Bootstrap) {
+      order_ = bootstrap_order(dataset_->size(), options_.seed, position_.epoch);
+    } else if (options_.shuffle) {
       order_ = shuffle_order(dataset_->size(), options_.seed, position_.epoch);
     } else {
       order_.resize(static_cast<size_t>(dataset_->size()));
@@ -87,9 +105,15 @@ const std::vector<int64_t>& Loader::order() {
 std::vector<int64_t> Loader::next_indices() {
   if (!has_next_in_epoch()) position_ = {position_.epoch + 1, 0};
   const std::vector<int64_t>& ord = order();
-  const int64_t end = std::min(position_.index + options_.batch_size, epoch_items());
-  std::vector<int64_t> indices(ord.begin() + position_.index, ord.begin() + end);
+  const int64_t n = options_.shard_count, r = options_.shard_rank;
+  const int64_t end = std::min(position_.index + options_.batch_size * n, epoch_items());
+  // This shard's contiguous part of the global batch [index, end), split as evenly as possible.
+  const int64_t global = end - position_.index, base = global / n, extra = global % n;
+  const int64_t begin = position_.index + r * base + std::min(r, extra);
+  const int64_t count = base + (r < extra ? 1 : 0);
+  std::vector<int64_t> indices(ord.begin() + begin, ord.begin() + begin + count);
   position_.index = end;
+  last_global_items_ = global;
   return indices;
 }
 

@@ -1,9 +1,15 @@
 // dataset.h — the dataset interface and the loader that walks it in deterministic, resumable order.
 // Owns: Dataset (size(), get(indices) -> Batch), Loader (shuffled-or-sequential epochs, batching,
-//       drop_last), and LoaderPosition, the two integers that make a resume exact.
+//       drop_last, data-parallel shards), and LoaderPosition, the two integers that make a resume exact.
 // Order: epoch e visits the permutation shuffle_order(size, seed, e) (or 0..size-1 unshuffled), a pure
 // function of (seed, epoch) computed with our own generator (splitmix64 + Fisher-Yates), so it does not
-// change with the libtorch version or the platform's <random>.
+// change with the libtorch version or the platform's <random>. Sampling::Bootstrap replaces the
+// permutation by size draws with replacement, bootstrap_order(size, seed, e), also a pure function.
+// Shards (data parallel): with shard_count = N the loader walks global batches of N * batch_size items
+// of that order; the shard_rank-th rank takes its contiguous part (the batch split as evenly as
+// possible, so a short last batch gives some ranks one item fewer). The position counts global items,
+// so the ranks' shards together are exactly the one-process batch of N * batch_size, and a checkpoint
+// resumes with any N.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -30,12 +36,20 @@ struct LoaderPosition {
 
 // A permutation of 0..n-1 determined by (seed, epoch).
 std::vector<int64_t> shuffle_order(int64_t n, uint64_t seed, int64_t epoch);
+// n draws from 0..n-1 with replacement, determined by (seed, epoch).
+std::vector<int64_t> bootstrap_order(int64_t n, uint64_t seed, int64_t epoch);
+
+// How a shuffled epoch is drawn: a permutation, or a bootstrap sample (with replacement).
+enum class Sampling { Shuffle, Bootstrap };
 
 struct LoaderOptions {
-  int64_t batch_size = 32;
+  int64_t batch_size = 32;      // per shard (per rank); the global batch is shard_count * batch_size
   bool shuffle = true;
   uint64_t seed = 0;
-  bool drop_last = false;  // true: the epoch ends before a short last batch
+  bool drop_last = false;  // true: the epoch ends before a short last (global) batch
+  Sampling sampling = Sampling::Shuffle;  // used when shuffle is true
+  int shard_rank = 0;                     // this rank, in [0, shard_count)
+  int shard_count = 1;                    // ranks sharing each global batch
 };
 
 class Loader {
@@ -48,8 +62,11 @@ class Loader {
   std::vector<int64_t> next_indices();
   // Whether the current epoch has another batch (for one pass over an evaluation set).
   bool has_next_in_epoch() const;
-  // Batches in one epoch (respecting drop_last).
+  // Batches in one epoch (respecting drop_last); global batches when sharded.
   int64_t batches_per_epoch() const;
+  // Items of the last global batch handed out (this shard's batch is its share of them; the weight of
+  // its gradient is its items / these).
+  int64_t last_global_items() const { return last_global_items_; }
 
   LoaderPosition position() const { return position_; }
   // Resume: the next batch will be the one that followed `position` when it was taken.
@@ -68,7 +85,8 @@ class Loader {
   LoaderOptions options_;
   LoaderPosition position_;
   int64_t cached_epoch_ = -1;
-  std::vector<int64_t> order_;  // (size) permutation for cached_epoch_
+  std::vector<int64_t> order_;  // (size) permutation (or bootstrap draws) for cached_epoch_
+  int64_t last_global_items_ = 0;
 };
 
 }  // namespace ration::data

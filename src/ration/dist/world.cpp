@@ -44,7 +44,7 @@ using Env = std::map<std::string, std::string>;
 
 const char* const kEnvHelp =
     " (set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun does, or RANK, WORLD_SIZE and "
-    "RATION_STORE_FILE=/shared/path; for one process use World::init_single())";
+    "RATION_STORE_FILE=/shared/path; for one process leave WORLD_SIZE unset, or call World::init_single() from C++)";
 
 std::optional<std::string> lookup(const Env& env, const std::string& name) {
   auto it = env.find(name);
@@ -81,9 +81,10 @@ void run_collective(const char* what, int rank, int size, Fn&& fn) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    RATION_CHECK(false, "collective ", what, " failed on rank ", rank, " of ", size, ": ", e.what(),
-                 " (every rank must call the same collectives in the same order with tensors of the same "
-                 "shape and dtype; a rank that exited or timed out also shows up here)");
+    throw CollectiveError(detail::str("collective ", what, " failed on rank ", rank, " of ", size, ": ", e.what(),
+                                      " (every rank must call the same collectives in the same order with tensors "
+                                      "of the same shape and dtype; a rank that exited or timed out also shows up "
+                                      "here)"));
   }
 }
 
@@ -164,7 +165,7 @@ World World::init_from(const Env& env, const WorldOptions& options) {
       RATION_CHECK(false, "distributed init: rank ", state->rank, " could not rendezvous through the TCPStore at ",
                    *master, ":", port, (state->rank == 0 ? " (as its server)" : " (as a client)"), ": ", e.what(),
                    " (is MASTER_PORT free on rank 0's host, and are all WORLD_SIZE=", state->size,
-                   " ranks started within RATION_DIST_TIMEOUT_S?)");
+                   " ranks started within the timeout (dist.timeout_s, or RATION_DIST_TIMEOUT_S)?)");
     }
   }
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ration/world", state->store);
@@ -217,6 +218,7 @@ int World::size() const { return state().size; }
 Backend World::backend() const { return state().backend; }
 at::Device World::device() const { return state().device; }
 const c10::intrusive_ptr<Collectives>& World::process_group() const { return state().group; }
+const c10::intrusive_ptr<c10d::Store>& World::store() const { return state().store; }
 
 void World::all_reduce_sum(at::Tensor& t) const {
   const State& s = state();

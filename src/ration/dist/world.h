@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 
+#include "ration/core/check.h"
 #include "ration/memory/saved_value.h"
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -35,6 +36,7 @@
 #else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #endif
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace ration::dist {
 
@@ -45,6 +47,13 @@ using Collectives = c10d::Backend;
 #else
 using Collectives = c10d::ProcessGroup;
 #endif
+
+// A collective that failed (a peer exited, was killed, or timed out). Distinct from other errors so that
+// callers can diagnose which rank was lost (dist/liveness.h) before reporting.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
 
 enum class Backend { Gloo, Nccl };
 const char* to_string(Backend b);
@@ -72,6 +81,8 @@ class World {
   at::Device device() const;
   // The c10d process group; null for init_single().
   const c10::intrusive_ptr<Collectives>& process_group() const;
+  // The rendezvous store (TCPStore served by rank 0, or FileStore); null for init_single().
+  const c10::intrusive_ptr<c10d::Store>& store() const;
 
   // In place: t becomes the element-wise sum of every rank's t.
   void all_reduce_sum(at::Tensor& t) const;

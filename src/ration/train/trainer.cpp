@@ -16,6 +16,9 @@
 #include "ration/data/fashion_mnist.h"
 #include "ration/data/text.h"
 #include "ration/models/families.h"
+#include "ration/dist/data_parallel.h"
+#include "ration/dist/liveness.h"
+#include "ration/dist/reducer.h"
 #include "ration/memory/allocator.h"
 #include "ration/optim/adamw.h"
 #include "ration/optim/clip.h"
@@ -74,9 +77,14 @@ struct EvalResult {
   int64_t count = 0;
 };
 
+// Data parallel: each rank evaluates its shard of every global batch and the sums are all-reduced, so
+// every rank reports the one-process figures.
 EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& set, int64_t batch_size,
-                    int64_t max_batches) {
-  data::Loader loader(set, {batch_size, /*shuffle=*/false, 0, /*drop_last=*/false});
+                    int64_t max_batches, const dist::World& world) {
+  data::LoaderOptions lo{batch_size, /*shuffle=*/false, 0, /*drop_last=*/false};
+  lo.shard_rank = world.rank();
+  lo.shard_count = world.size();
+  data::Loader loader(set, lo);
   models::EvalStats total;
   const bool was_training = model.is_training();
   model.eval();
@@ -84,15 +92,22 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
   {
     NoGradGuard no_grad;
     while (loader.has_next_in_epoch() && (max_batches <= 0 || batches < max_batches)) {
-      data::Batch b = loader.next();
+      const std::vector<int64_t> indices = loader.next_indices();
+      ++batches;
+      if (indices.empty()) continue;  // a short last batch left this rank nothing
+      data::Batch b = set->get(indices);
       const auto s = model.evaluate(b);
       total.loss_sum += s.loss_sum;
       total.correct += s.correct;
       total.count += s.count;
-      ++batches;
     }
   }
   model.train(was_training);
+  const std::vector<double> sums = dist::all_reduce_doubles(
+      world, {total.loss_sum, static_cast<double>(total.correct), static_cast<double>(total.count)});
+  total.loss_sum = sums[0];
+  total.correct = static_cast<int64_t>(sums[1]);
+  total.count = static_cast<int64_t>(sums[2]);
   EvalResult r;
   r.count = total.count;
   if (total.count > 0) {
@@ -324,19 +339,52 @@ struct StepRecord {
 // runs with nearby train.seed values draw from far-apart seeds instead of sharing most of their steps'.
 constexpr uint64_t kSeedSpread = 0x9E3779B97F4A7C15ULL;
 
+// The data-parallel keys of a run, read with the others before the world is joined.
+struct DataParallelKeys {
+  dist::DataParallelSettings dp;
+  data::Sampling sampling = data::Sampling::Shuffle;
+  bool drop_last = true;
+};
+DataParallelKeys read_data_parallel_keys(Config& c) {
+  DataParallelKeys k;
+  k.dp = dist::read_data_parallel_settings(c);
+  k.sampling = c.get_choice("data.sampling", "shuffle", {"shuffle", "bootstrap"}) == "bootstrap"
+                   ? data::Sampling::Bootstrap
+                   : data::Sampling::Shuffle;
+  k.drop_last = c.get_bool("data.drop_last", true);
+  return k;
+}
+
+// The reducer attached to the step: each backward's weight is set after forward (the reducer's own
+// gradient-ready hooks fill and launch the buckets during backward); the window is finalised before
+// clipping and the optimiser.
+class ReducerHook : public StepHook {
+ public:
+  explicit ReducerHook(dist::Reducer& reducer) : reducer_(reducer) {}
+  void set_weight(double weight) { weight_ = weight; }
+  void after_forward(int64_t step, const Value& loss) override { reducer_.prepare_backward(weight_); }
+  void before_optimizer(int64_t step) override {
+    if (reducer_.window_complete()) reducer_.finalize();
+  }
+
+ private:
+  dist::Reducer& reducer_;
+  double weight_ = 1;
+};
+
 // One run of `ration train`: built from the options, then steps, evaluations, checkpoints, report.
 class TrainingRun {
  public:
   explicit TrainingRun(const TrainOptions& options)
       : options_(options), setup_(build_setup(load_config(options.config_path, options.overrides))),
         model_(*setup_.model), params_(model_.named_parameters()), run_(read_run_settings(setup_.config)),
-        runtime_(read_memory_settings(setup_.config)),
-        loader_(setup_.train_set, {setup_.batch_size, /*shuffle=*/true, setup_.seed, /*drop_last=*/true}),
-        progress_(options.json, run_.log_every) {
+        keys_(read_data_parallel_keys(setup_.config)), runtime_(read_memory_settings(setup_.config)),
+        world_(checked_world()), loader_(setup_.train_set, shard_options()),
+        progress_(options.json || world_.rank() != 0, run_.log_every) {
     Config& c = setup_.config;
-    c.check_all_used();
+    if (world_.size() > 1) liveness_ = std::make_unique<dist::Liveness>(world_);
     optimizer_ = build_optimizer(run_, params_);
-    per_epoch_ = loader_.batches_per_epoch();
+    per_epoch_ = (loader_.batches_per_epoch() + keys_.dp.reducer.sync_every - 1) / keys_.dp.reducer.sync_every;
     RATION_CHECK(per_epoch_ > 0, c.origin(), ": train.batch_size ", setup_.batch_size,
                  " is larger than the training set (", setup_.train_set->size(), " items)");
     const int64_t epochs = options.epochs.value_or(run_.epochs);
@@ -346,15 +394,40 @@ class TrainingRun {
     fingerprint_ = c.fingerprint(kWeightNeutralKeys) + "-" + std::to_string(total_steps_);
   }
 
+  // run() with the data-parallel failure rules: a failed collective names the lost rank (every survivor
+  // watches the heartbeats for the same window); any other error is left as this rank's note.
+  nlohmann::json run_as_rank() {
+    try {
+      dist::check_same_config(world_, setup_.config.effective(), setup_.config.origin());
+      nlohmann::json report = run();
+      world_.barrier();  // leave together: rank 0 serves the store the others still use
+      return report;
+    } catch (const dist::CollectiveError& e) {
+      const auto window = std::chrono::milliseconds(std::min<int64_t>(3000, keys_.dp.timeout_s * 1000 / 3));
+      const std::string diagnosis = liveness_ ? liveness_->diagnose(window) : std::string("one process");
+      throw Error(detail::str("rank ", world_.rank(), " of ", world_.size(), ": ", diagnosis,
+                              "; stopping (resume from the last checkpoint with --resume, with any number of "
+                              "ranks). The failed collective: ", e.what()));
+    } catch (const std::exception& e) {
+      if (liveness_) liveness_->leaving(e.what());
+      throw;
+    }
+  }
+
+ private:
   nlohmann::json run() {
     resume();
-    prepare_checkpoint_dir();
+    // Only rank 0 writes checkpoints, so only rank 0 locks and checks the directory.
+    if (world_.rank() == 0) prepare_checkpoint_dir();
     // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
     const InterruptScope interrupt;
+    // Data parallel: every rank starts from rank 0's parameters (fresh or resumed).
+    dist::broadcast_from_rank0(world_, params_, model_.named_buffers());
     model_.train();
     memory::reset_peak();
     first_step_ = step_;
     plan_memory();
+    attach_reducer();
     for (; step_ < total_steps_; ++step_) {
       train_one_step();
       after_step_duties();
@@ -386,7 +459,31 @@ class TrainingRun {
     return report;
   }
 
- private:
+  // The world (from the environment unless the options give one), after the config is fully read.
+  dist::World checked_world() {
+    setup_.config.check_all_used();
+    return options_.world.defined() ? options_.world : dist::join_world(keys_.dp);
+  }
+  // This rank's shard of every global batch.
+  data::LoaderOptions shard_options() const {
+    data::LoaderOptions o{setup_.batch_size, /*shuffle=*/true, setup_.seed, keys_.drop_last};
+    o.sampling = keys_.sampling;
+    o.shard_rank = world_.rank();
+    o.shard_count = world_.size();
+    return o;
+  }
+  bool synchronizes() const { return world_.size() > 1 || keys_.dp.reducer.sync_every > 1; }
+
+  // Gradient synchronisation (data parallel) and local accumulation (dist.sync_every): built after the
+  // profiling step, whose backward must not reach the reducer.
+  void attach_reducer() {
+    if (!synchronizes()) return;
+    reducer_ = std::make_unique<dist::Reducer>(
+        world_, params_, dist::make_comm_hook(keys_.dp.compress, keys_.dp.error_feedback, setup_.config.origin()),
+        keys_.dp.reducer);
+    reducer_hook_ = std::make_unique<ReducerHook>(*reducer_);
+    runtime_.add_hook(reducer_hook_.get());
+  }
   bool is_lm() const { return setup_.data_kind == "text"; }
 
   void resume() {
@@ -427,30 +524,98 @@ class TrainingRun {
     const data::LoaderPosition here = loader_.position();
     const data::Batch first = loader_.next();
     loader_.set_position(here);
+    // Data parallel: the gradient buckets and (onebit with error feedback) the residuals, one float each
+    // per parameter element, are fixed memory the plan must leave room for.
+    int64_t dist_bytes = 0;
+    if (synchronizes()) {
+      const bool residual = keys_.dp.compress == "onebit" && keys_.dp.error_feedback == dist::ErrorFeedback::On;
+      dist_bytes = (residual ? 2 : 1) * 4 * model_.num_parameters();
+    }
     const memory::Plan* plan = runtime_.prepare(
-        model_, first, setup_.seed, unseen_optimizer_bytes(run_.optimizer, run_.momentum, run_.amsgrad, model_));
+        model_, first, setup_.seed,
+        unseen_optimizer_bytes(run_.optimizer, run_.momentum, run_.amsgrad, model_) + dist_bytes);
     corrector_.emplace(runtime_, *budget.budget_bytes);
     progress_.note(plan->to_table());
   }
 
   void train_one_step() {
     const double lr = schedule_->apply(*optimizer_, step_);
-    data::Batch batch = loader_.next();  // workspace: batches are device memory, the dataset is not
-    StepOptions o;
-    o.step = step_;
-    // Dropout masks are a function of (seed, step), so a resumed run draws exactly what it would have.
-    o.seed = setup_.seed * kSeedSpread + static_cast<uint64_t>(step_);
-    o.optimizer = optimizer_.get();
-    o.clip_grad_norm = run_.clip_grad_norm;
-    const StepStats st = runtime_.measure_step(model_, batch, o);
+    const StepStats st = reducer_ ? synchronized_step() : local_step();
     if (corrector_) {
       const std::string note = corrector_->after_step(step_, st.peak_bytes);
       if (!note.empty()) progress_.note(note);
     }
     RATION_CHECK(std::isfinite(st.loss), "loss became ", st.loss, " at step ", step_,
                  "; lower optim.lr or set optim.clip_grad_norm");
-    record_.add(st, batch.items, runtime_.mode() == MemoryMode::Plan);
+    record_.add(st, step_items_, runtime_.mode() == MemoryMode::Plan);
     show_progress(st, lr);
+  }
+
+  StepOptions step_options(uint64_t micro) const {
+    StepOptions o;
+    o.step = step_;
+    // Dropout masks are a function of (seed, step[, rank, micro-batch]), so a resumed run draws exactly
+    // what it would have.
+    o.seed = setup_.seed * kSeedSpread + static_cast<uint64_t>(step_) +
+             static_cast<uint64_t>(world_.rank()) * 0x632BE59BD9B4E019ULL + micro * 0xD6E8FEB86659FD93ULL;
+    o.optimizer = optimizer_.get();
+    o.clip_grad_norm = run_.clip_grad_norm;
+    return o;
+  }
+
+  StepStats local_step() {
+    data::Batch batch = loader_.next();  // workspace: batches are device memory, the dataset is not
+    step_items_ = batch.items;
+    return runtime_.measure_step(model_, batch, step_options(0));
+  }
+
+  // sync_every micro-batches of this rank's shard; each backward weighted by its share of the step's
+  // samples over every rank (known before the first from the shard arithmetic); the last one's backward
+  // launches the buckets and the runtime's before_optimizer hook waits for them.
+  StepStats synchronized_step() {
+    const auto micro_batches = static_cast<size_t>(keys_.dp.reducer.sync_every);
+    std::vector<std::vector<int64_t>> micro(micro_batches);
+    int64_t step_samples = 0;
+    for (auto& m : micro) {
+      m = loader_.next_indices();
+      step_samples += loader_.last_global_items();
+    }
+    StepStats st;
+    double ms = 0, loss_sum = 0;
+    int64_t samples = 0, items = 0;
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const double weight = static_cast<double>(micro[k].size()) / static_cast<double>(step_samples);
+      StepOptions o = step_options(k);
+      const bool last = k + 1 == micro.size();
+      if (!last) o.optimizer = nullptr;  // accumulate: the reducer holds the weighted gradients
+      if (micro[k].empty()) {  // a short last batch left this rank nothing: it contributes zeros
+        reducer_->prepare_backward(0);
+        if (last) finish_without_batch();
+        continue;
+      }
+      const data::Batch batch = setup_.train_set->get(micro[k]);  // workspace: device memory
+      reducer_hook_->set_weight(weight);
+      st = runtime_.measure_step(model_, batch, o);
+      ms += st.ms;
+      loss_sum += st.loss * static_cast<double>(micro[k].size());
+      samples += static_cast<int64_t>(micro[k].size());
+      items += batch.items;
+    }
+    // The step's loss: the mean over every rank's samples.
+    const std::vector<double> sums = dist::all_reduce_doubles(
+        world_, {loss_sum, static_cast<double>(samples), static_cast<double>(items)});
+    st.loss = sums[0] / std::max(sums[1], 1.0);
+    st.ms = ms;
+    step_items_ = static_cast<int64_t>(sums[2]);
+    return st;
+  }
+
+  // The synchronising micro-batch of a rank without data: join the reduction, then the same update.
+  void finish_without_batch() {
+    reducer_->finalize();
+    if (run_.clip_grad_norm > 0) optim::clip_grad_norm(params_, run_.clip_grad_norm);
+    optimizer_->step();
+    optimizer_->zero_grad();
   }
 
   void show_progress(const StepStats& st, double lr) {
@@ -481,7 +646,9 @@ class TrainingRun {
 
   void evaluate_now(int64_t at_step) {
     const auto t0 = Clock::now();
-    const EvalResult r = evaluate(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches);
+    // Buffers (batch-norm running statistics) are each rank's own: evaluate rank 0's everywhere.
+    dist::broadcast_from_rank0(world_, {}, model_.named_buffers());
+    const EvalResult r = evaluate(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches, world_);
     nlohmann::json e = {{"step", at_step}, {"loss", r.loss}, {"items", r.count}, {"seconds", seconds_since(t0)}};
     char line[256];
     if (is_lm()) {
@@ -500,12 +667,14 @@ class TrainingRun {
   }
 
   std::string save(int64_t at_step) {
-    if (run_.checkpoint_dir.empty()) return std::string();
+    if (run_.checkpoint_dir.empty() || world_.rank() != 0) return std::string();
     Metadata meta;
     meta.ints["epoch"] = loader_.position().epoch;
     meta.ints["loader_index"] = loader_.position().index;
     meta.ints["seed"] = static_cast<int64_t>(setup_.seed);
     meta.ints["total_steps"] = total_steps_;
+    meta.ints["world_size"] = world_.size();
+    meta.ints["global_batch"] = setup_.batch_size * world_.size();
     NamedTensors weights;
     for (auto& [n, p] : params_) weights.emplace_back(n, p.tensor());
     for (auto& [n, b] : model_.named_buffers()) weights.emplace_back(n, b);
@@ -590,12 +759,41 @@ class TrainingRun {
       report["interrupted_by"] = InterruptScope::name(stop_signal_);
       report["exit_status"] = InterruptScope::exit_status(stop_signal_);
     }
+    report["dist"] = dist_report();
+    if (reducer_) report["memory"]["dist_bucket_bytes"] = reducer_->bucket_bytes();
     return report;
+  }
+
+  nlohmann::json dist_report() const {
+    nlohmann::json d = {{"world_size", world_.size()}, {"rank", world_.rank()}};
+    if (!reducer_) return d;
+    const dist::ReducerStats& st = reducer_->stats();
+    const double syncs = static_cast<double>(std::max<int64_t>(st.synchronizations, 1));
+    nlohmann::json buckets = nlohmann::json::array();
+    for (const auto& b : reducer_->buckets()) buckets.push_back(b.numel * 4);
+    d.update({{"backend", dist::to_string(world_.backend())},
+              {"compress", reducer_->hook().name()},
+              {"error_feedback", keys_.dp.error_feedback == dist::ErrorFeedback::On},
+              {"sync_every", keys_.dp.reducer.sync_every},
+              {"sampling", keys_.sampling == data::Sampling::Bootstrap ? "bootstrap" : "shuffle"},
+              {"bucket_bytes", buckets},
+              {"synchronizations", st.synchronizations},
+              {"bytes_sent_per_step", static_cast<double>(st.traffic.payload_bytes) / syncs},
+              {"wire_bytes_per_step", static_cast<double>(st.traffic.wire_bytes) / syncs},
+              {"comm_ms", st.comm_ms / syncs},
+              {"exposed_comm_ms", st.exposed_ms / syncs},
+              {"overlap", st.overlap()},
+              {"error_feedback_bytes", reducer_->hook_state_bytes()}});
+    // onebit: the smallest lambda_j of the last step's code per bucket; the error bound is
+    // sqrt(1 - lambda^2) ||v|| (docs/DISTRIBUTED.md).
+    if (const auto* onebit = dynamic_cast<const dist::OneBitHook*>(&reducer_->hook()))
+      d["onebit_lambda"] = onebit->last_lambda();
+    return d;
   }
 
   // `checkpoint_error`: the final save's failure, named too if the report cannot be written either.
   void write_report(const nlohmann::json& report, const std::string& checkpoint_error) {
-    if (options_.report_path.empty()) return;
+    if (options_.report_path.empty() || world_.rank() != 0) return;
     const std::filesystem::path p(options_.report_path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     const std::string tmp = options_.report_path + ".tmp";
@@ -619,9 +817,15 @@ class TrainingRun {
   models::Model& model_;
   optim::NamedParams params_;
   RunSettings run_;
+  DataParallelKeys keys_;
   StepRuntime runtime_;
+  dist::World world_;
   data::Loader loader_;
   Progress progress_;
+  std::unique_ptr<dist::Liveness> liveness_;
+  std::unique_ptr<dist::Reducer> reducer_;
+  std::unique_ptr<ReducerHook> reducer_hook_;
+  int64_t step_items_ = 0;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::WarmupCosine> schedule_;
   std::optional<BudgetCorrector> corrector_;
@@ -636,6 +840,6 @@ class TrainingRun {
 
 }  // namespace
 
-nlohmann::json run_training(const TrainOptions& options) { return TrainingRun(options).run(); }
+nlohmann::json run_training(const TrainOptions& options) { return TrainingRun(options).run_as_rank(); }
 
 }  // namespace ration::train

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ration/data/dataset.h"
+#include "ration/dist/world.h"
 #include "ration/memory/offload.h"
 #include "ration/models/model.h"
 #include "ration/config/config.h"
@@ -28,6 +29,9 @@ struct TrainOptions {
   std::string report_path;             // empty: no file
   std::string resume;                  // checkpoint dir, or a run dir (follows latest)
   bool json = false;                   // quiet; the report goes to stdout
+  // Data parallel: the world to train in. Undefined (the default): joined from the environment when
+  // WORLD_SIZE is set (torchrun-style variables, as `ration launch` sets them), else one process.
+  dist::World world;
 };
 
 // Everything a run is built from, shared by train, gradcheck and bench.
@@ -61,7 +65,9 @@ Setup build_setup(Config config);
 // A deterministic batch from the training set (for gradcheck and benchmarks).
 data::Batch sample_batch(const Setup& setup, int64_t batch_size, uint64_t seed);
 
-// Runs training; returns the report (also written to options.report_path when set).
+// Runs training; returns the report (also written to options.report_path when set, by rank 0 only).
+// With WORLD_SIZE > 1 each rank trains on its shard and gradients are synchronised (dist/reducer.h); a
+// lost peer makes every rank throw ration::Error naming it.
 nlohmann::json run_training(const TrainOptions& options);
 
 // The offload engine's counters as JSON (the report's offload.totals; benchmarks).

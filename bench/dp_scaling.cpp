@@ -1,0 +1,217 @@
+// dp_scaling.cpp — bench_dp_scaling: data-parallel `ration train` (1 and 2 processes, one thread each)
+// against PyTorch DDP (Gloo, with and without its fp16 hook) on the same CNN and GPT, plus bytes on the
+// wire per compression, projected step times on slower links, and a convergence table.
+// Owns: running the commands (ration launch / ration train / bench/dp_peer_ddp.py) interleaved, reading
+//       their reports, and the tables + JSON. Does not own: anything measured (the reports are the data).
+//
+//   bench_dp_scaling [--steps 30] [--reps 2] [--conv-steps 300] [--gpt-conv-steps 120] [--skip-convergence]
+//                    [--skip-speed] [--out bench/results/dp_scaling.json]
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kBin = RATION_BINARY_DIR;
+const std::string kSrc = RATION_SOURCE_DIR;
+
+struct ModelCase {
+  std::string name;
+  int64_t batch;  // per rank
+};
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  if (::pclose(p) != 0) std::cerr << "command failed: " << cmd << "\n" << out << "\n";
+  return out;
+}
+
+// One `ration train` (n = 1) or `ration launch -n n -- train`; returns its report.
+json ration_run(const ModelCase& m, int n, const std::string& compress, int64_t steps, int64_t batch,
+                const std::vector<std::string>& extra) {
+  const fs::path report = fs::temp_directory_path() / ("ration-dp-bench-" + std::to_string(::getpid()) + ".json");
+  std::ostringstream cmd;
+  cmd << kBin << "/ration ";
+  if (n > 1) cmd << "launch -n " << n << " --master-port 0 -- ";
+  cmd << "train " << kSrc << "/configs/" << m.name << ".toml --steps " << steps
+      << " --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=100000"
+      << " --set train.batch_size=" << batch << " --set dist.compress=" << compress << " --report " << report
+      << " --json";
+  for (const auto& e : extra) cmd << " --set " << e;
+  cmd << " > /dev/null 2>&1";
+  (void)run_capture(cmd.str());
+  json r;
+  std::ifstream in(report);
+  if (in.good()) in >> r;
+  fs::remove(report);
+  return r;
+}
+
+double ddp_run(const ModelCase& m, int n, const std::string& hook, int64_t steps) {
+  std::ostringstream cmd;
+  cmd << "/usr/bin/python3 " << kSrc << "/bench/dp_peer_ddp.py --model " << m.name << " --nproc " << n
+      << " --batch " << m.batch << " --steps " << steps << " --hook " << hook << " 2>/dev/null";
+  const std::string out = run_capture(cmd.str());
+  try {
+    return json::parse(out.substr(out.find('{')))["step_ms_median"].get<double>();
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t steps = 30, reps = 2, conv_steps = 300, gpt_conv_steps = 120;
+  bool convergence = true, speed = true;
+  std::string out_path = kSrc + "/bench/results/dp_scaling.json";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return std::string(i + 1 < argc ? argv[++i] : ""); };
+    if (a == "--steps") steps = std::stoll(next());
+    else if (a == "--reps") reps = std::stoll(next());
+    else if (a == "--conv-steps") conv_steps = std::stoll(next());
+    else if (a == "--gpt-conv-steps") gpt_conv_steps = std::stoll(next());
+    else if (a == "--skip-convergence") convergence = false;
+    else if (a == "--skip-speed") speed = false;
+    else if (a == "--out") out_path = next();
+    else {
+      std::cerr << "usage: bench_dp_scaling [--steps N] [--reps N] [--conv-steps N] [--skip-convergence] [--out F]\n";
+      return 2;
+    }
+  }
+  const std::vector<ModelCase> models = {{"cnn", 64}, {"gpt", 8}};
+  const std::vector<std::string> compressions = {"none", "fp16", "onebit"};
+  json result = {{"machine", "2 vCPU Xeon KVM guest, Debian 12, 1 thread per process"},
+                 {"steps", steps},
+                 {"reps", reps}};
+
+  // ---- speed: interleaved repetitions ----
+  for (const auto& m : models) {
+    if (!speed) break;
+    std::map<std::string, std::vector<double>> ms, comm, overlap;
+    std::map<std::string, json> last;
+    for (int64_t rep = 0; rep < reps; ++rep) {
+      json one = ration_run(m, 1, "none", steps, m.batch, {"train.eval_batches=1"});
+      ms["ration N=1"].push_back(one["time"]["step_ms_median"].get<double>());
+      for (const auto& c : compressions) {
+        json two = ration_run(m, 2, c, steps, m.batch, {"train.eval_batches=1"});
+        const std::string key = "ration N=2 " + c;
+        ms[key].push_back(two["time"]["step_ms_median"].get<double>());
+        comm[key].push_back(two["dist"]["comm_ms"].get<double>());
+        overlap[key].push_back(two["dist"]["overlap"].get<double>());
+        last[key] = two["dist"];
+      }
+      ms["DDP N=1"].push_back(ddp_run(m, 1, "none", steps));
+      ms["DDP N=2 none"].push_back(ddp_run(m, 2, "none", steps));
+      ms["DDP N=2 fp16"].push_back(ddp_run(m, 2, "fp16", steps));
+    }
+    std::printf("\n%s, batch %lld per process, %lld steps x %lld interleaved reps (median step ms)\n", m.name.c_str(),
+                static_cast<long long>(m.batch), static_cast<long long>(steps), static_cast<long long>(reps));
+    std::printf("%-20s %10s %10s %12s %10s %9s %14s %14s\n", "run", "step ms", "steps/s", "scaling eff", "comm ms",
+                "overlap", "bytes/step", "wire B/step");
+    json rows = json::array();
+    const double base_ration = median(ms["ration N=1"]), base_ddp = median(ms["DDP N=1"]);
+    for (const auto& [key, v] : ms) {
+      const double step_ms = median(v);
+      const bool two = key.find("N=2") != std::string::npos;
+      const double base = key.rfind("DDP", 0) == 0 ? base_ddp : base_ration;
+      const double eff = two ? base / step_ms : 1.0;  // (2 b / t2) / (2 * b / t1)
+      json row = {{"run", key}, {"step_ms", step_ms}, {"steps_per_s", 1000 / step_ms}, {"scaling_efficiency", eff},
+                  {"samples", v}};
+      if (last.count(key)) {
+        row["comm_ms"] = median(comm[key]);
+        row["overlap"] = median(overlap[key]);
+        row["bytes_sent_per_step"] = last[key]["bytes_sent_per_step"];
+        row["wire_bytes_per_step"] = last[key]["wire_bytes_per_step"];
+        std::printf("%-20s %10.1f %10.2f %12.2f %10.2f %9.2f %14.0f %14.0f\n", key.c_str(), step_ms, 1000 / step_ms,
+                    eff, row["comm_ms"].get<double>(), row["overlap"].get<double>(),
+                    row["bytes_sent_per_step"].get<double>(), row["wire_bytes_per_step"].get<double>());
+      } else {
+        std::printf("%-20s %10.1f %10.2f %12.2f %10s %9s %14s %14s\n", key.c_str(), step_ms, 1000 / step_ms, eff, "-",
+                    "-", "-", "-");
+      }
+      rows.push_back(row);
+    }
+    // Projection: compute time (N=2 step minus its exposed communication) + ring time on a B Gb/s link.
+    std::printf("projected N=2 step ms at link speed (compute %s + wire bytes x 8 / B):\n", m.name.c_str());
+    std::printf("%-10s %14s %10s %10s %10s\n", "compress", "wire B/step", "1 Gb/s", "10 Gb/s", "100 Gb/s");
+    json projections = json::array();
+    const double compute_ms = base_ration;
+    for (const auto& c : compressions) {
+      const double wire = last["ration N=2 " + c]["wire_bytes_per_step"].get<double>();
+      json p = {{"compress", c}, {"wire_bytes_per_step", wire}, {"compute_ms", compute_ms}};
+      std::printf("%-10s %14.0f", c.c_str(), wire);
+      for (double gbps : {1.0, 10.0, 100.0}) {
+        const double t = compute_ms + wire * 8 / (gbps * 1e9) * 1e3;
+        p["step_ms_at_" + std::to_string(static_cast<int>(gbps)) + "gbps"] = t;
+        std::printf(" %10.2f", t);
+      }
+      std::printf("\n");
+      projections.push_back(p);
+    }
+    result[m.name] = {{"batch_per_process", m.batch}, {"runs", rows}, {"projection", projections}};
+  }
+
+  // ---- convergence: same steps, same global batch ----
+  if (convergence) {
+    struct Conv {
+      std::string label;
+      int n;
+      std::string compress;
+      std::vector<std::string> extra;
+    };
+    const std::vector<Conv> runs = {{"N=1 (batch 2b)", 1, "none", {}},
+                                    {"N=2 none", 2, "none", {}},
+                                    {"N=2 fp16", 2, "fp16", {}},
+                                    {"N=2 onebit + EF", 2, "onebit", {"dist.error_feedback=true"}},
+                                    {"N=2 onebit, no EF", 2, "onebit", {"dist.error_feedback=false"}}};
+    for (const auto& m : models) {
+      const int64_t b = m.name == "cnn" ? 32 : 8;
+      const int64_t model_steps = m.name == "cnn" ? conv_steps : gpt_conv_steps;
+      std::printf("\nconvergence: %s, %lld steps, global batch %lld\n", m.name.c_str(),
+                  static_cast<long long>(model_steps), static_cast<long long>(2 * b));
+      std::printf("%-20s %12s %12s\n", "run", m.name == "cnn" ? "test acc %" : "val loss", "final loss");
+      json rows = json::array();
+      for (const auto& r : runs) {
+        std::vector<std::string> extra = r.extra;
+        extra.push_back(m.name == "cnn" ? "train.eval_batches=0" : "train.eval_batches=16");
+        extra.push_back("train.eval_every=0");
+        json rep = ration_run(m, r.n, r.compress, model_steps, r.n == 1 ? 2 * b : b, extra);
+        const json& e = rep["eval"].back();
+        const double metric = m.name == "cnn" ? 100 * e["accuracy"].get<double>() : e["loss"].get<double>();
+        std::printf("%-20s %12.3f %12.4f\n", r.label.c_str(), metric, rep["loss"].back().get<double>());
+        rows.push_back({{"run", r.label}, {m.name == "cnn" ? "test_accuracy" : "val_loss", metric},
+                        {"final_train_loss", rep["loss"].back()}});
+      }
+      result["convergence"][m.name] = {{"steps", model_steps}, {"global_batch", 2 * b}, {"runs", rows}};
+    }
+  }
+  fs::create_directories(fs::path(out_path).parent_path());
+  std::ofstream(out_path) << result.dump(2) << "\n";
+  std::printf("\nwrote %s\n", out_path.c_str());
+  return 0;
+}

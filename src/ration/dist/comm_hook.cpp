@@ -1,0 +1,161 @@
+// comm_hook.cpp — the three communication hooks and the 1-bit code (see comm_hook.h).
+#include "ration/dist/comm_hook.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ration/core/check.h"
+#include "ration/memory/allocator.h"
+
+namespace ration::dist {
+namespace {
+
+int64_t ring_all_reduce_bytes(int64_t bytes, int n) { return n <= 1 ? 0 : 2 * (n - 1) * bytes / n; }
+
+void check_flat(const at::Tensor& flat) {
+  RATION_ASSERT(flat.defined() && flat.dim() == 1 && flat.scalar_type() == at::kFloat && flat.is_contiguous(),
+                "comm hook given a bucket that is not a contiguous 1-D float32 tensor");
+}
+
+}  // namespace
+
+Traffic AllReduceHook::reduce(const World& world, int bucket, at::Tensor& flat) {
+  check_flat(flat);
+  world.all_reduce_sum(flat);
+  const int64_t bytes = flat.numel() * 4;
+  return {bytes, ring_all_reduce_bytes(bytes, world.size())};
+}
+
+Traffic Fp16Hook::reduce(const World& world, int bucket, at::Tensor& flat) {
+  check_flat(flat);
+  at::Tensor half = flat.to(at::kHalf);  // (numel) fp16
+  world.all_reduce_sum(half);
+  flat.copy_(half);
+  const int64_t bytes = flat.numel() * 2;
+  return {bytes, ring_all_reduce_bytes(bytes, world.size())};
+}
+
+// ---- the 1-bit code ------------------------------------------------------------------------------
+namespace {
+
+std::vector<int64_t> whole_or(const std::vector<int64_t>& segments, int64_t d) {
+  if (segments.empty()) return {d};
+  int64_t total = 0;
+  for (int64_t n : segments) total += n;
+  RATION_ASSERT(total == d, "1-bit code segments sum to ", total, ", the vector has ", d, " elements");
+  return segments;
+}
+
+}  // namespace
+
+OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments) {
+  check_flat(v);
+  OneBitCode code;
+  code.numel = v.numel();
+  code.segments = whole_or(segments, code.numel);
+  const int64_t d = code.numel;
+  const int64_t padded = (d + 7) / 8 * 8;
+  at::Tensor positive = v.ge(0).to(at::kByte);  // (d) 0/1
+  if (padded != d) positive = at::cat({positive, at::zeros({padded - d}, positive.options())});
+  static const at::Tensor weights = at::tensor({1, 2, 4, 8, 16, 32, 64, 128}, at::kInt);
+  code.bits = (positive.view({padded / 8, 8}).to(at::kInt) * weights).sum(1).to(at::kByte);  // (ceil(d/8))
+  const at::Tensor v64 = v.to(at::kDouble);
+  int64_t offset = 0;
+  for (int64_t n : code.segments) {
+    const at::Tensor part = v64.narrow(0, offset, n);
+    offset += n;
+    const double l1 = n > 0 ? part.abs().sum().item<double>() : 0;
+    const double l2 = n > 0 ? part.norm().item<double>() : 0;
+    float lambda = 0, alpha = 0;
+    if (l2 > 0) {
+      lambda = static_cast<float>(l1 / (std::sqrt(static_cast<double>(n)) * l2));
+      alpha = static_cast<float>(lambda * l2 / std::sqrt(static_cast<double>(n)));
+    }
+    code.lambda.push_back(lambda);
+    code.alpha.push_back(alpha);
+  }
+  return code;
+}
+
+at::Tensor onebit_decode(const OneBitCode& code) {
+  const int64_t d = code.numel;
+  static const at::Tensor shifts = at::arange(8, at::kInt);
+  at::Tensor bits = code.bits.to(at::kInt).unsqueeze(1).bitwise_right_shift(shifts).bitwise_and(1);  // (m, 8)
+  at::Tensor sign = bits.reshape({-1}).narrow(0, 0, d).to(at::kFloat) * 2 - 1;                        // (d) +-1
+  if (code.segments.size() == 1) return sign * code.alpha[0];
+  const at::Tensor alpha = at::tensor(code.alpha, at::kFloat);                                        // (S)
+  const at::Tensor counts = at::tensor(code.segments, at::kLong);                                     // (S)
+  return sign * at::repeat_interleave(alpha, counts, 0, d);                                           // (d)
+}
+
+int64_t onebit_wire_bytes(int64_t numel, int64_t segments) { return 4 * segments + (numel + 7) / 8; }
+
+at::Tensor onebit_pack(const OneBitCode& code) {
+  const auto s = static_cast<int64_t>(code.segments.size());
+  at::Tensor out = at::empty({onebit_wire_bytes(code.numel, s)}, at::kByte);
+  std::memcpy(out.data_ptr<uint8_t>(), code.alpha.data(), 4 * code.alpha.size());
+  if (code.bits.numel() > 0) out.narrow(0, 4 * s, code.bits.numel()).copy_(code.bits);
+  return out;
+}
+
+OneBitCode onebit_unpack(const at::Tensor& packed, const std::vector<int64_t>& segments) {
+  OneBitCode code;
+  code.segments = segments;
+  for (int64_t n : segments) code.numel += n;
+  const auto s = static_cast<int64_t>(segments.size());
+  RATION_ASSERT(packed.numel() == onebit_wire_bytes(code.numel, s), "1-bit code of ", packed.numel(), " bytes for ",
+                code.numel, " elements in ", s, " segments");
+  const at::Tensor c = packed.contiguous();
+  code.alpha.resize(segments.size());
+  std::memcpy(code.alpha.data(), c.data_ptr<uint8_t>(), 4 * segments.size());
+  code.bits = c.narrow(0, 4 * s, c.numel() - 4 * s);
+  return code;
+}
+
+// ---- OneBitHook ----------------------------------------------------------------------------------
+void OneBitHook::init(const std::vector<std::vector<int64_t>>& bucket_segments) {
+  segments_ = bucket_segments;
+  residual_.clear();
+  last_lambda_.assign(bucket_segments.size(), 0.f);
+  if (feedback_ == ErrorFeedback::Off) return;
+  memory::CategoryGuard optimizer_memory(memory::Category::Optimizer);
+  for (const auto& segs : bucket_segments) {
+    int64_t n = 0;
+    for (int64_t k : segs) n += k;
+    residual_.push_back(at::zeros({n}, at::kFloat));
+  }
+}
+
+Traffic OneBitHook::reduce(const World& world, int bucket, at::Tensor& flat) {
+  check_flat(flat);
+  const auto b = static_cast<size_t>(bucket);
+  RATION_ASSERT(b < segments_.size(), "onebit hook: bucket ", bucket, " was not declared in init()");
+  const bool feedback = feedback_ == ErrorFeedback::On;
+  if (feedback) flat.add_(residual_[b]);  // v = g + e
+  const OneBitCode mine = onebit_encode(flat, segments_[b]);
+  last_lambda_[b] = *std::min_element(mine.lambda.begin(), mine.lambda.end());
+  if (feedback) at::sub_out(residual_[b], flat, onebit_decode(mine));  // e = v - C(v)
+  const at::Tensor packed = onebit_pack(mine);                          // (4 S + ceil(d/8)) uint8
+  const at::Tensor gathered = world.all_gather(packed);                 // (N * (4 S + ceil(d/8))) uint8
+  const int64_t unit = packed.numel();
+  flat.zero_();
+  for (int r = 0; r < world.size(); ++r)
+    flat.add_(onebit_decode(onebit_unpack(gathered.narrow(0, r * unit, unit), segments_[b])));
+  return {unit, static_cast<int64_t>(world.size() - 1) * unit};
+}
+
+int64_t OneBitHook::state_bytes() const {
+  int64_t total = 0;
+  for (const auto& r : residual_) total += r.numel() * 4;
+  return total;
+}
+
+std::unique_ptr<CommHook> make_comm_hook(const std::string& name, ErrorFeedback feedback, const std::string& origin) {
+  if (name == "none") return std::make_unique<AllReduceHook>();
+  if (name == "fp16") return std::make_unique<Fp16Hook>();
+  if (name == "onebit") return std::make_unique<OneBitHook>(feedback);
+  RATION_CHECK(false, origin, ": key 'dist.compress' must be one of \"none\", \"fp16\", \"onebit\", got \"", name, "\"");
+}
+
+}  // namespace ration::dist

@@ -1,0 +1,113 @@
+// comm_hook.h — how one gradient bucket travels between ranks: the communication-hook interface and its
+// three plug-ins (none: fp32 all-reduce; fp16: half-precision all-reduce; onebit: packed sign bits plus
+// one scale per bucket through all-gather, with error feedback).
+// Owns: CommHook, Traffic (exact bytes handed to c10d), the 1-bit code (encode/decode, pure functions
+//       whose error bound docs/DISTRIBUTED.md states and tests check), and the error-feedback residuals.
+// Does not own: bucketing, weighting or when a bucket is launched (dist/reducer.h); the process group
+//       (dist/world.h).
+//
+// Contract of reduce(): every rank calls it for the same bucket index in the same order with a 1-D
+// float32 tensor of the same length holding this rank's already-weighted gradient for the bucket; on
+// return the tensor holds the sum over ranks (for onebit: the sum of every rank's decoded code). reduce
+// blocks; the reducer runs it on its communication thread so that it overlaps backward.
+//
+// The 1-bit code of v (d elements) is its sign bits and, per segment v_j (d_j elements: one parameter
+// of the bucket), alpha_j = lambda_j * ||v_j||_2 / sqrt(d_j) with lambda_j = ||v_j||_1 / (sqrt(d_j) *
+// ||v_j||_2) in [1/sqrt(d_j), 1], the lambda that minimises the reconstruction error; then
+// ||v_j - C(v_j)||_2 = sqrt(1 - lambda_j^2) ||v_j||_2 and over the bucket
+// ||v - C(v)||_2 <= sqrt(1 - min_j lambda_j^2) ||v||_2 <= sqrt(1 - 1/max_j d_j) ||v||_2
+// (see docs/DISTRIBUTED.md, "1-bit compression").
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ration/dist/world.h"
+
+namespace ration::dist {
+
+// Bytes one rank handed to c10d for one bucket. payload: the size of the buffers this rank contributed
+// (exact). wire: what a ring algorithm sends per rank for that payload (all-reduce of M bytes:
+// 2 (N-1)/N M; all-gather of an m-byte shard: (N-1) m), the figure link-speed projections use.
+struct Traffic {
+  int64_t payload_bytes = 0;
+  int64_t wire_bytes = 0;
+  Traffic& operator+=(const Traffic& o) {
+    payload_bytes += o.payload_bytes;
+    wire_bytes += o.wire_bytes;
+    return *this;
+  }
+};
+
+class CommHook {
+ public:
+  virtual ~CommHook() = default;
+  virtual const char* name() const = 0;
+  // Once, before the first reduce: every bucket's segments (the element counts of its parameters, in
+  // bucket order); hooks with per-bucket state size it here.
+  virtual void init(const std::vector<std::vector<int64_t>>& bucket_segments) {}
+  // See the file comment. Throws CollectiveError when a collective fails.
+  virtual Traffic reduce(const World& world, int bucket, at::Tensor& flat) = 0;
+  // Bytes of state the hook keeps between steps (error-feedback residuals).
+  virtual int64_t state_bytes() const { return 0; }
+};
+
+// fp32 all-reduce of the bucket.
+class AllReduceHook : public CommHook {
+ public:
+  const char* name() const override { return "none"; }
+  Traffic reduce(const World& world, int bucket, at::Tensor& flat) override;
+};
+
+// The bucket cast to fp16, all-reduced (summed in fp16), cast back.
+class Fp16Hook : public CommHook {
+ public:
+  const char* name() const override { return "fp16"; }
+  Traffic reduce(const World& world, int bucket, at::Tensor& flat) override;
+};
+
+// ---- the 1-bit code ------------------------------------------------------------------------------
+struct OneBitCode {
+  std::vector<int64_t> segments;  // d_j, summing to d
+  std::vector<float> alpha;       // per segment: lambda_j * ||v_j||_2 / sqrt(d_j)  (= ||v_j||_1 / d_j)
+  std::vector<float> lambda;      // per segment: ||v_j||_1 / (sqrt(d_j) ||v_j||_2) in [1/sqrt(d_j), 1]; 0 if v_j = 0
+  at::Tensor bits;                // (ceil(d / 8)) uint8: bit k of byte i is 1 when v[8 i + k] >= 0
+  int64_t numel = 0;              // d
+};
+// v: 1-D float32; segments: element counts summing to v.numel() (empty: one segment, the whole of v).
+OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments = {});
+at::Tensor onebit_decode(const OneBitCode& code);  // (d) float32: alpha_j * (+1 / -1)
+// The bytes one code occupies on the wire: 4 per segment (alpha) + ceil(d / 8).
+int64_t onebit_wire_bytes(int64_t numel, int64_t segments = 1);
+// Packs a code into that many bytes / reads one back (the all-gather's unit).
+at::Tensor onebit_pack(const OneBitCode& code);
+OneBitCode onebit_unpack(const at::Tensor& packed, const std::vector<int64_t>& segments);
+
+enum class ErrorFeedback { Off, On };
+
+// Each rank sends the 1-bit code of (its gradient + its residual), all-gathered; every rank sums the
+// decoded codes. With ErrorFeedback::On the residual v - C(v) is kept per bucket for the next step.
+class OneBitHook : public CommHook {
+ public:
+  explicit OneBitHook(ErrorFeedback feedback) : feedback_(feedback) {}
+  const char* name() const override { return "onebit"; }
+  void init(const std::vector<std::vector<int64_t>>& bucket_segments) override;
+  Traffic reduce(const World& world, int bucket, at::Tensor& flat) override;
+  int64_t state_bytes() const override;
+  // The smallest lambda_j of this rank's last code per bucket (its error bound; reports and tests).
+  const std::vector<float>& last_lambda() const { return last_lambda_; }
+
+ private:
+  ErrorFeedback feedback_;
+  std::vector<std::vector<int64_t>> segments_;
+  std::vector<at::Tensor> residual_;  // per bucket: (numel) float32, counted as optimizer memory
+  std::vector<float> last_lambda_;
+};
+
+// "none" | "fp16" | "onebit" (error feedback as given). Throws naming `origin` and the key otherwise.
+std::unique_ptr<CommHook> make_comm_hook(const std::string& name, ErrorFeedback feedback, const std::string& origin);
+
+}  // namespace ration::dist

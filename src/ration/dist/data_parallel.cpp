@@ -1,0 +1,94 @@
+// data_parallel.cpp — [dist] settings, joining the world, config agreement, broadcast, global sums.
+#include "ration/dist/data_parallel.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "ration/core/check.h"
+
+namespace ration::dist {
+
+DataParallelSettings read_data_parallel_settings(Config& cfg) {
+  DataParallelSettings s;
+  s.reducer.bucket_bytes = cfg.get_bytes("dist.bucket_bytes", s.reducer.bucket_bytes);
+  s.reducer.first_bucket_bytes = cfg.get_bytes("dist.first_bucket_bytes", s.reducer.first_bucket_bytes);
+  RATION_CHECK(s.reducer.bucket_bytes > 0 && s.reducer.first_bucket_bytes > 0, cfg.origin(),
+               ": dist.bucket_bytes and dist.first_bucket_bytes must be positive sizes such as 25MiB");
+  s.reducer.sync_every = cfg.get_int("dist.sync_every", s.reducer.sync_every);
+  RATION_CHECK(s.reducer.sync_every >= 1, cfg.origin(), ": dist.sync_every must be an integer >= 1, got ",
+               s.reducer.sync_every);
+  s.compress = cfg.get_choice("dist.compress", s.compress, {"none", "fp16", "onebit"});
+  s.error_feedback = cfg.get_bool("dist.error_feedback", true) ? ErrorFeedback::On : ErrorFeedback::Off;
+  s.timeout_s = cfg.get_int("dist.timeout_s", s.timeout_s);
+  RATION_CHECK(s.timeout_s >= 1, cfg.origin(), ": dist.timeout_s must be a whole number of seconds >= 1, got ",
+               s.timeout_s);
+  return s;
+}
+
+bool environment_names_a_world() { return std::getenv("WORLD_SIZE") != nullptr; }
+
+World join_world(const DataParallelSettings& settings) {
+  if (!environment_names_a_world()) return World::init_single();
+  WorldOptions options;
+  options.timeout = std::chrono::seconds(settings.timeout_s);
+  return World::init(options);
+}
+
+uint64_t config_fingerprint(const std::map<std::string, std::string>& effective) {
+  static const char* const kPerHost[] = {"train.threads", "data.dir", "data.files", "train.checkpoint_dir"};
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  auto mix = [&](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+    h = (h ^ 0xff) * 0x100000001b3ull;
+  };
+  for (const auto& [k, v] : effective) {
+    bool per_host = k.rfind("offload.", 0) == 0 || k.rfind("memory.", 0) == 0;
+    for (const char* p : kPerHost) per_host = per_host || k == p;
+    if (per_host) continue;
+    mix(k);
+    mix(v);
+  }
+  return h;
+}
+
+void check_same_config(const World& world, const std::map<std::string, std::string>& effective,
+                       const std::string& origin) {
+  if (world.size() <= 1) return;
+  const uint64_t mine = config_fingerprint(effective);
+  at::Tensor t = at::empty({1}, at::kLong);
+  t.data_ptr<int64_t>()[0] = static_cast<int64_t>(mine);
+  const at::Tensor all = world.all_gather(t);  // (size) int64
+  std::ostringstream differing;
+  int count = 0;
+  for (int r = 1; r < world.size(); ++r) {
+    if (all[r].item<int64_t>() != all[0].item<int64_t>()) differing << (count++ ? ", " : "") << r;
+  }
+  RATION_CHECK(count == 0, origin, ": the configuration of rank", count > 1 ? "s " : " ", differing.str(),
+               " differs from rank 0's (fingerprints of the effective configuration, --set overrides "
+               "included, differ); every rank must train the same model with the same keys (per-host keys "
+               "train.threads, data.dir, data.files, train.checkpoint_dir, memory.* and offload.* may differ)");
+}
+
+void broadcast_from_rank0(const World& world, const std::vector<std::pair<std::string, Value>>& params,
+                          const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+  if (world.size() <= 1) return;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    at::Tensor t = p.tensor();
+    world.broadcast(t, 0);
+  }
+  for (const auto& [name, b] : buffers) {
+    at::Tensor t = b;
+    world.broadcast(t, 0);
+  }
+}
+
+std::vector<double> all_reduce_doubles(const World& world, const std::vector<double>& values) {
+  if (world.size() <= 1 || values.empty()) return values;
+  at::Tensor t = at::empty({static_cast<int64_t>(values.size())}, at::kDouble);
+  for (size_t i = 0; i < values.size(); ++i) t.data_ptr<double>()[i] = values[i];
+  world.all_reduce_sum(t);
+  return {t.data_ptr<double>(), t.data_ptr<double>() + values.size()};
+}
+
+}  // namespace ration::dist

@@ -1,0 +1,60 @@
+// data_parallel.h — what `ration train` needs to run as one rank of a data-parallel job: the [dist]
+// config keys, joining the world from the launcher's environment, the start-up agreement (same config
+// everywhere, rank 0's parameters everywhere) and global sums of per-rank figures (evaluation, loss).
+// Owns: DataParallelSettings and their validation, the config fingerprint, parameter broadcast,
+//       all_reduce_doubles. Does not own: gradient synchronisation (dist/reducer.h), the data shard
+//       (data/dataset.h), the training loop (train/trainer.cpp).
+//
+// [dist] keys (all optional; they matter only when WORLD_SIZE > 1, except sync_every):
+//   bucket_bytes        size, default 25MiB       cap of each gradient bucket (the first: first_bucket_bytes)
+//   first_bucket_bytes  size, default 1MiB
+//   sync_every          integer >= 1, default 1   backward passes (micro-batches) per synchronisation
+//   compress            "none" | "fp16" | "onebit" (default "none")
+//   error_feedback      bool, default true        onebit: keep the residual per bucket
+//   timeout_s           integer >= 1, default 60  rendezvous and every collective; a lost rank is named
+//                                                 within about this long
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ration/core/value.h"
+#include "ration/dist/comm_hook.h"
+#include "ration/dist/reducer.h"
+#include "ration/dist/world.h"
+#include "ration/config/config.h"
+
+namespace ration::dist {
+
+struct DataParallelSettings {
+  ReducerOptions reducer;
+  std::string compress = "none";
+  ErrorFeedback error_feedback = ErrorFeedback::On;
+  int64_t timeout_s = 60;
+};
+DataParallelSettings read_data_parallel_settings(Config& cfg);
+
+// True when the environment names a world (WORLD_SIZE is set), as torchrun and `ration launch` do.
+bool environment_names_a_world();
+// The world from the environment (timeout from the settings unless RATION_DIST_TIMEOUT_S is set), or a
+// one-process world when WORLD_SIZE is not set.
+World join_world(const DataParallelSettings& settings);
+
+// A 64-bit fingerprint of the effective configuration, leaving out keys that may differ per host
+// (train.threads, data.dir, data.files, train.checkpoint_dir, offload.*, memory.*).
+uint64_t config_fingerprint(const std::map<std::string, std::string>& effective);
+// All-gathers the fingerprint; throws ration::Error naming the ranks whose configuration differs from
+// rank 0's (same on every rank, so every rank stops).
+void check_same_config(const World& world, const std::map<std::string, std::string>& effective,
+                       const std::string& origin);
+
+// Every rank's parameters and buffers become rank 0's (in order; shapes must match).
+void broadcast_from_rank0(const World& world, const std::vector<std::pair<std::string, Value>>& params,
+                          const std::vector<std::pair<std::string, at::Tensor>>& buffers);
+
+// Element-wise sums over ranks of a few doubles (float64 all-reduce; identity on one process).
+std::vector<double> all_reduce_doubles(const World& world, const std::vector<double>& values);
+
+}  // namespace ration::dist

@@ -1,0 +1,207 @@
+// test_data_parallel.cpp — the single-process parts of data parallelism: the 1-bit code and its error
+// bound (random and real gradients), exact byte counts, loader shards (shuffle and bootstrap), gradient
+// accumulation over dist.sync_every micro-batches, bucket layout, and the config fingerprint.
+// The multi-process parts (c10d, `ration train` at N ranks) are in tests/dist/dp_worker.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "ration/data/dataset.h"
+#include "ration/dist/comm_hook.h"
+#include "ration/dist/data_parallel.h"
+#include "ration/dist/reducer.h"
+#include "ration/ops/ops.h"
+#include "ration/train/trainer.h"
+
+namespace ration::dist {
+namespace {
+
+// ||v - C(v)|| must equal sqrt(1 - lambda^2) ||v|| and stay below sqrt(1 - 1/d) ||v||.
+void expect_bound(const at::Tensor& v, const std::string& what) {
+  const OneBitCode code = onebit_encode(v);
+  const at::Tensor decoded = onebit_decode(code);
+  const int64_t d = v.numel();
+  const double norm = v.norm().item<double>();
+  const double err = (v.to(at::kDouble) - decoded.to(at::kDouble)).norm().item<double>();
+  ASSERT_EQ(code.lambda.size(), 1u);
+  const double lambda = code.lambda[0];
+  EXPECT_GE(lambda, 1.0 / std::sqrt(static_cast<double>(d)) - 1e-6) << what;
+  EXPECT_LE(lambda, 1.0 + 1e-6) << what;
+  EXPECT_NEAR(err, std::sqrt(std::max(0.0, 1 - lambda * lambda)) * norm, 1e-3 * norm + 1e-6) << what;
+  EXPECT_LE(err, std::sqrt(1.0 - 1.0 / static_cast<double>(d)) * norm * (1 + 1e-5) + 1e-12) << what;
+  // The scale is L2-based: alpha = lambda ||v|| / sqrt(d), which is ||v||_1 / d.
+  EXPECT_NEAR(code.alpha[0], lambda * norm / std::sqrt(static_cast<double>(d)), 1e-5 * std::abs(code.alpha[0]) + 1e-12)
+      << what;
+}
+
+// The per-segment code's error is sqrt(sum_j (1 - lambda_j^2) ||v_j||^2) exactly; returns that (+ slack).
+double expect_segmented_bound_is_tighter(const at::Tensor& v, const OneBitCode& code) {
+  double sum = 0;
+  int64_t offset = 0;
+  for (size_t j = 0; j < code.segments.size(); ++j) {
+    const double nj = v.narrow(0, offset, code.segments[j]).to(at::kDouble).norm().item<double>();
+    sum += (1 - static_cast<double>(code.lambda[j]) * code.lambda[j]) * nj * nj;
+    offset += code.segments[j];
+  }
+  return std::sqrt(std::max(sum, 0.0)) * (1 + 1e-4) + 1e-9;
+}
+
+TEST(OneBitCode, ErrorBoundOnRandomVectors) {
+  at::manual_seed(5);
+  for (int64_t d : {1, 7, 8, 9, 100, 1001, 65536}) {
+    expect_bound(at::randn({d}), "normal d=" + std::to_string(d));
+    expect_bound(at::randn({d}).pow(3), "heavy-tailed d=" + std::to_string(d));
+    at::Tensor sparse = at::zeros({d});
+    sparse[d / 2] = 3.0;
+    expect_bound(sparse, "one-hot d=" + std::to_string(d));
+    expect_bound(at::full({d}, -0.25f), "constant d=" + std::to_string(d));
+  }
+  // The worst case is attained: a one-hot vector has lambda = 1/sqrt(d).
+  at::Tensor one_hot = at::zeros({100});
+  one_hot[3] = 1.0;
+  EXPECT_NEAR(onebit_encode(one_hot).lambda[0], 0.1, 1e-6);
+  // A zero bucket is sent as zeros.
+  EXPECT_TRUE(at::equal(onebit_decode(onebit_encode(at::zeros({13}))), at::zeros({13})));
+}
+
+TEST(OneBitCode, ErrorBoundOnRealGradientsAndThirtyTimesFewerBytes) {
+  train::Setup setup = train::build_setup(
+      train::load_config(std::string(RATION_SOURCE_DIR) + "/configs/gpt.toml",
+                         {"train.threads=1", "model.n_layer=2", "model.n_embd=64", "model.block_size=32"}));
+  auto params = setup.model->named_parameters();
+  setup.model->loss(train::sample_batch(setup, 8, 1)).backward();
+  // The buckets of the reducer's layout (first 1 MiB, then 25 MiB), and every parameter alone.
+  Reducer reducer(World::init_single(), params, std::make_unique<AllReduceHook>(), {});
+  int64_t none_bytes = 0, onebit_bytes = 0;
+  for (const auto& layout : reducer.buckets()) {
+    std::vector<at::Tensor> parts;
+    for (const auto& name : layout.names) {
+      for (const auto& [n, p] : params)
+        if (n == name) parts.push_back(p.grad().reshape({-1}));
+    }
+    const at::Tensor v = at::cat(parts);
+    expect_bound(v, "gpt bucket of " + std::to_string(layout.numel) + " as one segment");
+    // The hook's code: one scale per parameter; the bucket's error is within sqrt(1 - min lambda_j^2) ||v||.
+    const OneBitCode code = onebit_encode(v, layout.numels);
+    ASSERT_EQ(code.lambda.size(), layout.numels.size());
+    const double min_lambda = *std::min_element(code.lambda.begin(), code.lambda.end());
+    const double err = (v.to(at::kDouble) - onebit_decode(code).to(at::kDouble)).norm().item<double>();
+    EXPECT_LE(err, std::sqrt(1 - min_lambda * min_lambda) * v.norm().item<double>() * (1 + 1e-5));
+    EXPECT_LE(err, expect_segmented_bound_is_tighter(v, code));
+    none_bytes += 4 * layout.numel;
+    onebit_bytes += onebit_wire_bytes(layout.numel, static_cast<int64_t>(layout.numels.size()));
+  }
+  for (const auto& [name, p] : params) expect_bound(p.grad().reshape({-1}), name);
+  EXPECT_EQ(none_bytes, 4 * setup.model->num_parameters());
+  EXPECT_GE(static_cast<double>(none_bytes) / static_cast<double>(onebit_bytes), 30.0);
+  // Pack / unpack is lossless.
+  const OneBitCode code = onebit_encode(params[0].second.grad().reshape({-1}));
+  const OneBitCode back = onebit_unpack(onebit_pack(code), code.segments);
+  EXPECT_EQ(back.alpha, code.alpha);
+  EXPECT_TRUE(at::equal(back.bits, code.bits));
+}
+
+// ---- loader shards ---------------------------------------------------------------------------------
+class Indices : public data::Dataset {
+ public:
+  explicit Indices(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  data::Batch get(const std::vector<int64_t>& idx) const override {
+    return {Value(at::tensor(idx, at::kLong)), Value(), static_cast<int64_t>(idx.size())};
+  }
+
+ private:
+  int64_t n_;
+};
+
+TEST(DataParallelLoader, ShardsPartitionTheGlobalBatch) {
+  auto set = std::make_shared<Indices>(37);
+  for (data::Sampling sampling : {data::Sampling::Shuffle, data::Sampling::Bootstrap}) {
+    data::LoaderOptions whole_options{12, true, 9, false};
+    whole_options.sampling = sampling;
+    data::Loader whole(set, whole_options);
+    std::vector<data::Loader> shards;
+    for (int r = 0; r < 3; ++r) {
+      data::LoaderOptions o{4, true, 9, false};
+      o.sampling = sampling;
+      o.shard_rank = r;
+      o.shard_count = 3;
+      shards.emplace_back(set, o);
+    }
+    EXPECT_EQ(shards[0].batches_per_epoch(), whole.batches_per_epoch());
+    for (int step = 0; step < 8; ++step) {
+      const std::vector<int64_t> expected = whole.next_indices();
+      std::vector<int64_t> joined;
+      std::vector<size_t> sizes;
+      for (auto& s : shards) {
+        const auto part = s.next_indices();
+        EXPECT_EQ(s.last_global_items(), static_cast<int64_t>(expected.size()));
+        sizes.push_back(part.size());
+        joined.insert(joined.end(), part.begin(), part.end());
+      }
+      EXPECT_EQ(joined, expected) << "step " << step;
+      // A short last batch (37 = 3 * 12 + 1) is split as evenly as possible: 1, 0, 0.
+      if (expected.size() == 1) EXPECT_EQ(sizes, (std::vector<size_t>{1, 0, 0}));
+    }
+  }
+  // Bootstrap draws with replacement: an epoch repeats some items and misses others, and is pinned by the seed.
+  const std::vector<int64_t> draws = data::bootstrap_order(1000, 4, 0);
+  EXPECT_LT(std::set<int64_t>(draws.begin(), draws.end()).size(), 900u);
+  EXPECT_EQ(draws, data::bootstrap_order(1000, 4, 0));
+  EXPECT_NE(draws, data::bootstrap_order(1000, 4, 1));
+}
+
+// ---- accumulation and buckets (one process) --------------------------------------------------------
+TEST(DataParallelReducer, SyncEveryAccumulatesTheWeightedMean) {
+  at::manual_seed(2);
+  Value w = parameter(at::randn({3, 5}), "w"), b = parameter(at::randn({3}), "b");
+  const at::Tensor x = at::randn({7, 5});
+  const at::Tensor y = at::tensor({0, 1, 2, 0, 1, 2, 0}, at::kLong);
+  auto loss_of = [&](int64_t from, int64_t to) {
+    return ops::cross_entropy(ops::linear(Value(x.slice(0, from, to)), w, b), Value(y.slice(0, from, to)));
+  };
+  loss_of(0, 7).backward();
+  const at::Tensor dw = w.grad().clone(), db = b.grad().clone();
+  w.impl()->grad = at::Tensor();
+  b.impl()->grad = at::Tensor();
+  ReducerOptions ro;
+  ro.sync_every = 2;
+  ro.first_bucket_bytes = 4;  // one parameter per bucket
+  Reducer reducer(World::init_single(), {{"w", w}, {"b", b}}, std::make_unique<AllReduceHook>(), ro);
+  ASSERT_EQ(reducer.buckets().size(), 2u);
+  EXPECT_EQ(reducer.buckets()[0].names, std::vector<std::string>{"b"});
+  for (int round = 0; round < 2; ++round) {  // twice: the second window starts clean
+    reducer.prepare_backward(4.0 / 7);
+    loss_of(0, 4).backward();
+    EXPECT_FALSE(reducer.window_complete());
+    reducer.prepare_backward(3.0 / 7);
+    loss_of(4, 7).backward();
+    ASSERT_TRUE(reducer.window_complete());
+    reducer.finalize();
+    EXPECT_TRUE(at::allclose(w.grad(), dw, 1e-6, 1e-7)) << round;
+    EXPECT_TRUE(at::allclose(b.grad(), db, 1e-6, 1e-7)) << round;
+  }
+  EXPECT_EQ(reducer.stats().synchronizations, 2);
+  EXPECT_THROW(reducer.prepare_backward(1.5), Error);
+}
+
+TEST(DataParallelConfig, FingerprintIgnoresPerHostKeysOnly) {
+  std::map<std::string, std::string> a = {{"optim.lr", "0.001"}, {"train.threads", "1"}, {"data.dir", "/a"}};
+  std::map<std::string, std::string> b = {{"optim.lr", "0.001"}, {"train.threads", "2"}, {"data.dir", "/b"}};
+  std::map<std::string, std::string> c = {{"optim.lr", "0.002"}, {"train.threads", "1"}, {"data.dir", "/a"}};
+  EXPECT_EQ(config_fingerprint(a), config_fingerprint(b));
+  EXPECT_NE(config_fingerprint(a), config_fingerprint(c));
+  Config cfg = Config::from_string("[dist]\ncompress = \"twobit\"\n", "bad.toml");
+  try {
+    (void)read_data_parallel_settings(cfg);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.toml: key 'dist.compress' must be one of"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ration::dist
