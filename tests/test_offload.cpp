@@ -278,7 +278,9 @@ TEST_F(OffloadModel, T3DefersPrefetchAndPrefetchRunsAhead) {
   for (const auto* r : {&r_ahead, &r_held, &r_none}) expect_bitwise_equal(*r);
 }
 
-TEST_F(OffloadModel, FullTierFallsBackToRecomputeWithEqualGradients) {
+// The threshold loop: a value whose copy-out does not fit stays resident (counted as a fall-back) and
+// offloading stops; a plan's does the same by recompute (Reliability.FullTier* tests).
+TEST_F(OffloadModel, FullTierFallsBackWithEqualGradients) {
   OffloadOptions o = options("disk");
   o.fail_after_bytes = 256 << 10;  // the "disk" fills up after 256 KiB
   const StepResult r = step(&o);
