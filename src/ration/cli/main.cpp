@@ -1,4 +1,5 @@
-// main.cpp — the `ration` command line: train, gradcheck, plan.
+// main.cpp — the `ration` command line: train, gradcheck, plan (and, in seq_commands.cpp, plan --sequence,
+// stream, generate).
 // Owns: argument parsing and exit codes (0 ok, 1 check failed, 2 user error). Work happens in train/.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -6,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "ration/cli/seq_commands.h"
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
 #include "ration/train/budget.h"
@@ -211,6 +213,10 @@ int main(int argc, char** argv) {
   plan->add_flag("--json", plan_json, "print the plan as JSON");
   plan_budget.add_to(plan);
   plan_offload.add_to(plan);
+  ration::cli::SequencePlanFlags plan_sequence;
+  plan_sequence.add_to(plan);
+  ration::cli::SequenceCommands sequence_commands;
+  sequence_commands.add_to(app);
 
   CLI11_PARSE(app, argc, argv);
   train_budget.apply(topt.overrides);
@@ -228,6 +234,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*gc) return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json);
+    if (*plan && plan_sequence.sequence)
+      return ration::cli::cmd_plan_sequence(plan_config, plan_overrides, plan_sequence.seq_len, plan_batch, plan_json);
+    if (const int rc = sequence_commands.run_selected(); rc >= 0) return rc;
     if (*plan) return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json);
   } catch (const ration::Error& e) {
     std::fprintf(stderr, "\nerror: %s\n", e.what());
