@@ -92,8 +92,8 @@ int SequenceCommands::stream() {
   std::ifstream in(input_, std::ios::binary);
   RATION_CHECK(in.good(), "--input ", input_, ": cannot open the file for reading");
   train::Setup setup = load_model(config_, overrides_);
+  seq::StreamExecutor executor(*setup.model, chunk_);  // first: a model that cannot stream fails before loading
   restore(*setup.model, checkpoint_, config_);
-  seq::StreamExecutor executor(*setup.model, chunk_);
   const seq::StreamScore s = seq::score_bytes(executor, in, "--input " + input_);
   if (json_) {
     std::cout << nlohmann::json{{"model", setup.model->family()}, {"input", input_}, {"chunk", chunk_},
@@ -114,8 +114,8 @@ int SequenceCommands::stream() {
 int SequenceCommands::generate() {
   RATION_CHECK(chunk_ >= 1, "--chunk must be >= 1; got ", chunk_);
   train::Setup setup = load_model(config_, overrides_);
+  seq::StreamExecutor executor(*setup.model, chunk_);  // first: a model that cannot stream fails before loading
   restore(*setup.model, checkpoint_, config_);
-  seq::StreamExecutor executor(*setup.model, chunk_);
   const seq::Generated g = seq::generate(executor, prompt_, tokens_, temperature_, seed_);
   if (json_) {
     std::cout << nlohmann::json{{"model", setup.model->family()}, {"prompt", prompt_}, {"text", g.text},
