@@ -172,6 +172,24 @@ TEST(SeqStream, ScoringMemoryIsFlatInLength) {
   }
 }
 
+TEST(SeqStream, GenerationMemoryIsFlatInTokens) {
+  memory::install_counting_allocator();
+  at::manual_seed(6);
+  auto model = build("[model]\ntype = \"tcn_lm\"\nvocab_size = 256\nn_embd = 8\nn_layer = 3\n");
+  int64_t peaks[2];
+  std::string texts[2];
+  for (int i = 0; i < 2; ++i) {
+    seq::StreamExecutor ex(*model, 16);
+    const seq::Generated g = seq::generate(ex, "hello, stream", i == 0 ? 40 : 320, 0.0, 1);
+    EXPECT_EQ(g.tokens, i == 0 ? 40 : 320);
+    EXPECT_EQ(static_cast<int64_t>(g.text.size()), g.tokens);
+    peaks[i] = g.memory.peak_bytes;
+    texts[i] = g.text;
+  }
+  EXPECT_EQ(texts[1].substr(0, 40), texts[0]);  // argmax sampling is deterministic
+  EXPECT_LE(std::abs(peaks[1] - peaks[0]), 4096) << peaks[0] << " vs " << peaks[1];
+}
+
 TEST(SeqStream, ErrorsNameTheProblem) {
   auto gpt = build("[model]\ntype = \"gpt\"\nvocab_size = 11\nn_layer = 2\nn_head = 2\nn_embd = 8\nblock_size = 32\n");
   expect_error_containing([&] { seq::StreamExecutor ex(*gpt, 8); },
