@@ -190,6 +190,48 @@ TEST(SeqStream, GenerationMemoryIsFlatInTokens) {
   EXPECT_LE(std::abs(peaks[1] - peaks[0]), 4096) << peaks[0] << " vs " << peaks[1];
 }
 
+// Gradients of every parameter, then zeroed.
+std::vector<at::Tensor> take_grads(models::Model& m) {
+  std::vector<at::Tensor> g;
+  for (auto& p : m.parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p.tensor()));
+  m.zero_grad();
+  return g;
+}
+
+TEST(SeqStream, TruncatedBpttOneChunkIsFullBpttAndShorterChunksTruncate) {
+  at::manual_seed(7);
+  auto model = build(kLstm);
+  model->train();
+  data::Batch batch;
+  batch.input = Value(at::randint(0, 11, {2, 40}, at::kLong));
+  batch.target = Value(at::randint(0, 11, {2, 40}, at::kLong));
+  batch.items = 2;
+  model->zero_grad();
+  Value full_loss = model->loss(batch);
+  full_loss.backward();
+  const auto full = take_grads(*model);
+  {
+    seq::StreamExecutor ex(*model, 40, 2);
+    const double loss = seq::truncated_bptt(ex, batch.input.tensor(), batch.target.tensor());
+    EXPECT_EQ(loss, full_loss.item());
+    const auto one_chunk = take_grads(*model);
+    for (size_t i = 0; i < full.size(); ++i) EXPECT_TRUE(at::equal(one_chunk[i], full[i])) << i;
+  }
+  {
+    seq::StreamExecutor ex(*model, 7, 2);
+    const double loss = seq::truncated_bptt(ex, batch.input.tensor(), batch.target.tensor());
+    EXPECT_NEAR(loss, full_loss.item(), 1e-6);  // the forward is the same sequence
+    const auto truncated = take_grads(*model);
+    double diff = 0;
+    for (size_t i = 0; i < full.size(); ++i) diff = std::max(diff, (truncated[i] - full[i]).abs().max().item<double>());
+    EXPECT_GT(diff, 1e-6);  // gradients stopped at the chunk boundaries
+    // The head's gradient does not cross time: it equals full BPTT's up to rounding.
+    const auto params = model->named_parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].first.rfind("head.", 0) == 0) EXPECT_LE((truncated[i] - full[i]).abs().max().item<double>(), 1e-6);
+  }
+}
+
 TEST(SeqStream, ErrorsNameTheProblem) {
   auto gpt = build("[model]\ntype = \"gpt\"\nvocab_size = 11\nn_layer = 2\nn_head = 2\nn_embd = 8\nblock_size = 32\n");
   expect_error_containing([&] { seq::StreamExecutor ex(*gpt, 8); },

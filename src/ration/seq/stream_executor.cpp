@@ -9,6 +9,7 @@
 
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
+#include "ration/ops/ops.h"
 
 namespace ration::seq {
 
@@ -118,6 +119,26 @@ Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t 
   out.memory.peak_bytes = memory::device_peak_bytes(memory::stats());
   out.memory.buffers_bytes = executor.buffers().bytes();
   return out;
+}
+
+double truncated_bptt(StreamExecutor& executor, const at::Tensor& inputs, const at::Tensor& targets) {
+  RATION_CHECK(inputs.dim() == 2 && inputs.scalar_type() == at::kLong && targets.sizes() == inputs.sizes() &&
+                   targets.scalar_type() == at::kLong,
+               "truncated_bptt expects int64 inputs and targets (B, T) of one shape; got ", inputs.sizes(), " and ",
+               targets.sizes());
+  const int64_t T = inputs.size(1), C = executor.chunk();
+  double loss_sum = 0;
+  for (int64_t s = 0; s < T; s += C) {
+    const int64_t n = std::min(C, T - s);
+    Value logits = executor.feed_chunk(Value(inputs.narrow(1, s, n).contiguous()));  // (B, n, V)
+    Value flat = ops::reshape(logits, {-1, logits.size(-1)});                         // (B n, V)
+    Value loss = ops::cross_entropy(flat, Value(targets.narrow(1, s, n).reshape({-1})));
+    // Chunk mean -> share of the whole sequence's mean (exactly 1 for a single chunk).
+    loss = ops::mul_scalar(loss, static_cast<double>(n) / static_cast<double>(T));
+    loss_sum += loss.item();
+    loss.backward();
+  }
+  return loss_sum;
 }
 
 }  // namespace ration::seq

@@ -64,4 +64,11 @@ struct Generated {
 Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t n_tokens, double temperature,
                    uint64_t seed);
 
+// Truncated backpropagation through time over targets (B, T) for inputs (B, T): chunk by chunk, each chunk's
+// mean-weighted cross entropy is backpropagated before the next chunk runs, so the graph never spans more
+// than one chunk; state and the last L inputs carry across chunks as data (gradients stop at chunk
+// boundaries). Gradients accumulate into the parameters (call zero_grad first). Returns the mean loss over
+// all B T tokens. With chunk >= T it is ordinary backpropagation through the whole sequence.
+double truncated_bptt(StreamExecutor& executor, const at::Tensor& inputs, const at::Tensor& targets);
+
 }  // namespace ration::seq
