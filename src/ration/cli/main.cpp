@@ -1,4 +1,5 @@
-// main.cpp — the `ration` command line: train, gradcheck, plan, launch.
+// main.cpp — the `ration` command line: train, gradcheck, plan, launch (and, in seq_commands.cpp,
+// plan --sequence, stream, generate).
 // Owns: argument parsing and exit codes (0 ok, 1 check failed, 2 user error). Work happens in train/.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 #include <functional>
 #include <iostream>
 
+#include "ration/cli/seq_commands.h"
 #include "ration/core/check.h"
 #include "ration/core/trace.h"
 #include "ration/dist/launch.h"
@@ -331,6 +333,10 @@ int main(int argc, char** argv) {
   TraceFlags gc_trace, plan_trace;
   gc_trace.add_to(gc);
   plan_trace.add_to(plan);
+  ration::cli::SequencePlanFlags plan_sequence;
+  plan_sequence.add_to(plan);
+  ration::cli::SequenceCommands sequence_commands;
+  sequence_commands.add_to(app);
 
   CLI11_PARSE(app, argc, argv);
   train_budget.apply(topt.overrides);
@@ -348,6 +354,9 @@ int main(int argc, char** argv) {
       return report.value("exit_status", 0);  // 130 / 143 when stopped by SIGINT / SIGTERM
     }
     if (*gc) return with_trace(gc_trace, [&] { return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json); });
+    if (*plan && plan_sequence.sequence)
+      return ration::cli::cmd_plan_sequence(plan_config, plan_overrides, plan_sequence.seq_len, plan_batch, plan_json);
+    if (const int rc = sequence_commands.run_selected(); rc >= 0) return rc;
     if (*plan)
       return with_trace(plan_trace, [&] { return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json, plan_html); });
   } catch (const ration::Error& e) {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ration/core/check.h"
+#include "ration/nn/sequence_layers.h"
 #include "ration/ops/ops.h"
 
 namespace ration::models {
@@ -18,6 +19,10 @@ GPTOptions GPTOptions::from_config(Config& cfg) {
   o.block_size = cfg.get_int("model.block_size", o.block_size);
   o.dropout = cfg.get_double("model.dropout", o.dropout);
   o.tie_weights = cfg.get_bool("model.tie_weights", o.tie_weights);
+  o.attention_window = cfg.get_int("model.attention_window", o.attention_window);
+  RATION_CHECK(o.attention_window >= 0 && o.attention_window < o.block_size, "gpt: model.attention_window must be ",
+               "0 (full attention) or a window L with 0 < L < model.block_size (", o.block_size, "); got ",
+               o.attention_window, " in ", cfg.origin());
   return o;
 }
 
@@ -31,6 +36,7 @@ GPT::GPT(const GPTOptions& o) : options(o) {
     blocks.push_back(register_module("blocks." + std::to_string(i),
                                      std::make_shared<nn::TransformerBlock>(o.n_embd, o.n_head, o.dropout)));
   }
+  for (auto& block : blocks) block->attn->window = o.attention_window;
   ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(o.n_embd));
   if (!o.tie_weights) lm_head = register_module("lm_head", std::make_shared<nn::Linear>(o.n_embd, o.vocab_size, false));
 
@@ -47,16 +53,52 @@ Value GPT::logits(const Value& tokens) {
   ScopeGuard scope(name());
   RATION_CHECK(tokens.dim() == 2, "gpt expects tokens (B, T); got ", tokens.sizes());
   const int64_t T = tokens.size(1);
-  RATION_CHECK(T <= options.block_size, "gpt: sequence length ", T, " exceeds model.block_size ", options.block_size,
-               " (raise model.block_size or shorten the data's sequence length)");
-  Value positions(at::arange(T, at::TensorOptions().dtype(at::kLong).device(tokens.tensor().device())));  // (T)
-  Value x = wte->forward(tokens) + wpe->forward(positions);  // (B, T, C) + (T, C)
-  x = drop->forward(x);                                      // (B, T, C)
-  for (auto& block : blocks) x = block->forward(x);          // (B, T, C)
-  x = ln_f->forward(x);                                      // (B, T, C)
-  if (lm_head) return lm_head->forward(x);                   // (B, T, V)
+  RATION_CHECK(T <= options.block_size || options.attention_window > 0, "gpt: sequence length ", T,
+               " exceeds model.block_size ", options.block_size,
+               " (raise model.block_size, shorten the data's sequence length, or set model.attention_window)");
+  Value x = drop->forward(embed(tokens, 0));          // (B, T, C)
+  for (auto& block : blocks) x = block->forward(x);  // (B, T, C)
+  return head(x);                                     // (B, T, V)
+}
+
+Value GPT::embed(const Value& tokens, int64_t start) {
+  const int64_t T = tokens.size(1);
+  at::Tensor pos = at::arange(start, start + T, at::TensorOptions().dtype(at::kLong).device(tokens.tensor().device()));
+  if (options.attention_window > 0) pos = pos.remainder(options.block_size);
+  return wte->forward(tokens) + wpe->forward(Value(pos));  // (B, T, C) + (T, C)
+}
+
+Value GPT::head(const Value& x_in) {
+  Value x = ln_f->forward(x_in);              // (B, T, C)
+  if (lm_head) return lm_head->forward(x);    // (B, T, V)
   ScopeGuard head_scope("lm_head");
   return ops::linear(x, wte->weight, Value());  // tied: (B, T, C) x (V, C)^T -> (B, T, V)
+}
+
+Value GPT::stream_logits(const Value& tokens, seq::StreamBuffers& buffers) {
+  ScopeGuard scope(name());
+  RATION_CHECK(tokens.dim() == 2, "gpt expects tokens (B, C); got ", tokens.sizes());
+  Value x = drop->forward(embed(tokens, buffers.position));  // (B, C, E)
+  for (auto& block : blocks) {
+    ScopeGuard block_scope(block->name());
+    Value h = x + nn::attention_chunk(*block->attn, block->ln1->forward(x), buffers.of(block->name() + ".attn"));
+    x = h + block->mlp->forward(block->ln2->forward(h));  // (B, C, E)
+  }
+  return head(x);  // (B, C, V)
+}
+
+std::vector<seq::LayerDependency> GPT::sequence_layers() const {
+  const int64_t C = options.n_embd, L = options.attention_window;
+  std::vector<seq::LayerDependency> out;
+  out.push_back({"wte+wpe", seq::Dependency::PerStep, 0, C, "output", false});
+  for (const auto& block : blocks) {
+    seq::LayerDependency attn{block->name() + ".attn", L > 0 ? seq::Dependency::Window : seq::Dependency::WholeSequence,
+                              L, 2 * C, "keys, values", true};
+    out.push_back(attn);
+    out.push_back({block->name() + ".mlp", seq::Dependency::PerStep, 0, 4 * C, "hidden", false});
+  }
+  out.push_back({"lm_head", seq::Dependency::PerStep, 0, options.vocab_size, "logits", false});
+  return out;
 }
 
 }  // namespace ration::models

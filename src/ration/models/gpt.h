@@ -7,6 +7,10 @@
 // "lm_head.*" name, the one wte.weight receiving gradient from both uses; untied adds lm_head.weight (V, C),
 // no bias. Init as nanoGPT: every 2-D weight N(0, 0.02), residual projections (attn.proj, mlp.proj)
 // N(0, 0.02/sqrt(2 n_layer)), biases 0, LayerNorm 1/0.
+// model.attention_window = L (0, default: full causal attention) makes every block attend only the current
+// and previous L steps (type 2 in docs/METHODS.md, "Temporal-dependency buffers for sequence models"); L must
+// be below block_size. Windowed, the sequence may be longer than block_size: position t uses
+// wpe[t mod block_size], and the model streams with a key/value ring buffer of L + 1 steps per block.
 // Parameter count: V C + block_size C + n_layer (12 C^2 + 13 C) + 2 C (+ V C untied).
 #pragma once
 #include <memory>
@@ -14,6 +18,7 @@
 
 #include "ration/models/families.h"
 #include "ration/nn/layers.h"
+#include "ration/seq/streamable.h"
 
 namespace ration::models {
 
@@ -25,15 +30,18 @@ struct GPTOptions {
   int64_t block_size = 128;
   double dropout = 0.0;
   bool tie_weights = true;
+  int64_t attention_window = 0;
   static GPTOptions from_config(Config& cfg);
 };
 
-class GPT : public LanguageModel {
+class GPT : public LanguageModel, public seq::Streamable {
  public:
   explicit GPT(const GPTOptions& options);
   Value logits(const Value& tokens) override;
   std::string family() const override { return "gpt"; }
   int64_t vocab_size() const override { return options.vocab_size; }
+  std::vector<seq::LayerDependency> sequence_layers() const override;
+  Value stream_logits(const Value& tokens, seq::StreamBuffers& buffers) override;
 
   GPTOptions options;
   std::shared_ptr<nn::Embedding> wte, wpe;
@@ -41,6 +49,10 @@ class GPT : public LanguageModel {
   std::vector<std::shared_ptr<nn::TransformerBlock>> blocks;
   std::shared_ptr<nn::LayerNorm> ln_f;
   std::shared_ptr<nn::Linear> lm_head;  // null when tied
+
+ private:
+  Value embed(const Value& tokens, int64_t start);  // tokens (B, T) at positions start.. -> (B, T, C)
+  Value head(const Value& x);                       // ln_f and the lm head: (B, T, C) -> (B, T, V)
 };
 
 }  // namespace ration::models

@@ -2,6 +2,7 @@
 #include "ration/models/lstm_lm.h"
 
 #include "ration/core/check.h"
+#include "ration/nn/sequence_layers.h"
 #include "ration/ops/ops.h"
 
 namespace ration::models {
@@ -30,6 +31,25 @@ Value LSTMLM::logits(const Value& tokens) {
   Value x = embed->forward(tokens);  // (B, T, E)
   Value h = lstm->forward(x);        // (B, T, H)
   return head->forward(drop->forward(h));  // (B, T, V)
+}
+
+Value LSTMLM::stream_logits(const Value& tokens, seq::StreamBuffers& buffers) {
+  ScopeGuard scope(name());
+  RATION_CHECK(tokens.dim() == 2, "lstm_lm expects tokens (B, C); got ", tokens.sizes());
+  std::vector<seq::RingBuffer*> state;
+  for (int64_t l = 0; l < options.n_layer; ++l) state.push_back(&buffers.of("lstm.l" + std::to_string(l)));
+  Value x = embed->forward(tokens);         // (B, C, E)
+  Value h = nn::lstm_chunk(*lstm, x, state);  // (B, C, H)
+  return head->forward(drop->forward(h));   // (B, C, V)
+}
+
+std::vector<seq::LayerDependency> LSTMLM::sequence_layers() const {
+  std::vector<seq::LayerDependency> out;
+  out.push_back({"embed", seq::Dependency::PerStep, 0, options.n_embd, "output", false});
+  for (int64_t l = 0; l < options.n_layer; ++l)
+    out.push_back({"lstm.l" + std::to_string(l), seq::Dependency::PerStep, 0, 2 * options.hidden_size, "h, c", true});
+  out.push_back({"head", seq::Dependency::PerStep, 0, options.vocab_size, "logits", false});
+  return out;
 }
 
 }  // namespace ration::models

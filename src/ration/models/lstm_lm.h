@@ -2,12 +2,15 @@
 // -> head Linear -> logits (B, T, V).
 // Config: model.vocab_size (data.vocab_size or 256), model.n_embd (64), model.hidden_size (256),
 //         model.n_layer (2), model.dropout (0.0; also between LSTM layers).
+// Streams (docs/METHODS.md, "Temporal-dependency buffers for sequence models"): every layer is type 1,
+// each LSTM layer carrying its (h, c) in a one-step buffer, so streamed logits equal the full forward's.
 // Parameter names: embed.weight, lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0, ..., head.weight.
 #pragma once
 #include <memory>
 
 #include "ration/models/families.h"
 #include "ration/nn/layers.h"
+#include "ration/seq/streamable.h"
 
 namespace ration::models {
 
@@ -20,12 +23,14 @@ struct LSTMLMOptions {
   static LSTMLMOptions from_config(Config& cfg);
 };
 
-class LSTMLM : public LanguageModel {
+class LSTMLM : public LanguageModel, public seq::Streamable {
  public:
   explicit LSTMLM(const LSTMLMOptions& options);
   Value logits(const Value& tokens) override;
   std::string family() const override { return "lstm_lm"; }
   int64_t vocab_size() const override { return options.vocab_size; }
+  std::vector<seq::LayerDependency> sequence_layers() const override;
+  Value stream_logits(const Value& tokens, seq::StreamBuffers& buffers) override;
 
   LSTMLMOptions options;
   std::shared_ptr<nn::Embedding> embed;

@@ -12,6 +12,7 @@
 #include "ration/models/gpt.h"
 #include "ration/models/lstm_lm.h"
 #include "ration/models/mlp.h"
+#include "ration/models/tcn_lm.h"
 #include "ration/ops/ops.h"
 
 namespace ration::models {
@@ -105,7 +106,7 @@ EvalStats LanguageModel::evaluate(const data::Batch& batch) {
 // ---- factory --------------------------------------------------------------------------------------
 std::unique_ptr<Model> build_model(Config& cfg) {
   RATION_CHECK(cfg.has("model.type"), cfg.origin(), ": no model.type; hint: add a [model] section with type = ",
-               "\"mlp\", \"cnn\", \"gpt\" or \"lstm_lm\" (or --set model.type=gpt)");
+               "\"mlp\", \"cnn\", \"gpt\", \"lstm_lm\" or \"tcn_lm\" (or --set model.type=gpt)");
   const std::string type = cfg.get_string("model.type", "mlp");
   // Sizes are checked against the machine as the parameters are allocated (memory/allocator.h); the
   // error then names this config.
@@ -123,8 +124,9 @@ std::unique_ptr<Model> build_model(Config& cfg) {
   if (type == "cnn") return named([&] { return std::make_unique<CNN>(CNNOptions::from_config(cfg)); });
   if (type == "gpt") return named([&] { return std::make_unique<GPT>(GPTOptions::from_config(cfg)); });
   if (type == "lstm_lm") return named([&] { return std::make_unique<LSTMLM>(LSTMLMOptions::from_config(cfg)); });
+  if (type == "tcn_lm") return named([&] { return std::make_unique<TCNLM>(TCNLMOptions::from_config(cfg)); });
   RATION_CHECK(false, "unknown model.type '", type, "' in ", cfg.origin(),
-               "; valid types: mlp, cnn, gpt, lstm_lm (set [model] type = \"gpt\" or --set model.type=gpt)");
+               "; valid types: mlp, cnn, gpt, lstm_lm, tcn_lm (set [model] type = \"gpt\" or --set model.type=gpt)");
   return nullptr;
 }
 

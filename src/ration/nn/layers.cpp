@@ -146,7 +146,7 @@ Value MultiHeadAttention::forward(const Value& x) {
   Value q = to_heads(qkv_parts[0]);  // (B, H, T, D)
   Value k = to_heads(qkv_parts[1]);  // (B, H, T, D)
   Value v = to_heads(qkv_parts[2]);  // (B, H, T, D)
-  Value y = ops::causal_attention(q, k, v, attn_dropout, is_training());  // (B, H, T, D)
+  Value y = ops::causal_attention(q, k, v, attn_dropout, is_training(), window);  // (B, H, T, D)
   y = ops::reshape(ops::transpose(y, 1, 2), {B, T, C});                   // (B, T, C)
   return resid_drop->forward(proj->forward(y));
 }

@@ -112,6 +112,7 @@ class MultiHeadAttention : public Module {
   std::shared_ptr<Dropout> resid_drop;
   int64_t n_embd, n_head;
   double attn_dropout;
+  int64_t window = 0;  // sliding-window attention over the current and previous `window` steps; 0 = full causal
 };
 
 // GPT-2 feed-forward: fc (C -> 4C), GELU (exact erf form), proj (4C -> C), dropout.

@@ -34,6 +34,11 @@ Value max_pool2d(const Value& x, std::vector<int64_t> kernel, std::vector<int64_
                  std::vector<int64_t> padding = {0, 0});
 Value avg_pool2d(const Value& x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
                  std::vector<int64_t> padding = {0, 0});
+// Causal convolution over time (conv1d_causal.cpp): x (B, C_in, T), w (C_out, C_in, k), b (C_out) or
+// undefined -> (B, C_out, T); y[t] reads x[t - L .. t], L = (k - 1) * dilation, zeros before the start.
+// `past` (B, C_in, P <= L, no gradient) continues a sequence: the P steps that came before x.
+Value conv1d_causal(const Value& x, const Value& w, const Value& b, int64_t dilation = 1,
+                    const Value& past = Value());
 
 // ---- activations --------------------------------------------------------------------------------
 Value relu(const Value& x);
@@ -73,9 +78,12 @@ Value mean(const Value& x);
 Value mean(const Value& x, std::vector<int64_t> dims, bool keepdim = false);
 
 // ---- attention ----------------------------------------------------------------------------------
-// Causal scaled-dot-product attention: q, k, v (B, H, T, D) -> (B, H, T, D); dropout on the weights.
+// Causal scaled-dot-product attention: q (B, H, Tq, D), k, v (B, H, Tk, D), Tk >= Tq -> (B, H, Tq, D);
+// dropout on the weights. Query i sits at position i + Tk - Tq among the keys (Tk == Tq: self-attention
+// over one sequence; Tk > Tq: the keys start with Tk - Tq cached earlier steps). window = 0 attends every
+// earlier key; window = L > 0 only the current key and the previous L (sliding-window attention).
 Value causal_attention(const Value& q, const Value& k, const Value& v, double dropout_p = 0.0,
-                       bool training = false);
+                       bool training = false, int64_t window = 0);
 
 // ---- recurrent cells (PyTorch gate layouts) --------------------------------------------------------
 // LSTM: x (B, I), h/c (B, H), w_ih (4H, I), w_hh (4H, H), biases (4H) or undefined -> {h', c'}.

@@ -1,0 +1,160 @@
+// seq_memory.cpp — memory vs sequence length T for sequence models (docs/METHODS.md, "Temporal-dependency
+// buffers for sequence models"): ration's streaming executor (chunk by chunk, per-layer ring buffers) against
+// the whole sequence at once, ration's own full-sequence forward and the PyTorch peer (bench/seq_memory_peer.py,
+// Debian's /usr/bin/python3, same models, measured by the same counting allocator through ctypes).
+// Every row scores bits per byte of T random bytes, no grad, one thread; peak = measured peak above the
+// parameters. Prints a table and writes JSON (--out).
+//   build/bench/bench_seq_memory [--max-t 1000000] [--lstm-max-t 100000] [--peer-max-t 100000]
+//                                [--attn-max-t 4096] [--chunk 256] [--out bench/results/seq_memory.json]
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ration/core/check.h"
+#include "ration/memory/allocator.h"
+#include <ATen/Parallel.h>
+
+#include "ration/models/families.h"
+#include "ration/seq/stream_executor.h"
+
+namespace {
+using namespace ration;
+
+const char* kLstm = "[model]\ntype = \"lstm_lm\"\nvocab_size = 256\nn_embd = 64\nhidden_size = 128\nn_layer = 2\n";
+const char* kTcn = "[model]\ntype = \"tcn_lm\"\nvocab_size = 256\nn_embd = 96\nn_layer = 6\nkernel_size = 3\n";
+std::string gpt(int64_t block, int64_t window) {
+  return "[model]\ntype = \"gpt\"\nvocab_size = 256\nn_layer = 4\nn_head = 4\nn_embd = 128\ndropout = 0.0\nblock_size = " +
+         std::to_string(block) + "\nattention_window = " + std::to_string(window) + "\n";
+}
+
+std::unique_ptr<models::Model> build(const std::string& toml) {
+  Config cfg = Config::from_string(toml, "bench_seq_memory");
+  auto m = models::build_model(cfg);
+  m->eval();
+  return m;
+}
+
+std::string random_bytes(int64_t n, uint64_t seed) {
+  std::string s(static_cast<size_t>(n), '\0');
+  uint64_t x = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+  for (auto& c : s) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x & 0xff);
+  }
+  return s;
+}
+
+struct Row {
+  std::string model, mode;
+  int64_t seq_len = 0, peak_bytes = 0, buffers_bytes = 0;
+  double seconds = 0, bits_per_byte = 0;
+};
+
+Row streamed(const std::string& name, const std::string& toml, int64_t T, int64_t chunk) {
+  auto model = build(toml);
+  const int64_t base = memory::device_current_bytes(memory::stats());
+  seq::StreamExecutor ex(*model, chunk);
+  std::istringstream in(random_bytes(T, 7));
+  const seq::StreamScore s = seq::score_bytes(ex, in, "random bytes");
+  return {name, "ration streamed (chunk " + std::to_string(chunk) + ")", T, s.memory.peak_bytes - base,
+          s.memory.buffers_bytes, s.seconds, s.bits_per_byte};
+}
+
+Row full_sequence(const std::string& name, const std::string& toml, int64_t T) {
+  auto model = build(toml);
+  NoGradGuard no_grad;
+  const std::string bytes = random_bytes(T, 7);
+  at::Tensor ids = at::empty({1, T}, at::kLong);
+  for (int64_t i = 0; i < T; ++i) ids[0][i] = static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  const int64_t base = memory::device_current_bytes(memory::stats());
+  memory::reset_peak();
+  const auto t0 = std::chrono::steady_clock::now();
+  const at::Tensor logits = dynamic_cast<models::LanguageModel&>(*model).logits(Value(ids)).tensor();  // (1, T, V)
+  const double nats = at::cross_entropy_loss(logits[0].narrow(0, 0, T - 1).to(at::kDouble), ids[0].narrow(0, 1, T - 1),
+                                             {}, at::Reduction::Sum)
+                          .item<double>();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t peak = memory::device_peak_bytes(memory::stats()) - base;
+  return {name, "ration full sequence", T, peak, 0, secs, nats / std::log(2.0) / static_cast<double>(T - 1)};
+}
+
+Row peer(const std::string& name, const std::string& peer_model, int64_t T) {
+  const std::string cmd = std::string("/usr/bin/python3 ") + RATION_SOURCE_DIR + "/bench/seq_memory_peer.py --probe " +
+                          RATION_PROBE_PATH + " --model " + peer_model + " --seq-len " + std::to_string(T);
+  FILE* f = popen(cmd.c_str(), "r");
+  RATION_CHECK(f != nullptr, "cannot run ", cmd);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  const int rc = pclose(f);
+  Row r{name, "pytorch full sequence", T, -1, 0, 0, 0};
+  if (rc != 0 || out.empty()) return r;  // could not reach this T (reported as such)
+  const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
+  r.peak_bytes = j["peak_bytes"].get<int64_t>();
+  r.seconds = j["seconds"].get<double>();
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  memory::install_counting_allocator();
+  at::set_num_threads(1);
+  int64_t max_t = 1000000, lstm_max_t = 100000, peer_max_t = 100000, attn_max_t = 4096, chunk = 256;
+  std::string out_path = "bench/results/seq_memory.json";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const std::string v = argv[i + 1];
+    if (a == "--max-t") max_t = std::stoll(v);
+    else if (a == "--lstm-max-t") lstm_max_t = std::stoll(v);
+    else if (a == "--peer-max-t") peer_max_t = std::stoll(v);
+    else if (a == "--attn-max-t") attn_max_t = std::stoll(v);
+    else if (a == "--chunk") chunk = std::stoll(v);
+    else if (a == "--out") out_path = v;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  std::vector<int64_t> lengths;
+  for (int64_t t = 1000; t <= max_t; t *= 10) lengths.push_back(t);
+  std::vector<Row> rows;
+  auto emit = [&](Row r) {
+    std::printf("%-12s %-30s %9lld %14s %12s %9.2f\n", r.model.c_str(), r.mode.c_str(), static_cast<long long>(r.seq_len),
+                r.peak_bytes < 0 ? "not reached" : memory::format_bytes(r.peak_bytes).c_str(),
+                r.buffers_bytes > 0 ? memory::format_bytes(r.buffers_bytes).c_str() : "-", r.seconds);
+    std::fflush(stdout);
+    rows.push_back(std::move(r));
+  };
+  std::printf("%-12s %-30s %9s %14s %12s %9s\n", "model", "mode", "T", "peak", "buffers", "seconds");
+  for (int64_t T : lengths) {
+    if (T <= lstm_max_t) emit(streamed("lstm_lm", kLstm, T, chunk));
+    if (T <= peer_max_t) emit(peer("lstm_lm", "lstm_lm", T));
+    emit(streamed("tcn_lm", kTcn, T, chunk));
+    if (T <= peer_max_t) emit(peer("tcn_lm", "tcn_lm", T));
+    emit(streamed("gpt_window64", gpt(128, 64), T, chunk));
+    if (T <= attn_max_t) emit(peer("gpt_window64", "gpt_window", T));
+    if (T <= attn_max_t) emit(full_sequence("gpt_full", gpt(T, 0), T));
+    if (T <= attn_max_t) emit(peer("gpt_full", "gpt_full", T));
+  }
+  for (int64_t T : {attn_max_t}) {
+    if (T == 1000 || T > max_t) continue;
+    emit(streamed("gpt_window64", gpt(128, 64), T, chunk));
+    emit(peer("gpt_window64", "gpt_window", T));
+    emit(full_sequence("gpt_full", gpt(T, 0), T));
+    emit(peer("gpt_full", "gpt_full", T));
+  }
+  nlohmann::json j = nlohmann::json::array();
+  for (const Row& r : rows)
+    j.push_back({{"model", r.model}, {"mode", r.mode}, {"seq_len", r.seq_len}, {"peak_bytes", r.peak_bytes},
+                 {"buffers_bytes", r.buffers_bytes}, {"seconds", r.seconds}, {"bits_per_byte", r.bits_per_byte}});
+  std::ofstream(out_path) << j.dump(2) << "\n";
+  std::printf("wrote %s\n", out_path.c_str());
+  return 0;
+}

@@ -1,0 +1,74 @@
+// stream_executor.h — runs a language model over a sequence of any length chunk by chunk, with the
+// per-layer ring buffers its dependency analysis sizes (docs/METHODS.md, "Temporal-dependency buffers for
+// sequence models").
+// Owns: the chunk loop (chunk C >= 1), the buffers' lifetime, scoring a byte stream (bits per byte),
+//       sampling (generate), and the measured peak of each run (counting allocator).
+// Does not own: any model's maths (each model's Streamable::stream_logits) or the buffer sizes
+//       (seq/dependency.h).
+#pragma once
+#include <cstdint>
+#include <istream>
+#include <memory>
+#include <string>
+
+#include "ration/models/model.h"
+#include "ration/seq/streamable.h"
+
+namespace ration::seq {
+
+struct StreamMemory {
+  int64_t peak_bytes = 0;     // measured peak during the run (counting allocator; parameters included)
+  int64_t buffers_bytes = 0;  // the ring buffers' bytes
+};
+
+class StreamExecutor {
+ public:
+  // Throws ration::Error when the model's family does not stream, a layer is type 3 (named), or chunk < 1.
+  StreamExecutor(models::Model& model, int64_t chunk, int64_t batch = 1);
+  // tokens (B, n), the n steps after those already fed -> logits (B, n, V), computed chunk by chunk.
+  // Runs in whatever grad mode the caller set (training through a stream keeps each chunk's graph).
+  at::Tensor feed(const at::Tensor& tokens);
+  // One chunk (B, c <= chunk) as a graph value: logits (B, c, V). Advances the position.
+  Value feed_chunk(const Value& tokens);
+  void reset() { buffers_->clear(); }
+  StreamBuffers& buffers() { return *buffers_; }
+  const std::vector<LayerDependency>& layers() const { return layers_; }
+  int64_t chunk() const { return chunk_; }
+  int64_t position() const { return buffers_->position; }
+
+ private:
+  models::Model& model_;
+  Streamable& streamable_;
+  int64_t chunk_;
+  std::vector<LayerDependency> layers_;
+  std::unique_ptr<StreamBuffers> buffers_;
+};
+
+struct StreamScore {
+  double bits_per_byte = 0;
+  int64_t tokens = 0;  // bytes predicted (the stream's length minus one)
+  double seconds = 0;
+  StreamMemory memory;
+};
+// Bits per byte of a byte stream read C bytes at a time: mean of -log2 p(byte t+1 | bytes ..t), no grad.
+// Memory does not grow with the stream's length for type-1/2 models. `what` names the input in errors.
+StreamScore score_bytes(StreamExecutor& executor, std::istream& in, const std::string& what);
+
+struct Generated {
+  std::string text;     // the sampled continuation (without the prompt)
+  int64_t tokens = 0;
+  double seconds = 0;
+  StreamMemory memory;
+};
+// Feeds `prompt` then samples `n_tokens` bytes one step at a time (temperature 0: argmax), no grad.
+Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t n_tokens, double temperature,
+                   uint64_t seed);
+
+// Truncated backpropagation through time over targets (B, T) for inputs (B, T): chunk by chunk, each chunk's
+// mean-weighted cross entropy is backpropagated before the next chunk runs, so the graph never spans more
+// than one chunk; state and the last L inputs carry across chunks as data (gradients stop at chunk
+// boundaries). Gradients accumulate into the parameters (call zero_grad first). Returns the mean loss over
+// all B T tokens. With chunk >= T it is ordinary backpropagation through the whole sequence.
+double truncated_bptt(StreamExecutor& executor, const at::Tensor& inputs, const at::Tensor& targets);
+
+}  // namespace ration::seq

@@ -1,0 +1,37 @@
+// streamable.cpp — StreamBuffers (see streamable.h).
+#include "ration/seq/streamable.h"
+
+#include "ration/core/check.h"
+
+namespace ration::seq {
+
+StreamBuffers::StreamBuffers(const std::vector<LayerDependency>& layers, int64_t batch,
+                             const at::TensorOptions& options)
+    : batch_(batch) {
+  for (const LayerDependency& d : layers) {
+    if (!d.carries) continue;
+    RATION_CHECK(d.type != Dependency::WholeSequence, "layer '", d.layer,
+                 "' depends on the whole sequence (type 3): it has no bounded stream buffer");
+    buffers_[d.layer] = std::make_unique<RingBuffer>(d.layer, batch, buffer_steps(d, 1), d.step_floats, options);
+  }
+}
+
+RingBuffer& StreamBuffers::of(const std::string& layer) {
+  auto it = buffers_.find(layer);
+  RATION_CHECK(it != buffers_.end(), "no stream buffer for layer '", layer,
+               "' (the model's sequence_layers() must declare it with carries = true)");
+  return *it->second;
+}
+
+int64_t StreamBuffers::bytes() const {
+  int64_t total = 0;
+  for (const auto& [name, b] : buffers_) total += b->bytes();
+  return total;
+}
+
+void StreamBuffers::clear() {
+  for (auto& [name, b] : buffers_) b->clear();
+  position = 0;
+}
+
+}  // namespace ration::seq
