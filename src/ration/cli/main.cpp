@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "ps_command.h"
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/budget_policy.h"
@@ -248,6 +249,8 @@ int main(int argc, char** argv) {
   plan_budget.add_to(plan);
   plan_offload.add_to(plan);
 
+  auto ps_cmd = ration::cli::add_ps_command(app);
+
   CLI11_PARSE(app, argc, argv);
   train_budget.apply(topt.overrides);
   gc_budget.apply(gc_overrides);
@@ -265,6 +268,7 @@ int main(int argc, char** argv) {
     }
     if (*gc) return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json);
     if (*plan) return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json);
+    if (*ps_cmd->ps) return ration::cli::run_ps_command(*ps_cmd);
   } catch (const ration::Error& e) {
     std::fprintf(stderr, "\nerror: %s\n", e.what());
     return 2;

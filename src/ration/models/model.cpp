@@ -8,6 +8,7 @@
 
 #include "ration/core/check.h"
 #include "ration/models/cnn.h"
+#include "ration/models/ctr.h"
 #include "ration/models/families.h"
 #include "ration/models/gpt.h"
 #include "ration/models/lstm_lm.h"
@@ -109,8 +110,9 @@ std::unique_ptr<Model> build_model(Config& cfg) {
   if (type == "cnn") return std::make_unique<CNN>(CNNOptions::from_config(cfg));
   if (type == "gpt") return std::make_unique<GPT>(GPTOptions::from_config(cfg));
   if (type == "lstm_lm") return std::make_unique<LSTMLM>(LSTMLMOptions::from_config(cfg));
+  if (type == "ctr") return std::make_unique<Ctr>(CtrOptions::from_config(cfg));
   RATION_CHECK(false, "unknown model.type '", type, "' in ", cfg.origin(),
-               "; valid types: mlp, cnn, gpt, lstm_lm (set [model] type = \"gpt\" or --set model.type=gpt)");
+               "; valid types: mlp, cnn, gpt, lstm_lm, ctr (set [model] type = \"gpt\" or --set model.type=gpt)");
   return nullptr;
 }
 

@@ -13,6 +13,8 @@
 
 #include "ration/core/check.h"
 #include "ration/core/node.h"
+#include "ration/data/ctr_data.h"
+#include "ration/data/ctr_synthetic.h"
 #include "ration/data/fashion_mnist.h"
 #include "ration/data/text.h"
 #include "ration/memory/allocator.h"
@@ -69,6 +71,7 @@ struct EvalResult {
   double loss = 0;      // mean per item (nats)
   double accuracy = 0;  // fraction
   int64_t count = 0;
+  std::optional<double> auc;  // binary tasks (ctr)
 };
 
 EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& set, int64_t batch_size,
@@ -86,6 +89,8 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
       total.loss_sum += s.loss_sum;
       total.correct += s.correct;
       total.count += s.count;
+      total.scores.insert(total.scores.end(), s.scores.begin(), s.scores.end());
+      total.labels.insert(total.labels.end(), s.labels.begin(), s.labels.end());
       ++batches;
     }
   }
@@ -96,6 +101,7 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
     r.loss = total.loss_sum / static_cast<double>(total.count);
     r.accuracy = static_cast<double>(total.correct) / static_cast<double>(total.count);
   }
+  if (!total.scores.empty()) r.auc = data::roc_auc(total.scores, total.labels);
   return r;
 }
 
@@ -176,9 +182,14 @@ Setup build_setup(Config config) {
   at::manual_seed(s.seed);
   manual_seed(s.seed);
 
-  s.data_kind = cfg.get_choice("data.kind", "fashion_mnist", {"fashion_mnist", "text"});
+  s.data_kind = cfg.get_choice("data.kind", "fashion_mnist", {"fashion_mnist", "text", "synthetic_ctr", "movielens"});
   memory::CategoryGuard data_memory(memory::Category::Data);
-  if (s.data_kind == "fashion_mnist") {
+  if (s.data_kind == "synthetic_ctr" || s.data_kind == "movielens") {
+    data::CtrSets sets = data::make_ctr_datasets(cfg, s.data_kind);
+    s.train_set = sets.train;
+    s.eval_set = sets.eval;
+    s.planted_auc = sets.planted_auc;
+  } else if (s.data_kind == "fashion_mnist") {
     const std::string dir = cfg.get_string("data.dir", data::kFashionMnistDir);
     s.train_set = std::make_shared<data::FashionMnist>(data::FashionMnist::Split::Train, dir);
     s.eval_set = std::make_shared<data::FashionMnist>(data::FashionMnist::Split::Test, dir);
@@ -253,6 +264,9 @@ nlohmann::json run_training(const TrainOptions& options) {
   if (!options.resume.empty()) {
     const Checkpoint ckpt = load_checkpoint(options.resume);
     restore_weights(ckpt, params, model.named_buffers());
+    if (ckpt.metadata.ints.count("external_state_step"))
+      model.restore_external_state(std::filesystem::path(ckpt.path).parent_path().string(),
+                                   ckpt.metadata.ints.at("external_state_step"));
     optimizer->import_state(ckpt.optimizer);
     loader.set_position({ckpt.metadata.ints.at("epoch"), ckpt.metadata.ints.at("loader_index")});
     step = ckpt.step;
@@ -265,6 +279,8 @@ nlohmann::json run_training(const TrainOptions& options) {
     meta.ints["epoch"] = loader.position().epoch;
     meta.ints["loader_index"] = loader.position().index;
     meta.ints["seed"] = static_cast<int64_t>(setup.seed);
+    model.save_external_state(ckpt_dir, at_step);  // parameter-server snapshot consistent with these weights
+    meta.ints["external_state_step"] = at_step;
     NamedTensors weights;
     for (auto& [n, p] : params) weights.emplace_back(n, p.tensor());
     for (auto& [n, b] : model.named_buffers()) weights.emplace_back(n, b);
@@ -273,7 +289,8 @@ nlohmann::json run_training(const TrainOptions& options) {
   };
 
   const bool is_lm = setup.data_kind == "text";
-  const char* unit = is_lm ? "tok/s" : "img/s";
+  const bool is_ctr = setup.data_kind == "synthetic_ctr" || setup.data_kind == "movielens";
+  const char* unit = is_lm ? "tok/s" : is_ctr ? "samples/s" : "img/s";
   nlohmann::json losses = nlohmann::json::array();
   nlohmann::json evals = nlohmann::json::array();
   std::vector<double> step_ms;
@@ -327,6 +344,13 @@ nlohmann::json run_training(const TrainOptions& options) {
       std::snprintf(line, sizeof line, "eval @%lld: loss %.4f nats/byte = %.3f bits/byte (unigram entropy %.3f bits)",
                     static_cast<long long>(at_step), r.loss, r.loss / std::log(2.0),
                     setup.unigram_entropy_nats / std::log(2.0));
+    } else if (r.auc) {
+      e["auc"] = *r.auc;
+      e["logloss"] = r.loss;
+      if (setup.planted_auc) e["planted_auc"] = *setup.planted_auc;
+      std::snprintf(line, sizeof line, "eval @%lld: auc %.4f, logloss %.4f (%lld samples)%s",
+                    static_cast<long long>(at_step), *r.auc, r.loss, static_cast<long long>(r.count),
+                    setup.planted_auc ? (" | planted model auc " + std::to_string(*setup.planted_auc).substr(0, 6)).c_str() : "");
     } else {
       e["accuracy"] = r.accuracy;
       std::snprintf(line, sizeof line, "eval @%lld: loss %.4f, accuracy %.2f%% (%lld images)",
@@ -449,6 +473,11 @@ nlohmann::json run_training(const TrainOptions& options) {
       {"effective_config", setup.config.effective()},
   };
   for (auto& [k, v] : time_extra.items()) report["time"][k] = v;
+  if (auto metrics = model.report_metrics(); !metrics.empty()) {
+    nlohmann::json ps = nlohmann::json::object();
+    for (const auto& [k, v] : metrics) ps[k] = v;
+    report["ps"] = ps;
+  }
   if (offload_engine) {
     const memory::OffloadOptions& o = offload.options;
     auto limit = [](int64_t t) { return t == memory::kNoLimit ? nlohmann::json(nullptr) : nlohmann::json(t); };
