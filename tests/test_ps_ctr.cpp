@@ -221,7 +221,7 @@ TEST(PsCtr, KillNineTrainerThenResumeContinuesTheCurve) {
   ASSERT_TRUE(WIFSIGNALED(status)) << "the trainer finished before it was killed";
   const auto resumed = train_with(cfg, {"train.checkpoint_dir=" + (dir.path / "run2").string()}, run);
   const int64_t first = resumed["first_step"].get<int64_t>();
-  EXPECT_GE(first, 20);
+  EXPECT_GE(first, 10);  // ckpt-20 may exist before `latest` names it: the resume takes the newest complete one
   ASSERT_EQ(resumed["loss"].size(), static_cast<size_t>(60 - first));
   for (int64_t i = first; i < 60; ++i)
     ASSERT_EQ(resumed["loss"][static_cast<size_t>(i - first)].get<double>(),

@@ -120,7 +120,7 @@ TEST(PsStore, FreedRowsAreReusedAndCompactReturnsMemory) {
   Table t(opts("t", 16, OptimizerKind::Adagrad));
   const int64_t n = 100000;
   std::vector<uint64_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ULL;
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<uint64_t>(i) * 1000003ULL;
   std::vector<float> buf(static_cast<size_t>(n) * 16);
   t.pull(ids.data(), n, buf.data());
   const TableBytes full = t.bytes();
@@ -130,7 +130,7 @@ TEST(PsStore, FreedRowsAreReusedAndCompactReturnsMemory) {
   EXPECT_GE(full.arena_bytes, n * 32 * 4);
   EXPECT_GT(full.index_bytes, n * 12);
   // Free every other row: the arena keeps its chunks; new ids reuse the freed slots (no growth).
-  EXPECT_EQ(t.erase_if([&](const RowInfo& r) { return (r.id / 0x9E3779B97F4A7C15ULL) % 2 == 0; }), n / 2);
+  EXPECT_EQ(t.erase_if([&](const RowInfo& r) { return (r.id / 1000003ULL) % 2 == 0; }), n / 2);
   EXPECT_EQ(t.size(), n / 2);
   EXPECT_FALSE(t.contains(ids[0]));
   EXPECT_TRUE(t.contains(ids[1]));

@@ -78,6 +78,7 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
   for (int64_t f = 0; f < o.num_fields; ++f) {
     ps::TableOptions t = o.table;
     t.name = table_name(f);
+    t.dim = o.embedding_dim;
     t.seed = ps::mix64(o.table.seed * 1000003ULL + static_cast<uint64_t>(f));
     tables.push_back(t);
   }

@@ -95,7 +95,7 @@ struct ExportCursor {
 class Table {
  public:
   static constexpr int kStripes = 16;
-  static constexpr int64_t kChunkRows = 4096;
+  static constexpr int64_t kChunkRows = 512;
 
   explicit Table(TableOptions options);
   ~Table();
