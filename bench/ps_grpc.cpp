@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   report["rpc"] = rpc;
 
   // Trainer steps/s: embedded vs 1 and 2 remote shards (the same run otherwise).
-  const int64_t steps = quick ? 20 : 150;
+  const int64_t steps = quick ? 20 : 60;
   nlohmann::json trainer = nlohmann::json::array();
   std::printf("\n%-22s %12s %12s %12s\n", "trainer", "step ms", "samples/s", "pull ms");
   for (int shards : {0, 1, 2}) {

@@ -176,7 +176,11 @@ SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_
     std::memcpy(vals.data(), it->value().data(), static_cast<size_t>(dim + st) * 4);
     PackedInfo p;
     std::memcpy(&p, it->value().data() + (dim + st) * 4, sizeof p);
-    RowInfo ri{id, p.pushes, p.last_step, p.score};
+    RowInfo ri;
+    ri.id = id;
+    ri.pushes = p.pushes;
+    ri.last_step = p.last_step;
+    ri.score = p.score;
     t->assign(&id, 1, vals.data(), vals.data() + dim, &ri);
     ++rows;
   }

@@ -1,6 +1,8 @@
 // store.cpp — Table and EmbeddingStore (see store.h): stripes, arena, optimisers, export/assign.
 #include "ration/ps/store.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -102,42 +104,65 @@ void init_state(const OptimizerOptions& o, int64_t dim, const float* w, float* s
 }  // namespace
 
 // ---- stripe -------------------------------------------------------------------------------------------
+namespace {
+RowInfo fresh_info(uint64_t id) {
+  RowInfo r;
+  r.id = id;
+  return r;
+}
+}  // namespace
+
 struct Table::Stripe {
+  // kChunkRows slots: values + state (stride floats each), their RowInfo, and a live flag.
+  struct Chunk {
+    std::unique_ptr<float[]> rows;
+    std::unique_ptr<RowInfo[]> infos;
+    std::unique_ptr<uint8_t[]> live;
+  };
   mutable std::mutex mu;
   absl::flat_hash_map<uint64_t, uint32_t> index;  // id -> slot
-  std::vector<std::unique_ptr<float[]>> chunks;   // kChunkRows slots of stride floats each
-  std::vector<RowInfo> infos;                     // per slot
-  std::vector<uint8_t> live;                      // per slot: 1 holds a row, 0 free
-  std::vector<uint32_t> free_slots;               // reused before the arena grows
+  std::vector<Chunk> chunks;
+  std::vector<uint32_t> free_slots;               // freed slots, reused before fresh ones
+  int64_t fresh = 0;                              // slots [fresh, capacity) were never handed out
   int64_t stride = 0;
 
-  float* slot_ptr(uint32_t slot) { return chunks[slot / kChunkRows].get() + (slot % kChunkRows) * stride; }
+  float* slot_ptr(uint32_t slot) { return chunks[slot / kChunkRows].rows.get() + (slot % kChunkRows) * stride; }
   const float* slot_ptr(uint32_t slot) const {
-    return chunks[slot / kChunkRows].get() + (slot % kChunkRows) * stride;
+    return chunks[slot / kChunkRows].rows.get() + (slot % kChunkRows) * stride;
   }
+  RowInfo& info(uint32_t slot) { return chunks[slot / kChunkRows].infos[slot % kChunkRows]; }
+  const RowInfo& info(uint32_t slot) const { return chunks[slot / kChunkRows].infos[slot % kChunkRows]; }
+  uint8_t& live(uint32_t slot) { return chunks[slot / kChunkRows].live[slot % kChunkRows]; }
+  uint8_t live(uint32_t slot) const { return chunks[slot / kChunkRows].live[slot % kChunkRows]; }
   int64_t capacity() const { return static_cast<int64_t>(chunks.size()) * kChunkRows; }
 
   uint32_t allocate() {
-    if (free_slots.empty()) {
-      const int64_t base = capacity();
-      RATION_CHECK(base + kChunkRows < (int64_t{1} << 32), "embedding table stripe is full (2^32 slots)");
-      chunks.emplace_back(new float[static_cast<size_t>(kChunkRows * stride)]);
-      infos.resize(static_cast<size_t>(base + kChunkRows));
-      live.resize(static_cast<size_t>(base + kChunkRows), 0);
-      // Lowest slots handed out first (popped from the back).
-      for (int64_t s = base + kChunkRows - 1; s >= base; --s) free_slots.push_back(static_cast<uint32_t>(s));
+    uint32_t slot;
+    if (!free_slots.empty()) {
+      slot = free_slots.back();
+      free_slots.pop_back();
+    } else {
+      if (fresh == capacity()) {
+        RATION_CHECK(capacity() + kChunkRows < (int64_t{1} << 32), "embedding table stripe is full (2^32 slots)");
+        Chunk c;
+        c.rows.reset(new float[static_cast<size_t>(kChunkRows * stride)]);
+        c.infos.reset(new RowInfo[static_cast<size_t>(kChunkRows)]);
+        c.live.reset(new uint8_t[static_cast<size_t>(kChunkRows)]());
+        chunks.push_back(std::move(c));
+      }
+      slot = static_cast<uint32_t>(fresh++);
     }
-    const uint32_t slot = free_slots.back();
-    free_slots.pop_back();
-    live[slot] = 1;
+    live(slot) = 1;
     return slot;
   }
   void release(uint32_t slot) {
-    live[slot] = 0;
-    infos[slot] = RowInfo{};
+    live(slot) = 0;
+    info(slot) = RowInfo{};
     free_slots.push_back(slot);
   }
 };
+
+Table::~Table() = default;
 
 Table::Table(TableOptions options) : options_(std::move(options)) {
   RATION_CHECK(options_.dim > 0 && options_.dim <= 65536, "embedding table '", options_.name, "': dim must be in ",
@@ -149,8 +174,6 @@ Table::Table(TableOptions options) : options_(std::move(options)) {
     stripes_.back()->stride = stride_;
   }
 }
-
-Table::~Table() = default;
 
 int Table::stripe_index(uint64_t id) const { return static_cast<int>((mix64(id) >> 40) % kStripes); }
 Table::Stripe& Table::stripe_of(uint64_t id) const { return *stripes_[static_cast<size_t>(stripe_index(id))]; }
@@ -210,7 +233,7 @@ void Table::pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing)
         float* row = st.slot_ptr(slot);
         initial_value(ids[i], row);
         init_state(options_.optimizer, dim, row, row + dim, state_);
-        st.infos[slot] = RowInfo{ids[i], 0, -1, 0};
+        st.info(slot) = fresh_info(ids[i]);
         st.index.emplace(ids[i], slot);
         std::memcpy(dst, row, row_bytes);
       }
@@ -234,10 +257,10 @@ void Table::push(const uint64_t* ids, int64_t n, const float* grads, int64_t ste
         float* row = st.slot_ptr(it->second);
         initial_value(ids[i], row);
         init_state(options_.optimizer, dim, row, row + dim, state_);
-        st.infos[it->second] = RowInfo{ids[i], 0, -1, 0};
+        st.info(it->second) = fresh_info(ids[i]);
       }
       float* row = st.slot_ptr(it->second);
-      RowInfo& info = st.infos[it->second];
+      RowInfo& info = st.info(it->second);
       if (observer_) observer_(info, row, grads + i * dim, dim);
       apply_update(options_.optimizer, dim, row, row + dim, grads + i * dim);
       ++info.pushes;
@@ -258,7 +281,7 @@ int64_t Table::find_or_insert(const uint64_t* ids, int64_t n) {
     float* row = st.slot_ptr(it->second);
     initial_value(ids[i], row);
     init_state(options_.optimizer, dim, row, row + dim, state_);
-    st.infos[it->second] = RowInfo{ids[i], 0, -1, 0};
+    st.info(it->second) = fresh_info(ids[i]);
     ++created;
   }
   return created;
@@ -275,9 +298,9 @@ void Table::assign(const uint64_t* ids, int64_t n, const float* values, const fl
     std::memcpy(row, values + i * dim, static_cast<size_t>(dim) * sizeof(float));
     if (state != nullptr) std::memcpy(row + dim, state + i * state_, static_cast<size_t>(state_) * sizeof(float));
     else if (inserted) init_state(options_.optimizer, dim, row, row + dim, state_);
-    if (infos != nullptr) st.infos[it->second] = infos[i];
-    else if (inserted) st.infos[it->second] = RowInfo{ids[i], 0, -1, 0};
-    st.infos[it->second].id = ids[i];
+    if (infos != nullptr) st.info(it->second) = infos[i];
+    else if (inserted) st.info(it->second) = fresh_info(ids[i]);
+    st.info(it->second).id = ids[i];
   }
 }
 
@@ -287,7 +310,7 @@ int64_t Table::erase_if(const std::function<bool(const RowInfo&)>& pred) {
     Stripe& st = *sp;
     std::lock_guard<std::mutex> lock(st.mu);
     for (auto it = st.index.begin(); it != st.index.end();) {
-      if (pred(st.infos[it->second])) {
+      if (pred(st.info(it->second))) {
         st.release(it->second);
         st.index.erase(it++);
         ++freed;
@@ -326,32 +349,31 @@ int64_t Table::compact() {
     // Free slots below the cut, lowest first; live rows above it move there.
     std::vector<uint32_t> holes;
     for (int64_t s = 0; s < keep_slots; ++s)
-      if (!st.live[static_cast<size_t>(s)]) holes.push_back(static_cast<uint32_t>(s));
+      if (!st.live(static_cast<uint32_t>(s))) holes.push_back(static_cast<uint32_t>(s));
     size_t h = 0;
     for (int64_t s = keep_slots; s < st.capacity(); ++s) {
-      if (!st.live[static_cast<size_t>(s)]) continue;
-      const uint32_t to = holes.at(h++);
       const uint32_t from = static_cast<uint32_t>(s);
+      if (!st.live(from)) continue;
+      const uint32_t to = holes.at(h++);
       std::memcpy(st.slot_ptr(to), st.slot_ptr(from), slot_bytes);
-      st.infos[to] = st.infos[from];
-      st.live[to] = 1;
-      st.index[st.infos[to].id] = to;
+      st.info(to) = st.info(from);
+      st.live(to) = 1;
+      st.index[st.info(to).id] = to;
     }
-    released += (static_cast<int64_t>(st.chunks.size()) - keep_chunks) * kChunkRows * static_cast<int64_t>(slot_bytes);
+    released += (static_cast<int64_t>(st.chunks.size()) - keep_chunks) *
+                (kChunkRows * static_cast<int64_t>(slot_bytes + sizeof(RowInfo) + 1));
     st.chunks.resize(static_cast<size_t>(keep_chunks));
     st.chunks.shrink_to_fit();
-    st.infos.resize(static_cast<size_t>(keep_slots));
-    st.infos.shrink_to_fit();
-    st.live.assign(static_cast<size_t>(keep_slots), 0);
-    for (const auto& [id, slot] : st.index) st.live[slot] = 1;
-    st.live.shrink_to_fit();
     st.free_slots.clear();
     for (int64_t s = keep_slots - 1; s >= 0; --s)
-      if (!st.live[static_cast<size_t>(s)]) st.free_slots.push_back(static_cast<uint32_t>(s));
+      if (!st.live(static_cast<uint32_t>(s))) st.free_slots.push_back(static_cast<uint32_t>(s));
     st.free_slots.shrink_to_fit();
+    st.fresh = keep_slots;
     // The index shrinks too (absl rehash(0) sizes it to its contents).
     st.index.rehash(0);
   }
+  // Hand the freed chunks back to the operating system (glibc keeps small frees in its heap otherwise).
+  if (released > 0) malloc_trim(0);
   return released;
 }
 
@@ -367,12 +389,12 @@ void Table::export_batch(ExportCursor& cursor, int64_t max_rows, ExportedRows& o
     std::lock_guard<std::mutex> lock(st.mu);
     for (; cursor.slot < st.capacity() && taken < max_rows; ++cursor.slot) {
       const size_t slot = static_cast<size_t>(cursor.slot);
-      if (!st.live[slot]) continue;
+      if (!st.live(static_cast<uint32_t>(slot))) continue;
       const float* row = st.slot_ptr(static_cast<uint32_t>(slot));
-      out.ids.push_back(st.infos[slot].id);
+      out.ids.push_back(st.info(static_cast<uint32_t>(slot)).id);
       out.values.insert(out.values.end(), row, row + dim);
       out.state.insert(out.state.end(), row + dim, row + dim + state_);
-      out.infos.push_back(st.infos[slot]);
+      out.infos.push_back(st.info(static_cast<uint32_t>(slot)));
       ++taken;
     }
     if (cursor.slot >= st.capacity()) {
@@ -406,8 +428,8 @@ TableBytes Table::bytes() const {
     std::lock_guard<std::mutex> lock(sp->mu);
     b.rows += static_cast<int64_t>(sp->index.size());
     b.arena_bytes += sp->capacity() * stride_ * static_cast<int64_t>(sizeof(float));
-    b.meta_bytes += static_cast<int64_t>(sp->infos.capacity() * sizeof(RowInfo) + sp->live.capacity() +
-                                         sp->free_slots.capacity() * sizeof(uint32_t));
+    b.meta_bytes += sp->capacity() * static_cast<int64_t>(sizeof(RowInfo) + 1) +
+                    static_cast<int64_t>(sp->free_slots.capacity() * sizeof(uint32_t));
     // flat_hash_map: one slot plus one control byte per bucket (and a group of trailing control bytes).
     const int64_t cap = static_cast<int64_t>(sp->index.capacity());
     b.index_bytes += cap == 0 ? 0 : cap * static_cast<int64_t>(sizeof(Slot) + 1) + 16;
@@ -424,9 +446,8 @@ void Table::clear() {
     fresh.stride = stride_;
     std::swap(sp->index, fresh.index);
     std::swap(sp->chunks, fresh.chunks);
-    std::swap(sp->infos, fresh.infos);
-    std::swap(sp->live, fresh.live);
     std::swap(sp->free_slots, fresh.free_slots);
+    std::swap(sp->fresh, fresh.fresh);
   }
 }
 

@@ -58,8 +58,8 @@ enum class MissingRow {
 struct RowInfo {
   uint64_t id = 0;
   uint32_t pushes = 0;     // gradient updates applied
-  int64_t last_step = -1;  // step of the last push (-1: never)
   float score = 0;         // free for a policy (importance); the store never reads it
+  int64_t last_step = -1;  // step of the last push (-1: never)
 };
 
 // Called under the row's stripe lock for every pushed row, before the optimiser changes the values:
@@ -120,7 +120,8 @@ class Table {
   // Frees every row whose info satisfies pred (under the stripe lock). Returns the count freed.
   int64_t erase_if(const std::function<bool(const RowInfo&)>& pred);
   int64_t erase(const uint64_t* ids, int64_t n);
-  // Moves live rows out of the tail chunks and releases empty chunks. Returns the arena bytes released.
+  // Moves live rows out of the tail chunks and releases empty chunks (and trims the heap, so the process
+  // RSS goes down too). Returns the bytes released (arena and per-slot metadata).
   int64_t compact();
   // Copies up to `max_rows` live rows from `cursor` on; advances it (cursor.done when the walk ends).
   // Rows changed concurrently may be seen in either state, each row consistent.
