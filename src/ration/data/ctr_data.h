@@ -13,7 +13,7 @@
 #include <string>
 
 #include "ration/data/dataset.h"
-#include "ration/train/config.h"
+#include "ration/config/config.h"
 
 namespace ration::data {
 

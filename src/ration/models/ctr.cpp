@@ -158,7 +158,22 @@ Value dense_of(const data::Batch& batch, const nn::Module& model) {
 
 Value Ctr::loss(const data::Batch& batch) {
   const Value dense = dense_of(batch, *this);
+  if (oracle_mode()) {
+    // The oracle differentiates the step the engine just took: the rows as they were pulled for this
+    // batch, before that step's push changed them (ration gradcheck runs engine, then oracle).
+    RATION_CHECK(!batch.sparse.empty() && last_batch_ids_ == batch.sparse.front().ids.unsafeGetTensorImpl(),
+                 "ctr in oracle mode re-evaluates ",
+                 "the last training batch only (run loss() on the same batch without the oracle first)");
+    return binary_cross_entropy_with_logits(logits(dense, last_fields_), to_model(batch.target, *this));
+  }
   std::vector<FieldRows> fields = lookup(batch, ps::MissingRow::Create);
+  last_fields_.clear();
+  for (const FieldRows& f : fields) {
+    FieldRows copy = f;
+    copy.rows = Value(f.rows.tensor().clone());
+    last_fields_.push_back(std::move(copy));
+  }
+  last_batch_ids_ = batch.sparse.empty() ? nullptr : batch.sparse.front().ids.unsafeGetTensorImpl();
   const int64_t step = step_++;
   for (FieldRows& f : fields) {
     if (!f.rows.requires_grad()) continue;

@@ -74,7 +74,10 @@ class Ctr : public Model {
  private:
   std::shared_ptr<ps::PsClient> client_;
   int64_t step_ = 0;
-  bool explicit_snapshot_dir_ = false;  // ps.snapshot_dir set by the user (else RUN_DIR/ps)  // pushes carry it (the store records each row's last step)
+  bool explicit_snapshot_dir_ = false;  // ps.snapshot_dir set by the user (else RUN_DIR/ps)
+  // The last training batch's rows as pulled (before its push), for an oracle re-evaluation.
+  std::vector<FieldRows> last_fields_;
+  const void* last_batch_ids_ = nullptr;  // pushes carry it (the store records each row's last step)
 };
 
 // 2-class cross entropy of [0, logit] against labels (B) int64 in {0, 1}: mean binary cross-entropy.

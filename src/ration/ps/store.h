@@ -11,6 +11,7 @@
 // absl::flat_hash_map<id, slot> and an arena of fixed-size chunks holding, per slot, `dim` values then the
 // optimiser's state floats. Freed slots go on the stripe's free list and are reused first; compact()
 // moves live rows out of the tail chunks and releases those chunks to the allocator.
+// Method: docs/METHODS.md, "Sparse embeddings on parameter servers".
 #pragma once
 #include <absl/container/flat_hash_map.h>
 
