@@ -20,16 +20,15 @@
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
-#include "ration/memory/budget_policy.h"
 #include "ration/memory/planner.h"
 #include "ration/train/budget.h"
+#include "ration/train/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
 
 namespace {
 using bench::median;
-using bench::cpu_ms_now;
 
 struct Point {
   std::string strategy;
@@ -44,47 +43,26 @@ struct Point {
 
 
 
-// Returns wall ms; `cpu_ms` gets the process CPU time of the step (robust to CPU stolen by neighbours
-// on a shared VM, which wall time is not).
-double step_once(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy, uint64_t seed,
-                 int64_t* peak_abs, int64_t* peak_above, double* recompute_ms, double* cpu_ms) {
-  model.zero_grad();
-  const int64_t base = memory::device_current_bytes(memory::stats());
-  memory::reset_peak();
-  PolicyScope scope(policy);
-  if (policy) policy->begin_step();
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = cpu_ms_now();
-  manual_seed(seed);
-  {
-    Value loss = model.loss(batch);
-    loss.backward();
-  }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (cpu_ms) *cpu_ms = cpu_ms_now() - c0;
-  const int64_t peak = memory::device_peak_bytes(memory::stats());
-  if (peak_abs) *peak_abs = std::max(*peak_abs, peak);
-  if (peak_above) *peak_above = std::max(*peak_above, peak - base);
-  if (recompute_ms && policy) *recompute_ms = policy->recompute_ms();
-  model.zero_grad();
-  return ms;
-}
-
-// Steps alternate between the plan and the unconstrained engine, so drift on a shared machine hits
-// both alike; the point's time is the median of its steps and its overhead the ratio of the medians.
-Point measure(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy, int steps,
-              double* overhead) {
+// Steps alternate between `runtime` and the unconstrained engine (`plain`), so drift on a shared
+// machine hits both alike; the point's time is the median of its steps and its overhead the ratio of
+// the medians of their process CPU times (robust to CPU stolen by neighbours, which wall time is not).
+Point measure(models::Model& model, const data::Batch& batch, train::StepRuntime& runtime, train::StepRuntime& plain,
+              int steps, double* overhead) {
   Point p;
   std::vector<double> times, cpu, base_cpu, rec;
   for (int s = 0; s < steps + 1; ++s) {
-    double r = 0, ca = 0, cb = 0;
-    const double a = step_once(model, batch, policy, 100 + static_cast<uint64_t>(s), &p.peak_abs, &p.peak_above, &r, &ca);
-    step_once(model, batch, nullptr, 100 + static_cast<uint64_t>(s), nullptr, nullptr, nullptr, &cb);
+    train::StepOptions o;
+    o.seed = 100 + static_cast<uint64_t>(s);
+    o.gradients = train::GradientsAfter::Cleared;
+    const train::StepStats a = runtime.measure_step(model, batch, o);
+    const train::StepStats b = plain.measure_step(model, batch, o);
+    p.peak_abs = std::max(p.peak_abs, a.peak_bytes);
+    p.peak_above = std::max(p.peak_above, a.peak_above_baseline());
     if (s == 0) continue;  // warm-up
-    times.push_back(a);
-    cpu.push_back(ca);
-    base_cpu.push_back(cb);
-    rec.push_back(r);
+    times.push_back(a.ms);
+    cpu.push_back(a.cpu_ms);
+    base_cpu.push_back(b.cpu_ms);
+    rec.push_back(a.recompute_ms);
   }
   p.ms = median(times);
   p.cpu_ms = median(cpu);
@@ -130,7 +108,8 @@ int main(int argc, char** argv) {
   models::Model& model = *setup.model;
   model.train();
   const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
-  const memory::StepProfile profile = train::profile_step(model, batch, 100);
+  train::StepRuntime planned, plain;
+  const memory::StepProfile& profile = planned.profile(model, batch, 100);
   const int64_t base = profile.baseline_bytes;
 
   memory::PlanOptions loose;
@@ -151,9 +130,9 @@ int main(int argc, char** argv) {
       std::printf("  %-14s budget %-11s: %s\n", label.c_str(), memory::format_bytes(budget).c_str(), "does not fit");
       return;
     }
-    memory::BudgetPolicy policy(plan, profile);
+    planned.use_plan(plan);
     double overhead = 0;
-    Point p = measure(model, batch, &policy, steps, &overhead);
+    Point p = measure(model, batch, planned, plain, steps, &overhead);
     p.overhead = overhead;
     p.strategy = label;
     p.budget = budget;
@@ -163,7 +142,7 @@ int main(int argc, char** argv) {
     p.recomputed_nodes = plan.prediction.recomputed_nodes;
     points.push_back(p);
   };
-  Point none = measure(model, batch, nullptr, steps, nullptr);
+  Point none = measure(model, batch, plain, plain, steps, nullptr);
   none.strategy = "unconstrained";
   none.predicted = hi;
   none.budget = hi;

@@ -27,45 +27,24 @@
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
-#include "ration/memory/budget_policy.h"
 #include "ration/memory/planner.h"
 #include "ration/train/budget.h"
 #include "ration/config/config.h"
+#include "ration/train/step_runtime.h"
 
 using namespace ration;
 
 namespace {
 using bench::median;
-using bench::cpu_ms_now;
 
-struct StepResult {
-  double ms = 0;
-  int64_t peak = 0;        // device peak above the bytes live before the step
-  int64_t reruns = 0;      // nodes re-run
-  std::vector<at::Tensor> grads;
-};
-
-StepResult step_once(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy) {
-  model.zero_grad();
-  const int64_t base = memory::device_current_bytes(memory::stats());
-  memory::reset_peak();
-  PolicyScope scope(policy);
-  if (policy) policy->begin_step();
-  const auto t0 = std::chrono::steady_clock::now();
-  manual_seed(1);
-  {
-    Value loss = model.loss(batch);
-    loss.backward();
-  }
-  StepResult r;
-  r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  r.peak = memory::device_peak_bytes(memory::stats()) - base;
-  if (policy) r.reruns = policy->recomputed_nodes();
-  for (auto& [name, p] : model.named_parameters()) r.grads.push_back(p.grad().clone());
-  model.zero_grad();
-  return r;
+bool same_gradients(const train::StepStats& a, const train::StepStats& b) {
+  bool same = a.gradients.size() == b.gradients.size();
+  for (size_t i = 0; same && i < a.gradients.size(); ++i) same = at::equal(a.gradients[i].second, b.gradients[i].second);
+  return same;
 }
 
+// Every step: the same dropout seed, gradients collected to compare with the plain step's.
+const train::StepOptions kStep = train::StepOptions::collecting(1);
 
 }  // namespace
 
@@ -92,8 +71,9 @@ int main(int argc, char** argv) {
   b.input = Value(at::randn({batch, 1, 28, 28}));
   b.target = Value(at::randint(0, 10, {batch}, at::kLong));
   b.items = batch;
-  const memory::StepProfile profile = train::profile_step(*model, b, 1);
-  const StepResult plain = step_once(*model, b, nullptr);
+  train::StepRuntime runtime, plain_runtime;
+  const memory::StepProfile& profile = runtime.profile(*model, b, 1);
+  const train::StepStats plain = plain_runtime.measure_step(*model, b, kStep);
 
   memory::PlanOptions loose;
   loose.budget_bytes = int64_t{1} << 40;
@@ -125,16 +105,16 @@ int main(int argc, char** argv) {
         std::printf("%10s %-13s %s\n", memory::format_bytes(budget).c_str(), memory::to_string(strategy), e.what());
         continue;
       }
-      memory::BudgetPolicy policy(plan, profile);
+      runtime.use_plan(plan);
       std::vector<double> ms;
       int64_t peak = 0, reruns = -1;
       bool same = true;
       for (int64_t k = 0; k < steps; ++k) {
-        const StepResult r = step_once(*model, b, &policy);
+        const train::StepStats r = runtime.measure_step(*model, b, kStep);
         ms.push_back(r.ms);
-        peak = std::max(peak, profile.baseline_bytes + r.peak);  // same baseline as the prediction
-        reruns = r.reruns;
-        for (size_t i = 0; i < r.grads.size(); ++i) same = same && at::equal(r.grads[i], plain.grads[i]);
+        peak = std::max(peak, profile.baseline_bytes + r.peak_above_baseline());  // same baseline as the prediction
+        reruns = r.recomputed_nodes;
+        same = same && same_gradients(r, plain);
       }
       // Memory for activations in slots: what the plan's peak leaves above the fixed occupancy.
       const int64_t slots = std::max<int64_t>(1, (plan.prediction.peak_bytes - full.fixed_bytes) / slot);
@@ -179,7 +159,7 @@ int main(int argc, char** argv) {
   if (slash != std::string::npos) std::system(("mkdir -p " + out.substr(0, slash)).c_str());
   std::ofstream(out) << nlohmann::json{{"benchmark", "chain_yardstick"}, {"layers", layers}, {"width", width},
                                        {"batch", batch}, {"steps", steps}, {"baseline_step_ms", plain.ms},
-                                       {"baseline_peak_bytes", plain.peak}, {"target_met", target_met},
+                                       {"baseline_peak_bytes", plain.peak_above_baseline()}, {"target_met", target_met},
                                        {"rows", rows}}.dump(2) << "\n";
   std::printf("wrote %s\n", out.c_str());
   return 0;

@@ -20,52 +20,23 @@
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
-#include "ration/memory/budget_policy.h"
 #include "ration/memory/offload.h"
 #include "ration/memory/planner.h"
 #include "ration/train/budget.h"
+#include "ration/train/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
 
 namespace {
 using bench::median;
-using bench::cpu_ms_now;
 
 
 
-struct Sample {
-  double wall = 0, cpu = 0;
-  int64_t peak = 0;
-  std::vector<at::Tensor> grads;
-};
-
-Sample step(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy, uint64_t seed, bool keep_grads) {
-  model.zero_grad();
-  Sample s;
-  PolicyScope scope(policy);
-  if (policy) policy->begin_step();
-  memory::reset_peak();
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = cpu_ms_now();
-  manual_seed(seed);
-  {
-    Value loss = model.loss(batch);
-    loss.backward();
-  }
-  s.wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  s.cpu = cpu_ms_now() - c0;
-  s.peak = memory::device_peak_bytes(memory::stats());
-  if (keep_grads)
-    for (auto& [name, p] : model.named_parameters()) s.grads.push_back(p.grad().clone());
-  model.zero_grad();
-  return s;
-}
-
-bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!at::equal(a[i], b[i])) return false;
+bool same(const train::StepStats& a, const train::StepStats& b) {
+  if (a.gradients.size() != b.gradients.size()) return false;
+  for (size_t i = 0; i < a.gradients.size(); ++i)
+    if (!at::equal(a.gradients[i].second, b.gradients[i].second)) return false;
   return true;
 }
 
@@ -92,14 +63,18 @@ int main(int argc, char** argv) {
     models::Model& model = *setup.model;
     model.train();
     const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
-    const memory::StepProfile profile = train::profile_step(model, batch, 100);
-
-    memory::OffloadOptions oo;
-    oo.tier = tier;
-    oo.dir = dir;
-    memory::OffloadEngine engine(oo);
-    const memory::OffloadCosts costs = memory::measure_offload_costs(engine.tier(), oo);
-    std::printf("tier %s: write %.0f MB/s, read %.0f MB/s, per copy %.3f ms (measured now)\n", engine.tier().name().c_str(),
+    // Three memory runtimes on one model: keep/recompute plans, joint plans with the tier, and plain.
+    train::StepRuntime recompute, plain;
+    train::MemorySettings with_tier;
+    with_tier.offload.enabled = true;
+    with_tier.offload.options.tier = tier;
+    with_tier.offload.options.dir = dir;
+    train::StepRuntime joint(with_tier);
+    const memory::StepProfile& profile = recompute.profile(model, batch, 100);
+    joint.set_profile(profile);
+    const memory::OffloadCosts costs = joint.offload_costs();
+    const std::string tier_name = joint.engine()->tier().name();
+    std::printf("tier %s: write %.0f MB/s, read %.0f MB/s, per copy %.3f ms (measured now)\n", tier_name.c_str(),
                 costs.write_bytes_per_ms / 1e3, costs.read_bytes_per_ms / 1e3, costs.per_copy_ms);
 
     memory::PlanOptions loose;
@@ -127,26 +102,30 @@ int main(int argc, char** argv) {
         std::printf("%-11s | does not fit: %s\n", memory::format_bytes(budget).c_str(), e.what());
         continue;
       }
-      memory::BudgetPolicy rpol(rplan, profile), jpol(jplan, profile, &engine);
+      recompute.use_plan(rplan);
+      joint.use_plan(jplan);
       std::vector<double> rw, rc, jw, jc, pw;
       int64_t rpeak = 0, jpeak = 0;
       bool equal = true;
       for (int s = 0; s <= steps; ++s) {
-        const uint64_t seed = 100;  // same dropout masks every step: gradients comparable bitwise
-        const Sample a = step(model, batch, &jpol, seed, s == 0);
-        const Sample b = step(model, batch, &rpol, seed, s == 0);
-        const Sample c = step(model, batch, nullptr, seed, s == 0);
-        if (s == 0) {  // warm-up; gradients are held only here, so they do not count in timed peaks
-          equal = same(a.grads, c.grads) && same(b.grads, c.grads);
+        // Same dropout masks every step: gradients comparable bitwise. They are held only in the warm-up
+        // step, so they do not count in timed peaks.
+        train::StepOptions o = train::StepOptions::collecting(100);
+        if (s > 0) o.gradients = train::GradientsAfter::Cleared;
+        const train::StepStats a = joint.measure_step(model, batch, o);
+        const train::StepStats b = recompute.measure_step(model, batch, o);
+        const train::StepStats c = plain.measure_step(model, batch, o);
+        if (s == 0) {  // warm-up
+          equal = same(a, c) && same(b, c);
           continue;
         }
-        jw.push_back(a.wall);
-        jc.push_back(a.cpu);
-        rw.push_back(b.wall);
-        rc.push_back(b.cpu);
-        pw.push_back(c.wall);
-        jpeak = std::max(jpeak, a.peak);
-        rpeak = std::max(rpeak, b.peak);
+        jw.push_back(a.ms);
+        jc.push_back(a.cpu_ms);
+        rw.push_back(b.ms);
+        rc.push_back(b.cpu_ms);
+        pw.push_back(c.ms);
+        jpeak = std::max(jpeak, a.peak_bytes);
+        rpeak = std::max(rpeak, b.peak_bytes);
       }
       RATION_CHECK(equal, "gradients under a plan differ from the plain step at budget ", memory::format_bytes(budget));
       const double gain = 1.0 - median(jw) / median(rw);
@@ -175,7 +154,7 @@ int main(int argc, char** argv) {
     std::printf("\njoint plan faster than keep/recompute at %d of %d budgets; gradients bitwise equal to the plain "
                 "step at every budget\n", wins, points);
     nlohmann::json j = {{"config", config},
-                        {"tier", engine.tier().name()},
+                        {"tier", tier_name},
                         {"tier_costs", {{"write_bytes_per_ms", costs.write_bytes_per_ms},
                                         {"read_bytes_per_ms", costs.read_bytes_per_ms},
                                         {"per_copy_ms", costs.per_copy_ms}}},

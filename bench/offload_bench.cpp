@@ -17,7 +17,7 @@
 //    each after a sync(); every mode frees its files, so each starts from the same page-cache state.
 //    MB/s (10^6 B/s) are medians over the repetitions, wall time.
 // 2. Step overhead vs peak saved on a model (default configs/gpt.toml): the plain engine step (no
-//    policy) vs ration::OffloadScope (disk tier) at T1 settings that offload none, about a quarter, half
+//    policy) vs threshold offload (a StepRuntime with offload enabled, disk tier) at T1 settings that offload none, about a quarter, half
 //    and all saved activations (min_bytes 64 KiB), each with prefetch 0 and 2. Plain and offload steps
 //    alternate (and swap order every step) with the same RNG seed; the program checks that every
 //    offload step's gradients equal the plain step's bitwise and exits 1 otherwise.
@@ -53,6 +53,7 @@
 #include "ration/memory/saved_value.h"
 #include "ration/memory/tier.h"
 #include "ration/train/budget.h"
+#include "ration/train/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
@@ -192,7 +193,7 @@ Phase run_tier(BufferSet& b, const std::string& dir) {
 }
 
 // Through the engine's public API, as a forward/backward would drive it: one producer node saving
-// `count` values, all offloaded with that node as their deadline (forward_node_done waits for every
+// `count` values, all offloaded with that node as their deadline (end_forward_node waits for every
 // write), then one backward node whose prefetch window issues every read at once, then a fetch each.
 Phase run_engine(BufferSet& b, const std::string& dir) {
   Phase ph;
@@ -213,14 +214,16 @@ Phase run_engine(BufferSet& b, const std::string& dir) {
   std::vector<at::Tensor> back(static_cast<size_t>(b.count));
   auto t0 = Clock::now();
   double c0 = cpu_ms_now();
-  const int64_t ordinal = engine.on_forward_node(*node);
+  const int64_t ordinal = 0;  // the step's only node
+  engine.begin_step();
+  engine.begin_forward_node(*node, ordinal);
   for (auto& v : values) RATION_CHECK(engine.offload(v, ordinal), "the engine refused to offload ", v->label());
-  engine.forward_node_done(ordinal);  // waits for every copy due by this node: all of them
+  engine.end_forward_node(ordinal);  // waits for every copy due by this node: all of them
   ph.write_ms = ms_since(t0);
   ph.write_cpu_ms = cpu_ms_now() - c0;
   t0 = Clock::now();
   c0 = cpu_ms_now();
-  engine.before_backward_node(*node);  // every value is needed by this node: all reads issued now
+  engine.before_backward_node(ordinal, nullptr);  // every value is needed by this node: all reads issued now
   for (int64_t i = 0; i < b.count; ++i) back[static_cast<size_t>(i)] = engine.fetch(*values[static_cast<size_t>(i)]);
   ph.read_ms = ms_since(t0);
   ph.read_cpu_ms = cpu_ms_now() - c0;
@@ -248,33 +251,22 @@ struct StepOut {
 // kNoLimit offloads nothing, 0 everything.
 StepOut step_once(models::Model& model, const data::Batch& batch, const memory::OffloadOptions* options,
                   int64_t t1_above, uint64_t seed) {
-  StepOut r;
-  model.zero_grad();
-  const int64_t base = memory::device_current_bytes(memory::stats());
-  memory::OffloadOptions o;
+  train::MemorySettings settings;
   if (options) {
-    o = *options;
-    o.t1 = t1_above >= memory::kNoLimit - base ? memory::kNoLimit : base + t1_above;
+    const int64_t base = memory::device_current_bytes(memory::stats());  // the step's baseline
+    settings.offload.enabled = true;
+    settings.offload.options = *options;
+    settings.offload.options.t1 = t1_above >= memory::kNoLimit - base ? memory::kNoLimit : base + t1_above;
   }
-  memory::reset_peak();
-  const auto t0 = Clock::now();
-  const double c0 = cpu_ms_now();
-  {
-    std::unique_ptr<OffloadScope> scope;
-    if (options) scope = std::make_unique<OffloadScope>(o);
-    manual_seed(seed);
-    {
-      Value loss = model.loss(batch);
-      r.forward_above = memory::device_current_bytes(memory::stats()) - base;
-      loss.backward();
-    }
-    if (scope) r.stats = scope->stats();
-  }
-  r.wall_ms = ms_since(t0);
-  r.cpu_ms = cpu_ms_now() - c0;
-  r.peak_above = memory::device_peak_bytes(memory::stats()) - base;
-  for (auto& [name, p] : model.named_parameters()) r.grads.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
-  model.zero_grad();
+  train::StepRuntime runtime(settings);
+  train::StepStats st = runtime.measure_step(model, batch, train::StepOptions::collecting(seed));
+  StepOut r;
+  r.wall_ms = st.ms;
+  r.cpu_ms = st.cpu_ms;
+  r.peak_above = st.peak_above_baseline();
+  r.forward_above = st.forward_end_bytes - st.baseline_bytes;
+  r.stats = st.offload;
+  for (auto& [name, g] : st.gradients) r.grads.push_back(std::move(g));
   return r;
 }
 
@@ -534,7 +526,7 @@ int main(int argc, char** argv) {
                   100 * cpu_ovh, mib(static_cast<int64_t>(written)).c_str(), pause, wait, pre, dem,
                   p.bitwise_equal ? "yes" : "NO");
       nlohmann::json per_step = nlohmann::json::array();
-      for (const auto& s : p.stats) per_step.push_back(s.to_json());
+      for (const auto& s : p.stats) per_step.push_back(train::offload_stats_json(s));
       jpoints.push_back({{"offload", p.label},
                          {"target_fraction", p.target_fraction},
                          {"offloaded_fraction_of_all", all_written > 0 ? written / all_written : 0.0},

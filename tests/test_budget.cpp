@@ -8,11 +8,10 @@
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
-#include "ration/memory/budget_policy.h"
 #include "ration/memory/planner.h"
 #include "ration/models/model.h"
 #include "ration/train/budget.h"
-#include "ration/train/gradcheck.h"
+#include "ration/train/step_runtime.h"
 
 namespace ration {
 namespace {
@@ -48,37 +47,15 @@ const std::vector<Case>& cases() {
   return c;
 }
 
-// Peaks are compared above each run's own baseline (bytes live before the step), so tensors the test
-// itself keeps alive between runs (the reference gradients) do not blur the comparison.
-struct Measured {
-  int64_t peak = 0;       // measured device peak during the step, minus the baseline
-  int64_t baseline = 0;
-  std::vector<std::pair<std::string, at::Tensor>> grads;
-  double recompute_ms = 0;
-};
+// Peaks are compared above each run's own baseline (StepStats::peak_above_baseline: bytes live before
+// the step excluded), so tensors the test itself keeps alive between runs (the reference gradients) do
+// not blur the comparison. Every step runs with the same dropout seed, gradients collected.
+const train::StepOptions kStep = train::StepOptions::collecting(11);
 
-// One step of the engine under `policy` (may be null): measured device peak and gradients.
-Measured run_step(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy) {
-  model.zero_grad();
-  Measured m;
-  PolicyScope scope(policy);
-  if (policy) policy->begin_step();
-  m.baseline = memory::device_current_bytes(memory::stats());
-  memory::reset_peak();
-  {
-    manual_seed(11);
-    Value loss = model.loss(batch);
-    loss.backward();
-  }
-  m.peak = memory::device_peak_bytes(memory::stats()) - m.baseline;
-  for (auto& [name, p] : model.named_parameters()) m.grads.emplace_back(name, p.grad().clone());
-  model.zero_grad();
-  if (policy) m.recompute_ms = policy->recompute_ms();
-  return m;
-}
-
-std::unique_ptr<memory::BudgetPolicy> policy_for(const memory::Plan& plan, const memory::StepProfile& profile) {
-  return std::make_unique<memory::BudgetPolicy>(plan, profile);
+void expect_same_gradients(const train::StepStats& a, const train::StepStats& b) {
+  ASSERT_EQ(a.gradients.size(), b.gradients.size());
+  for (size_t i = 0; i < a.gradients.size(); ++i)
+    EXPECT_TRUE(at::equal(a.gradients[i].second, b.gradients[i].second)) << a.gradients[i].first << " differs";
 }
 
 class Budget : public ::testing::TestWithParam<Case> {};
@@ -89,8 +66,9 @@ TEST_P(Budget, PeakFitsPredictionWithinFivePercentGradientsBitwiseEqual) {
   auto model = models::build_model(cfg);
   model->train();
   const data::Batch batch = batch_for(GetParam().name);
-  const memory::StepProfile profile = train::profile_step(*model, batch, 11);
-  const Measured plain = run_step(*model, batch, nullptr);
+  train::StepRuntime runtime, plain_runtime;
+  const memory::StepProfile& profile = runtime.profile(*model, batch, 11);
+  const train::StepStats plain = plain_runtime.measure_step(*model, batch, kStep);
   const int64_t base = profile.baseline_bytes;
 
   memory::PlanOptions probe;
@@ -98,24 +76,23 @@ TEST_P(Budget, PeakFitsPredictionWithinFivePercentGradientsBitwiseEqual) {
   const memory::Plan loose = memory::make_plan(profile, probe);
   const int64_t hi = loose.unconstrained_peak_bytes, lo = loose.minimum_peak_bytes;
   ASSERT_LT(lo, hi) << "planner found no saving at all";
-  EXPECT_NEAR(static_cast<double>(hi - base), static_cast<double>(plain.peak), 0.05 * static_cast<double>(plain.peak))
+  EXPECT_NEAR(static_cast<double>(hi - base), static_cast<double>(plain.peak_above_baseline()),
+              0.05 * static_cast<double>(plain.peak_above_baseline()))
       << "unconstrained prediction vs measurement";
 
   int64_t previous_recomputed = -1;
   for (double f : {1.0, 0.75, 0.5, 0.25, 0.0}) {
     memory::PlanOptions o;
     o.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
-    const memory::Plan plan = memory::make_plan(profile, o);
-    auto policy = policy_for(plan, profile);
-    const Measured m = run_step(*model, batch, policy.get());
+    const memory::Plan& plan = runtime.plan(o);
+    const train::StepStats m = runtime.measure_step(*model, batch, kStep);
     SCOPED_TRACE("budget " + memory::format_bytes(o.budget_bytes) + ": " + plan.to_table());
-    EXPECT_LE(m.peak, o.budget_bytes - base) << "measured peak over budget";
+    EXPECT_LE(m.peak_above_baseline(), o.budget_bytes - base) << "measured peak over budget";
     const int64_t predicted = plan.prediction.peak_bytes - base;
-    EXPECT_LE(std::abs(static_cast<double>(predicted - m.peak)), 0.05 * static_cast<double>(m.peak))
-        << "predicted " << predicted << " measured " << m.peak << " (above baseline)";
-    ASSERT_EQ(m.grads.size(), plain.grads.size());
-    for (size_t i = 0; i < m.grads.size(); ++i)
-      EXPECT_TRUE(at::equal(m.grads[i].second, plain.grads[i].second)) << m.grads[i].first << " differs";
+    EXPECT_LE(std::abs(static_cast<double>(predicted - m.peak_above_baseline())),
+              0.05 * static_cast<double>(m.peak_above_baseline()))
+        << "predicted " << predicted << " measured " << m.peak_above_baseline() << " (above baseline)";
+    expect_same_gradients(m, plain);
     EXPECT_GE(plan.prediction.recomputed_nodes, previous_recomputed) << "a tighter budget recomputed less";
     previous_recomputed = plan.prediction.recomputed_nodes;
     if (f == 0.0) EXPECT_GT(plan.dropped_groups, 0);
@@ -133,7 +110,7 @@ class PlannerRules : public ::testing::Test {
     model = models::build_model(cfg);
     model->train();
     batch = batch_for("gpt");
-    profile = train::profile_step(*model, batch, 11);
+    profile = runtime.profile(*model, batch, 11);
     memory::PlanOptions probe;
     probe.budget_bytes = int64_t{1} << 40;
     const memory::Plan loose = memory::make_plan(profile, probe);
@@ -142,6 +119,7 @@ class PlannerRules : public ::testing::Test {
   }
   std::unique_ptr<models::Model> model;
   data::Batch batch;
+  train::StepRuntime runtime, plain_runtime;
   memory::StepProfile profile;
   int64_t hi = 0, lo = 0;
 };
@@ -177,14 +155,13 @@ TEST_F(PlannerRules, OverrideMayOnlyLowerWhatIsKept) {
   EXPECT_LE(by_bytes.kept_bytes, initial.kept_bytes / 2);
 
   // The lowered plan still trains with identical gradients.
-  const Measured plain = run_step(*model, batch, nullptr);
-  auto policy = policy_for(by_bytes, profile);
-  const Measured m = run_step(*model, batch, policy.get());
-  for (size_t i = 0; i < m.grads.size(); ++i) EXPECT_TRUE(at::equal(m.grads[i].second, plain.grads[i].second));
+  const train::StepStats plain = plain_runtime.measure_step(*model, batch, kStep);
+  runtime.use_plan(by_bytes);
+  expect_same_gradients(runtime.measure_step(*model, batch, kStep), plain);
 }
 
 TEST_F(PlannerRules, EveryStrategyGivesAValidPlanOrAClearError) {
-  const Measured plain = run_step(*model, batch, nullptr);
+  const train::StepStats plain = plain_runtime.measure_step(*model, batch, kStep);
   for (auto s : {memory::Strategy::Knapsack, memory::Strategy::Ordered, memory::Strategy::OrderedSets,
                  memory::Strategy::Uniform, memory::Strategy::Sqrt}) {
     SCOPED_TRACE(memory::to_string(s));
@@ -194,10 +171,11 @@ TEST_F(PlannerRules, EveryStrategyGivesAValidPlanOrAClearError) {
     memory::Plan plan;
     ASSERT_NO_THROW(plan = memory::make_plan(profile, o));
     EXPECT_LE(plan.prediction.peak_bytes, o.budget_bytes);
-    auto policy = policy_for(plan, profile);
-    const Measured m = run_step(*model, batch, policy.get());
-    EXPECT_LE(m.peak, static_cast<int64_t>(1.05 * static_cast<double>(plan.prediction.peak_bytes - profile.baseline_bytes)));
-    for (size_t i = 0; i < m.grads.size(); ++i) EXPECT_TRUE(at::equal(m.grads[i].second, plain.grads[i].second));
+    runtime.use_plan(plan);
+    const train::StepStats m = runtime.measure_step(*model, batch, kStep);
+    EXPECT_LE(m.peak_above_baseline(),
+              static_cast<int64_t>(1.05 * static_cast<double>(plan.prediction.peak_bytes - profile.baseline_bytes)));
+    expect_same_gradients(m, plain);
     if (s == memory::Strategy::Uniform) EXPECT_GT(plan.dropped_groups, 0) << "per-block checkpointing drops inside blocks";
   }
   memory::PlanOptions tight;
@@ -233,9 +211,10 @@ TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
   batch.input = Value(at::randn({batch_size, 1, 28, 28}));
   batch.target = Value(at::randint(0, 10, {batch_size}, at::kLong));
   batch.items = batch_size;
-  const memory::StepProfile profile = train::profile_step(*model, batch, 11);
+  train::StepRuntime runtime, plain_runtime;
+  const memory::StepProfile& profile = runtime.profile(*model, batch, 11);
   ASSERT_EQ(memory::why_not_chain(profile), "");
-  const Measured plain = run_step(*model, batch, nullptr);
+  const train::StepStats plain = plain_runtime.measure_step(*model, batch, kStep);
   const int64_t base = profile.baseline_bytes;
   memory::PlanOptions probe;
   probe.budget_bytes = int64_t{1} << 40;
@@ -261,16 +240,15 @@ TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
     EXPECT_GT(steps, 0);
     EXPECT_FALSE(chain.store_from.empty());
 
-    auto policy = policy_for(chain, profile);
-    const Measured m = run_step(*model, batch, policy.get());
-    EXPECT_EQ(policy->recomputed_nodes(), chain.prediction.recomputed_nodes) << "executor re-ran other nodes";
-    EXPECT_LE(m.peak, o.budget_bytes - base) << "measured peak over budget";
+    runtime.use_plan(chain);
+    const train::StepStats m = runtime.measure_step(*model, batch, kStep);
+    EXPECT_EQ(m.recomputed_nodes, chain.prediction.recomputed_nodes) << "executor re-ran other nodes";
+    EXPECT_LE(m.peak_above_baseline(), o.budget_bytes - base) << "measured peak over budget";
     const int64_t predicted = chain.prediction.peak_bytes - base;
-    EXPECT_LE(std::abs(static_cast<double>(predicted - m.peak)), 0.05 * static_cast<double>(m.peak))
-        << "predicted " << predicted << " measured " << m.peak;
-    ASSERT_EQ(m.grads.size(), plain.grads.size());
-    for (size_t i = 0; i < m.grads.size(); ++i)
-      EXPECT_TRUE(at::equal(m.grads[i].second, plain.grads[i].second)) << m.grads[i].first << " differs";
+    EXPECT_LE(std::abs(static_cast<double>(predicted - m.peak_above_baseline())),
+              0.05 * static_cast<double>(m.peak_above_baseline()))
+        << "predicted " << predicted << " measured " << m.peak_above_baseline();
+    expect_same_gradients(m, plain);
 
     o.strategy = memory::Strategy::Knapsack;
     const memory::Plan knapsack = memory::make_plan(profile, o);
@@ -278,10 +256,10 @@ TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
       EXPECT_LE(static_cast<double>(knapsack.prediction.recomputed_nodes / 2), 1.10 * static_cast<double>(steps));
       ++within;
     }
-    auto kpolicy = policy_for(knapsack, profile);
-    const Measured k = run_step(*model, batch, kpolicy.get());
-    EXPECT_LE(k.peak, o.budget_bytes - base);
-    for (size_t i = 0; i < k.grads.size(); ++i) EXPECT_TRUE(at::equal(k.grads[i].second, plain.grads[i].second));
+    runtime.use_plan(knapsack);
+    const train::StepStats k = runtime.measure_step(*model, batch, kStep);
+    EXPECT_LE(k.peak_above_baseline(), o.budget_bytes - base);
+    expect_same_gradients(k, plain);
   }
   EXPECT_GE(checked, 5);
   EXPECT_GE(within, 4);

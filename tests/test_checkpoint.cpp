@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -135,17 +136,23 @@ TEST(Checkpoint, CrashLeftoversAreIgnoredAndCleaned) {
   TempDir dir("ckpt-atomic");
   Model model(1);
   save_model(dir.path, 10, model);
-  // A save of step 20 "crashed" half-way through writing its temp dir, and a latest update crashed too.
-  fs::create_directories(dir.path / ".tmp-ckpt-20-4242-0");
-  std::ofstream(dir.path / ".tmp-ckpt-20-4242-0" / "model.pt") << "half written";
-  std::ofstream(dir.path / ".tmp-latest-20-4242-1") << "ckpt-20";
+  // A save of step 20 "crashed" half-way through writing its temp dir, and a latest update crashed too
+  // (in a process that no longer runs: a child that has exited and been reaped).
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string tmp_ckpt = ".tmp-ckpt-20-" + std::to_string(dead) + "-0";
+  const std::string tmp_latest = ".tmp-latest-20-" + std::to_string(dead) + "-1";
+  fs::create_directories(dir.path / tmp_ckpt);
+  std::ofstream(dir.path / tmp_ckpt / "model.pt") << "half written";
+  std::ofstream(dir.path / tmp_latest) << "ckpt-20";
   EXPECT_TRUE(has_checkpoint(dir.path.string()));
   EXPECT_EQ(load_checkpoint(dir.path.string()).step, 10);
   EXPECT_EQ(list_checkpoints(dir.path.string()).size(), 1u);
 
   save_model(dir.path, 30, model);
-  EXPECT_FALSE(fs::exists(dir.path / ".tmp-ckpt-20-4242-0"));
-  EXPECT_FALSE(fs::exists(dir.path / ".tmp-latest-20-4242-1"));
+  EXPECT_FALSE(fs::exists(dir.path / tmp_ckpt));
+  EXPECT_FALSE(fs::exists(dir.path / tmp_latest));
   EXPECT_EQ(load_checkpoint(dir.path.string()).step, 30);
 
   // A crash between publishing ckpt-40 and updating latest: latest is gone, the newest complete dir wins.
@@ -153,11 +160,13 @@ TEST(Checkpoint, CrashLeftoversAreIgnoredAndCleaned) {
   fs::remove(dir.path / "latest");
   EXPECT_EQ(load_checkpoint(dir.path.string()).step, 40);
 
-  // Saving the same step again replaces it.
+  // Saving the same step again with the same weights replaces it; with other weights it is refused
+  // (a step number never names two sets of weights) and the saved one stays.
+  save_model(dir.path, 40, model);
   Model other(3);
-  save_model(dir.path, 40, other);
+  expect_error_containing([&] { save_model(dir.path, 40, other); }, "already holds different weights for step 40");
   const Checkpoint ck = load_checkpoint(dir.path.string());
-  EXPECT_TRUE(at::equal(ck.weights[0].second, other.params[0].second.tensor()));
+  EXPECT_TRUE(at::equal(ck.weights[0].second, model.params[0].second.tensor()));
   for (const auto& entry : fs::directory_iterator(dir.path)) {
     EXPECT_NE(entry.path().filename().string().rfind(".tmp-", 0), 0u) << entry.path();
   }
@@ -171,12 +180,13 @@ TEST(Checkpoint, KeepsLastK) {
   for (const auto& [step, path] : list_checkpoints(dir.path.string())) steps.push_back(step);
   EXPECT_EQ(steps, (std::vector<int64_t>{400, 500}));
   EXPECT_EQ(read_file(dir.path / "latest"), "ckpt-500\n");
-  // Resumed from an earlier step: the new checkpoint is kept even though its step is lower.
+  // Resumed from an earlier step: the new checkpoint is kept even though its step is lower, and latest
+  // stays on the later step (latest only moves forward).
   save_model(dir.path, 450, model, /*keep_last=*/2);
   steps.clear();
   for (const auto& [step, path] : list_checkpoints(dir.path.string())) steps.push_back(step);
   EXPECT_EQ(steps, (std::vector<int64_t>{450, 500}));
-  EXPECT_EQ(load_checkpoint(dir.path.string()).step, 450);
+  EXPECT_EQ(load_checkpoint(dir.path.string()).step, 500);
 }
 
 // Runs a command; returns its exit status and fills `out` with its stdout.

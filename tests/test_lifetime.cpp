@@ -27,6 +27,7 @@
 #include "ration/memory/saved_value.h"
 #include "ration/models/model.h"
 #include "ration/ops/ops.h"
+#include "ration/train/step_runtime.h"
 
 namespace ration::testing {
 namespace {

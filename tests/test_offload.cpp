@@ -13,7 +13,7 @@
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/offload.h"
-#include "ration/memory/budget_policy.h"
+#include "ration/train/step_runtime.h"
 #include "ration/models/model.h"
 #include "ration/train/budget.h"
 
@@ -116,12 +116,23 @@ TEST(Tier, OptionsAreValidatedNamingTheKey) {
 // ---- the engine on a model ---------------------------------------------------------------------------
 
 struct StepResult {
-  std::vector<at::Tensor> grads;
+  std::vector<std::pair<std::string, at::Tensor>> grads;
   int64_t peak = 0;  // above the step's baseline
   OffloadStats stats;
   int64_t pending_after = 0;
   int64_t tier_used_after = 0;
   int64_t tier_used_before_backward = 0;
+};
+
+// Reads the tier between forward and backward.
+class TierProbe : public train::StepHook {
+ public:
+  explicit TierProbe(train::StepRuntime& runtime) : runtime_(runtime) {}
+  void after_forward(int64_t, const Value&) override { used = runtime_.engine()->tier().used_bytes(); }
+  int64_t used = 0;
+
+ private:
+  train::StepRuntime& runtime_;
 };
 
 class OffloadModel : public ::testing::Test {
@@ -140,34 +151,33 @@ class OffloadModel : public ::testing::Test {
     plain_ = step(nullptr);
   }
 
-  // One step; with options, inside an OffloadScope.
+  // One step; with options, under threshold offload.
   StepResult step(const OffloadOptions* options) {
-    model_->zero_grad();
-    StepResult r;
-    const int64_t baseline = memory::device_current_bytes(memory::stats());
-    memory::reset_peak();
-    {
-      std::unique_ptr<OffloadScope> scope;
-      if (options) scope = std::make_unique<OffloadScope>(*options);
-      manual_seed(11);
-      Value loss = model_->loss(batch_);
-      if (scope) r.tier_used_before_backward = scope->engine().tier().used_bytes();
-      loss.backward();
-      if (scope) {
-        r.stats = scope->stats();
-        r.pending_after = scope->engine().pending_entries();
-        r.tier_used_after = scope->engine().tier().used_bytes();
-      }
+    train::MemorySettings settings;
+    if (options) {
+      settings.offload.enabled = true;
+      settings.offload.options = *options;
     }
-    r.peak = memory::device_peak_bytes(memory::stats()) - baseline;
-    for (auto& [name, p] : model_->named_parameters()) r.grads.push_back(p.grad().clone());
-    model_->zero_grad();
+    train::StepRuntime runtime(settings);
+    TierProbe probe(runtime);
+    if (options) runtime.add_hook(&probe);
+    train::StepStats st = runtime.measure_step(*model_, batch_, train::StepOptions::collecting(11));
+    StepResult r;
+    r.grads = std::move(st.gradients);
+    r.peak = st.peak_above_baseline();
+    r.stats = st.offload;
+    r.tier_used_before_backward = probe.used;
+    if (options) {
+      r.pending_after = runtime.engine()->pending_entries();
+      r.tier_used_after = runtime.engine()->tier().used_bytes();
+    }
     return r;
   }
 
   void expect_bitwise_equal(const StepResult& r) {
     ASSERT_EQ(r.grads.size(), plain_.grads.size());
-    for (size_t i = 0; i < r.grads.size(); ++i) EXPECT_TRUE(at::equal(r.grads[i], plain_.grads[i])) << "parameter " << i;
+    for (size_t i = 0; i < r.grads.size(); ++i)
+      EXPECT_TRUE(at::equal(r.grads[i].second, plain_.grads[i].second)) << r.grads[i].first;
   }
 
   OffloadOptions options(const std::string& tier) {
@@ -299,42 +309,16 @@ TEST_F(OffloadModel, BackwardWithoutTheScopeIsAClearError) {
 
 // ---- the joint keep/recompute/offload plan -------------------------------------------------------------
 
-namespace joint {
-
-struct Run {
-  int64_t peak = 0;
-  std::vector<at::Tensor> grads;
-};
-
-Run run(models::Model& model, const data::Batch& batch, memory::BudgetPolicy* policy) {
-  model.zero_grad();
-  Run r;
-  PolicyScope scope(policy);
-  if (policy) policy->begin_step();
-  const int64_t base = memory::device_current_bytes(memory::stats());
-  memory::reset_peak();
-  {
-    manual_seed(11);
-    Value loss = model.loss(batch);
-    loss.backward();
-  }
-  r.peak = memory::device_peak_bytes(memory::stats()) - base;
-  for (auto& [name, p] : model.named_parameters()) r.grads.push_back(p.grad().clone());
-  model.zero_grad();
-  return r;
-}
-
-}  // namespace joint
-
 TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
-  const memory::StepProfile profile = train::profile_step(*model_, batch_, 11);
+  train::MemorySettings settings;
+  settings.offload.enabled = true;
+  settings.offload.options = options("disk");
+  train::StepRuntime runtime(settings);
+  const memory::StepProfile& profile = runtime.profile(*model_, batch_, 11);
   const int64_t base = profile.baseline_bytes;
-  const joint::Run plain = joint::run(*model_, batch_, nullptr);
-  OffloadOptions o = options("disk");
-  memory::OffloadEngine engine(o);
   memory::PlanOptions probe;
   probe.budget_bytes = int64_t{1} << 40;
-  probe.offload = memory::measure_offload_costs(engine.tier(), o, 4 << 20);
+  probe.offload = runtime.offload_costs(4 << 20);
   const memory::Plan loose = memory::make_plan(profile, probe);
   const int64_t hi = loose.unconstrained_peak_bytes, lo = loose.minimum_peak_bytes;
   ASSERT_LT(lo, hi);
@@ -342,18 +326,18 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
   for (double f : {0.75, 0.5, 0.25, 0.0}) {
     memory::PlanOptions po = probe;
     po.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
-    const memory::Plan plan = memory::make_plan(profile, po);
+    const memory::Plan& plan = runtime.plan(po);
     SCOPED_TRACE("budget " + memory::format_bytes(po.budget_bytes) + ": " + plan.to_table());
-    memory::BudgetPolicy policy(plan, profile, &engine);
-    const joint::Run r = joint::run(*model_, batch_, &policy);
+    const train::StepStats r = runtime.measure_step(*model_, batch_, train::StepOptions::collecting(11));
     offloaded_somewhere += plan.offloaded_groups;
-    EXPECT_EQ(policy.offloaded_values() > 0, plan.offloaded_groups > 0);
-    EXPECT_LE(r.peak, po.budget_bytes - base) << "measured peak over budget";
+    EXPECT_EQ(r.offloaded_values > 0, plan.offloaded_groups > 0);
+    EXPECT_LE(r.peak_above_baseline(), po.budget_bytes - base) << "measured peak over budget";
     const int64_t predicted = plan.prediction.peak_bytes - base;
-    EXPECT_LE(std::abs(static_cast<double>(predicted - r.peak)), 0.05 * static_cast<double>(r.peak))
-        << "predicted " << predicted << " measured " << r.peak;
-    for (size_t i = 0; i < r.grads.size(); ++i) EXPECT_TRUE(at::equal(r.grads[i], plain.grads[i])) << "parameter " << i;
-    EXPECT_EQ(engine.pending_entries(), 0);
+    EXPECT_LE(std::abs(static_cast<double>(predicted - r.peak_above_baseline())),
+              0.05 * static_cast<double>(r.peak_above_baseline()))
+        << "predicted " << predicted << " measured " << r.peak_above_baseline();
+    expect_bitwise_equal({r.gradients});
+    EXPECT_EQ(runtime.engine()->pending_entries(), 0);
   }
   EXPECT_GT(offloaded_somewhere, 0) << "a fast tier should take part in the plan";
 }

@@ -34,6 +34,7 @@
 #include "worker_main.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/offload.h"
+#include "ration/train/step_runtime.h"
 #include "ration/nn/layers.h"
 #include "ration/ops/ops.h"
 

@@ -9,13 +9,31 @@
 #include "ps_command.h"
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
-#include "ration/memory/budget_policy.h"
-#include "ration/memory/offload.h"
 #include "ration/train/budget.h"
 #include "ration/train/gradcheck.h"
+#include "ration/train/step_runtime.h"
 #include "ration/train/trainer.h"
 
 namespace {
+
+// An integer flag of at least `min`; the error names the expected form ("--steps: expected an integer
+// >= 1 (number of optimiser steps), got '0'"), unlike CLI11's range message with 1.8e308 bounds.
+CLI::Validator integer_at_least(int64_t min, const std::string& meaning) {
+  return CLI::Validator(
+      [min, meaning](std::string& text) -> std::string {
+        const std::string expected = "expected an integer >= " + std::to_string(min) + " (" + meaning + "), got '" + text + "'";
+        size_t pos = 0;
+        long long value = 0;
+        try {
+          value = std::stoll(text, &pos);
+        } catch (const std::exception&) {
+          return expected;
+        }
+        if (pos != text.size() || value < min) return expected;
+        return "";
+      },
+      "INT>=" + std::to_string(min));
+}
 
 // Budget flags are config keys ([memory] section) set from the command line.
 struct BudgetFlags {
@@ -24,7 +42,8 @@ struct BudgetFlags {
   void add_to(CLI::App* cmd) {
     cmd->add_option("--memory-budget", budget, "whole device-memory budget, e.g. 512MiB, 2GiB, 1.5G (memory.budget)");
     cmd->add_option("--plan", plan, "planner strategy: knapsack (default), ordered, ordered-sets, uniform, sqrt, optimal-chain (memory.plan)");
-    cmd->add_option("--keep-groups", keep_groups, "keep at most N saved groups (may only lower the plan's figure)");
+    cmd->add_option("--keep-groups", keep_groups, "keep at most N saved groups (may only lower the plan's figure)")
+        ->check(integer_at_least(0, "saved groups to keep"));
     cmd->add_option("--keep-bytes", keep_bytes, "keep at most SIZE of saved groups (may only lower the plan's figure)");
   }
   void apply(std::vector<std::string>& overrides) const {
@@ -44,12 +63,14 @@ struct OffloadFlags {
     cmd->add_flag("--offload", offload, "offload saved activations (offload.enabled); with --memory-budget the "
                                         "planner chooses keep/recompute/offload");
     cmd->add_option("--offload-tier", tier, "disk (default), host or host+disk (offload.tier)");
-    cmd->add_option("--offload-t1", t1, "copy out when device usage exceeds SIZE (offload.t1, default 0)");
-    cmd->add_option("--offload-t2", t2, "pause forward while usage exceeds SIZE and copies are in flight (offload.t2)");
-    cmd->add_option("--offload-t3", t3, "hold prefetches while usage would exceed SIZE (offload.t3)");
+    cmd->add_option("--offload-t1", t1, "without a budget: copy out when device usage exceeds SIZE (offload.t1, default 0)");
+    cmd->add_option("--offload-t2", t2, "without a budget: pause forward while usage exceeds SIZE and copies are in "
+                                        "flight (offload.t2)");
+    cmd->add_option("--offload-t3", t3, "without a budget: hold prefetches while usage would exceed SIZE (offload.t3)");
     cmd->add_option("--offload-min-bytes", min_bytes, "keep saved values smaller than SIZE (offload.min_bytes, 64KiB)");
     cmd->add_option("--offload-dir", dir, "spill directory (offload.dir, default $TMPDIR or /tmp)");
-    cmd->add_option("--offload-prefetch", prefetch, "fetch back N backward nodes ahead (offload.prefetch, default 2)");
+    cmd->add_option("--offload-prefetch", prefetch, "fetch back N backward nodes ahead (offload.prefetch, default 2)")
+        ->check(integer_at_least(0, "backward nodes to fetch ahead"));
   }
   void apply(std::vector<std::string>& overrides) const {
     if (offload) overrides.push_back("offload.enabled=true");
@@ -63,123 +84,88 @@ struct OffloadFlags {
   }
 };
 
-// Profile one step of the configured model on its first training batch and plan for the budget.
-struct Planned {
+// A command's model, batch and memory runtime, built from the config (and its --set overrides) in one
+// call. With a budget the runtime has profiled one step on the batch and made its plan.
+struct Prepared {
   ration::train::Setup setup;
   ration::data::Batch batch;
-  ration::memory::StepProfile profile;
-  ration::memory::Plan plan;
-  std::unique_ptr<ration::memory::OffloadEngine> engine;  // set when the plan may offload
+  std::unique_ptr<ration::train::StepRuntime> runtime;
 };
-Planned plan_for(ration::train::Setup setup, int64_t batch_size) {
+Prepared prepare(const std::string& config_path, const std::vector<std::string>& overrides, int64_t batch_size) {
   using namespace ration;
-  const train::BudgetSettings budget = train::read_budget_settings(setup.config);
-  const train::RunSettings run = train::read_run_settings(setup.config);
-  const train::OffloadSettings offload = train::read_offload_settings(setup.config);
-  setup.config.check_all_used();
-  RATION_CHECK(budget.budget_bytes.has_value(), "a memory budget is needed: --memory-budget SIZE (or memory.budget)");
-  setup.model->train();
-  Planned p{std::move(setup), {}, {}, {}, nullptr};
+  Prepared p;
+  p.setup = train::build_setup(train::load_config(config_path, overrides));
+  Config& c = p.setup.config;
+  // The training keys do not change a single step, but they are validated (and so not unknown).
+  const train::RunSettings run = train::read_run_settings(c);
+  train::MemorySettings memory = train::read_memory_settings(c);
+  c.check_all_used();
+  models::Model& model = *p.setup.model;
+  model.train();
   p.batch = train::sample_batch(p.setup, batch_size > 0 ? batch_size : p.setup.batch_size, p.setup.seed);
-  p.profile = train::profile_step(*p.setup.model, p.batch, p.setup.seed + 1);
-  memory::PlanOptions po = budget.plan;
-  po.extra_fixed_bytes = train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *p.setup.model);
-  if (offload.enabled) {
-    p.engine = std::make_unique<memory::OffloadEngine>(offload.options);
-    po.offload = memory::measure_offload_costs(p.engine->tier(), offload.options);
-  }
-  p.plan = memory::make_plan(p.profile, po);
+  p.runtime = std::make_unique<train::StepRuntime>(std::move(memory));
+  p.runtime->prepare(model, p.batch, p.setup.seed + 1,
+                     train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, model));
   return p;
 }
 
 int cmd_plan(const std::string& config_path, const std::vector<std::string>& overrides, int64_t batch_size, bool json) {
   using namespace ration;
-  Planned p = plan_for(train::build_setup(train::load_config(config_path, overrides)), batch_size);
-  if (json) std::cout << p.plan.to_json().dump(2) << "\n";
-  else std::cout << p.plan.to_table();
+  Prepared p = prepare(config_path, overrides, batch_size);
+  const memory::Plan* plan = p.runtime->current_plan();
+  RATION_CHECK(plan != nullptr, "a memory budget is needed: --memory-budget SIZE (or memory.budget)");
+  if (json) std::cout << plan->to_json().dump(2) << "\n";
+  else std::cout << plan->to_table();
   return 0;
+}
+
+void print_memory_runtime_step(const ration::train::StepRuntime& runtime, const ration::train::StepStats& st) {
+  using namespace ration;
+  if (runtime.mode() == train::MemoryMode::Plan)
+    std::printf("budgeted step: %lld values dropped, %lld producers re-run (%.2f ms), %lld offloaded\n",
+                static_cast<long long>(st.dropped_values), static_cast<long long>(st.recomputed_nodes),
+                st.recompute_ms, static_cast<long long>(st.offloaded_values));
+  if (runtime.settings().offload.enabled) {
+    const memory::OffloadStats& o = st.offload;
+    std::printf("offload (%s): %lld values in %lld buffers, %s written, %s read back, %lld prefetched, "
+                "%lld on demand, %lld fell back to recompute\n",
+                runtime.engine()->tier().name().c_str(),
+                static_cast<long long>(o.offloaded_values), static_cast<long long>(o.offloaded_storages),
+                memory::format_bytes(o.written_bytes).c_str(), memory::format_bytes(o.read_bytes).c_str(),
+                static_cast<long long>(o.prefetches), static_cast<long long>(o.demand_fetches),
+                static_cast<long long>(o.fallbacks));
+  }
 }
 
 int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>& overrides, double tol,
                   int64_t batch_size, bool json) {
   using namespace ration;
-  train::Setup setup = train::build_setup(train::load_config(config_path, overrides));
-  // The training keys do not change a single step, but they are validated (and so not unknown).
-  Config& c = setup.config;
-  (void)train::read_run_settings(c);
-  const bool budgeted = c.has("memory.budget");
-  train::OffloadSettings offload;
-  if (!budgeted) {
-    (void)train::read_budget_settings(c);
-    offload = train::read_offload_settings(c);
-    c.check_all_used();
-  }
-  setup.model->train();
-  std::optional<Planned> planned;
-  data::Batch batch;
-  if (budgeted) {
-    planned.emplace(plan_for(std::move(setup), batch_size));
-    batch = planned->batch;
-  } else {
-    batch = train::sample_batch(setup, batch_size > 0 ? batch_size : setup.batch_size, setup.seed);
-  }
-  models::Model& model = budgeted ? *planned->setup.model : *setup.model;
-  const uint64_t seed = (budgeted ? planned->setup.seed : setup.seed) + 1;
-  // With a budget or offload: our gradients are computed under the memory policy (dropped values
+  Prepared p = prepare(config_path, overrides, batch_size);
+  models::Model& model = *p.setup.model;
+  train::StepRuntime& runtime = *p.runtime;
+  const uint64_t seed = p.setup.seed + 1;
+  // With a budget or offload: our gradients are computed under the memory runtime (dropped values
   // recomputed, offloaded values fetched back) and must also equal the plain engine's bit for bit.
-  std::unique_ptr<memory::OffloadEngine> engine;
-  std::unique_ptr<memory::BudgetPolicy> budget_policy;
-  std::unique_ptr<MemoryPolicy> policy_owner;
-  MemoryPolicy* policy = nullptr;
-  if (budgeted) {
-    budget_policy = std::make_unique<memory::BudgetPolicy>(planned->plan, planned->profile, planned->engine.get());
-    policy = budget_policy.get();
-  } else if (offload.enabled) {
-    engine = std::make_unique<memory::OffloadEngine>(offload.options);
-    policy_owner = std::make_unique<memory::OffloadPolicy>(*engine);
-    policy = policy_owner.get();
-  }
-  memory::OffloadEngine* active_engine = budgeted ? planned->engine.get() : engine.get();
   int64_t not_bitwise = 0;
-  if (policy) {
-    const auto plain = engine_gradients(model, batch, seed);
-    std::vector<std::pair<std::string, at::Tensor>> policy_grads;
-    {
-      PolicyScope scope(policy);
-      if (budget_policy) budget_policy->begin_step();
-      policy_grads = engine_gradients(model, batch, seed);
-    }
-    for (size_t i = 0; i < plain.size(); ++i) not_bitwise += at::equal(plain[i].second, policy_grads[i].second) ? 0 : 1;
+  if (runtime.mode() != train::MemoryMode::Keep) {
+    train::StepRuntime plain_runtime;
+    const train::StepStats plain = engine_step(plain_runtime, model, p.batch, seed);
+    const train::StepStats managed = engine_step(runtime, model, p.batch, seed);
+    for (size_t i = 0; i < plain.gradients.size(); ++i)
+      not_bitwise += at::equal(plain.gradients[i].second, managed.gradients[i].second) ? 0 : 1;
     if (!json) {
-      if (budgeted) std::cout << planned->plan.to_table();
-      if (budget_policy)
-        std::printf("budgeted step: %lld values dropped, %lld producers re-run (%.2f ms), %lld offloaded\n",
-                    static_cast<long long>(budget_policy->dropped_values()),
-                    static_cast<long long>(budget_policy->recomputed_nodes()), budget_policy->recompute_ms(),
-                    static_cast<long long>(budget_policy->offloaded_values()));
-      if (active_engine) {
-        const memory::OffloadStats st = active_engine->stats();
-        std::printf("offload (%s): %lld values in %lld buffers, %s written, %s read back, %lld prefetched, "
-                    "%lld on demand, %lld fell back to recompute\n",
-                    active_engine->tier().name().c_str(), static_cast<long long>(st.offloaded_values),
-                    static_cast<long long>(st.offloaded_storages), memory::format_bytes(st.written_bytes).c_str(),
-                    memory::format_bytes(st.read_bytes).c_str(), static_cast<long long>(st.prefetches),
-                    static_cast<long long>(st.demand_fetches), static_cast<long long>(st.fallbacks));
-      }
+      if (const memory::Plan* plan = runtime.current_plan()) std::cout << plan->to_table();
+      print_memory_runtime_step(runtime, managed);
       std::printf("gradients bitwise equal to the plain engine: %s (%lld of %zu differ)\n",
-                  not_bitwise == 0 ? "yes" : "NO", static_cast<long long>(not_bitwise), plain.size());
+                  not_bitwise == 0 ? "yes" : "NO", static_cast<long long>(not_bitwise), plain.gradients.size());
     }
   }
-  GradcheckResult r;
-  {
-    PolicyScope scope(policy);
-    if (budget_policy) budget_policy->begin_step();
-    r = gradcheck(model, batch, seed, tol);
-  }
+  GradcheckResult r = gradcheck(runtime, model, p.batch, seed, tol);
   r.passed = r.passed && not_bitwise == 0;
   if (json) {
-    nlohmann::json j = {{"loss_ours", r.loss_ours}, {"loss_torch", r.loss_torch}, {"memory_budget", budgeted},
-                        {"offload", active_engine != nullptr},
+    nlohmann::json j = {{"loss_ours", r.loss_ours}, {"loss_torch", r.loss_torch},
+                        {"memory_budget", runtime.settings().budget.budget_bytes.has_value()},
+                        {"offload", runtime.engine() != nullptr},
                         {"policy_vs_plain_params_differing", not_bitwise},
                         {"worst_rel_error", r.worst_rel_error}, {"tolerance", tol}, {"passed", r.passed}};
     for (const auto& p : r.params)
@@ -212,8 +198,10 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "train a model from a TOML config");
   train->add_option("config", topt.config_path, "CONFIG.toml")->required()->check(CLI::ExistingFile);
   train->add_option("--set", topt.overrides, "override a config key: section.key=value (repeatable)");
-  train->add_option("--steps", steps, "number of optimiser steps (overrides train.steps/epochs)")->check(CLI::PositiveNumber);
-  train->add_option("--epochs", epochs, "number of epochs (overrides train.epochs)")->check(CLI::PositiveNumber);
+  train->add_option("--steps", steps, "number of optimiser steps (overrides train.steps/epochs)")
+      ->check(integer_at_least(1, "number of optimiser steps"));
+  train->add_option("--epochs", epochs, "number of epochs (overrides train.epochs)")
+      ->check(integer_at_least(1, "number of epochs"));
   train->add_option("--report", topt.report_path, "write the JSON report here");
   train->add_option("--resume", topt.resume, "resume from a checkpoint dir (or a run dir: follows 'latest')");
   train->add_flag("--json", topt.json, "no progress output; print the JSON report to stdout");
@@ -264,16 +252,16 @@ int main(int argc, char** argv) {
       if (epochs > 0) topt.epochs = epochs;
       const auto report = ration::train::run_training(topt);
       if (topt.json) std::cout << report.dump(2) << "\n";
-      return 0;
+      return report.value("exit_status", 0);  // 130 / 143 when stopped by SIGINT / SIGTERM
     }
     if (*gc) return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json);
     if (*plan) return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json);
     if (*ps_cmd->ps) return ration::cli::run_ps_command(*ps_cmd);
   } catch (const ration::Error& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    std::fprintf(stderr, "\nerror: %s\n", ration::describe_error(e).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    std::fprintf(stderr, "\nerror: %s\n", ration::describe_error(e).c_str());
     return 3;
   }
   return 0;

@@ -3,6 +3,8 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -68,7 +70,15 @@ std::string render(const Config::Scalar& v) {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
         else if constexpr (std::is_same_v<T, std::string>) return x;
-        else {
+        else if constexpr (std::is_same_v<T, double>) {
+          // A float keeps its decimal point ("128.0", not "128"), so a type error shows what was written.
+          std::ostringstream os;
+          os.precision(17);
+          os << x;
+          std::string out = os.str();
+          if (out.find_first_of(".eEn") == std::string::npos) out += ".0";
+          return out;
+        } else {
           std::ostringstream os;
           os << x;
           return os.str();
@@ -86,6 +96,8 @@ Config Config::from_file(const std::string& path) {
   ss << in.rdbuf();
   Config cfg = parse(ss.str(), path);
   cfg.origin_ = path;
+  RATION_CHECK(!cfg.values_.empty(), "config file '", path, "' is empty; hint: a config needs at least [model] with ",
+               "type = \"mlp\", \"cnn\", \"gpt\" or \"lstm_lm\" (see configs/*.toml)");
   return cfg;
 }
 
@@ -139,7 +151,17 @@ const Config::Scalar* Config::find(const std::string& key) {
 }
 
 void Config::type_error(const std::string& key, const char* expected) const {
-  RATION_CHECK(false, origin_, ": key '", key, "' must be ", expected, ", got '", render(values_.at(key)), "'");
+  const Scalar& v = values_.at(key);
+  if (const auto* d = std::get_if<double>(&v); d && std::string(expected) == "an integer") {
+    RATION_CHECK(false, origin_, ": key '", key, "' must be an integer, got the float ", render(v),
+                 std::floor(*d) == *d ? "; hint: write it without a decimal point" : "");
+  }
+  if (const auto* s = std::get_if<std::string>(&v); s && std::string(expected) == "an integer" && !s->empty() &&
+      s->find_first_not_of("+-0123456789") == std::string::npos) {
+    RATION_CHECK(false, origin_, ": key '", key, "' must be an integer between -2^63 and 2^63-1, got '", *s,
+                 "' (too large)");
+  }
+  RATION_CHECK(false, origin_, ": key '", key, "' must be ", expected, ", got '", render(v), "'");
 }
 
 int64_t Config::get_int(const std::string& key, int64_t def) {
@@ -235,6 +257,23 @@ std::map<std::string, std::string> Config::effective() const {
   std::map<std::string, std::string> out = defaults_read_;
   for (const auto& [k, v] : values_) out[k] = render(v);
   return out;
+}
+
+std::string Config::fingerprint(const std::vector<std::string>& ignored_prefixes) const {
+  constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL, kFnvPrime = 0x100000001b3ULL;
+  uint64_t h = kFnvOffset;
+  for (const auto& [k, v] : effective()) {
+    const bool ignored = std::any_of(ignored_prefixes.begin(), ignored_prefixes.end(),
+                                     [&](const std::string& p) { return k.rfind(p, 0) == 0; });
+    if (ignored) continue;
+    for (char ch : k + "=" + v + "\n") {
+      h ^= static_cast<unsigned char>(ch);
+      h *= kFnvPrime;
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
 }
 
 }  // namespace ration

@@ -41,6 +41,9 @@ class Config {
   const std::string& origin() const { return origin_; }
   // Effective configuration (explicit keys plus defaults that were read), for reports.
   std::map<std::string, std::string> effective() const;
+  // A 16-hex-digit hash (FNV-1a 64) of the effective configuration, leaving out keys that start with one
+  // of `ignored_prefixes`: equal for two runs that differ only in those keys.
+  std::string fingerprint(const std::vector<std::string>& ignored_prefixes) const;
 
  private:
   const Scalar* find(const std::string& key);

@@ -1,6 +1,10 @@
 // check.h — the project's one error mechanism.
-// Owns: ration::Error (user-facing failures) and the RATION_CHECK / RATION_ASSERT macros.
-// Rule: user errors throw ration::Error with file, line and a hint; RATION_ASSERT marks our own bugs.
+// Owns: ration::Error (user-facing failures), the RATION_CHECK / RATION_ASSERT macros, and how an error
+//       is shown: users see the message and its hint; the source location (file:line and the failed
+//       condition) is kept on the error and shown only in debug mode (RATION_DEBUG=1 in the environment).
+// Does not own: exit codes or printing (cli/main.cpp).
+// Rule: user errors throw ration::Error naming the file/flag, field and expected form, with a hint;
+//       RATION_ASSERT marks our own bugs (always shown with their location: they are reported to us).
 #pragma once
 #include <sstream>
 #include <stdexcept>
@@ -8,9 +12,20 @@
 
 namespace ration {
 
+// True when RATION_DEBUG is set to something other than "" or "0": errors then carry their location.
+bool debug_mode();
+
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  // `location` is "file:line, failed: cond" (empty for errors built by hand).
+  explicit Error(const std::string& message, const std::string& location = "");
+  // The message and hint, without the source location.
+  const std::string& message() const { return message_; }
+  const std::string& location() const { return location_; }
+
+ private:
+  std::string message_;
+  std::string location_;
 };
 
 namespace detail {
@@ -30,9 +45,13 @@ std::string str(const Args&... args) {
 [[noreturn]] void bug(const char* file, int line, const char* cond, const std::string& msg);
 }  // namespace detail
 
+// One line a user can read for any exception: ration::Error's message (location in debug mode), a
+// libtorch error's first line (its C++ stack trace only in debug mode), or what() otherwise.
+std::string describe_error(const std::exception& e);
+
 }  // namespace ration
 
-// User-facing check: throws ration::Error("msg (file:line, failed: cond)").
+// User-facing check: throws ration::Error(msg); what() adds " [file:line, failed: cond]" in debug mode.
 #define RATION_CHECK(cond, ...)                                                              \
   do {                                                                                       \
     if (!(cond)) ::ration::detail::fail(__FILE__, __LINE__, #cond, ::ration::detail::str(__VA_ARGS__)); \

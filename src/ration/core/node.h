@@ -78,6 +78,9 @@ class Node : public std::enable_shared_from_this<Node> {
 
   OpSpec spec;
   uint64_t seq = 0;                  // creation order; backward runs highest first
+  // Position in the training step that recorded it (0 = the step's first node), stamped once by the
+  // step's memory runtime (memory::StepOrder); -1 when no runtime was driving the step.
+  int64_t ordinal = -1;
   std::string scope;                 // module path at creation ("blocks.3.mlp")
   ForwardFn forward;
   BackwardFn backward;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -16,6 +17,8 @@ TextCorpus::TextCorpus(const std::vector<std::string>& paths, double val_fractio
   RATION_CHECK(val_fraction > 0 && val_fraction < 1, "validation fraction must be in (0, 1), got ", val_fraction);
   std::string bytes;
   for (const auto& path : paths) {
+    RATION_CHECK(!std::filesystem::is_directory(path), "text file '", path, "' is a directory; hint: data.files ",
+                 "names files, comma-separated (e.g. data.files = \"a.txt,b.txt\")");
     std::ifstream in(path, std::ios::binary);
     RATION_CHECK(in.good(), "cannot open text file '", path, "'; hint: check the path in data.files");
     const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <unistd.h>
 #include <unordered_map>
 
 #include "ration/core/check.h"
@@ -68,6 +69,32 @@ void delete_block(void* ptr) {
   // `inner` frees the memory here, outside the lock.
 }
 
+// The machine's physical memory (0 if unknown).
+int64_t machine_memory_bytes() {
+  static const int64_t bytes = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{0};
+  }();
+  return bytes;
+}
+
+// Checked before asking the system: an allocation that would take what ration holds past the machine's
+// physical memory fails at once with sizes a user can act on, instead of a 100 GB malloc attempt (or
+// an overcommitted one that ends in the OOM killer).
+void refuse_beyond_machine(int64_t n) {
+  const int64_t machine = machine_memory_bytes();
+  if (machine <= 0) return;
+  int64_t held = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    held = g_stats.current_bytes;
+  }
+  RATION_CHECK(held + n <= machine, "allocating ", format_bytes(n), " (", to_string(t_category), ") on top of the ",
+               format_bytes(held), " ration holds needs more than this machine's ", format_bytes(machine),
+               " of memory; hint: lower the model sizes (model.n_embd, hidden sizes, n_layer) or train.batch_size");
+}
+
 // PyTorch 2.3 dropped `const` from Allocator::allocate and made copy_data pure virtual.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
 #define RATION_ALLOCATE_CONST
@@ -81,6 +108,7 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
   c10::DataPtr allocate(size_t n) RATION_ALLOCATE_CONST override {
+    refuse_beyond_machine(static_cast<int64_t>(n));
     c10::DataPtr inner = base_->allocate(n);
     void* ptr = inner.get();
     const c10::Device device = inner.device();
@@ -168,19 +196,6 @@ Stats device_stats(const at::Device& device) {
   return stats();
 }
 
-void reset_device_peak(const at::Device& device) {
-#ifdef RATION_CUDA
-  if (device.is_cuda()) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::cuda::current_device());
-    return;
-  }
-#endif
-  (void)device;
-  reset_peak();
-}
-
-Category current_category() { return t_category; }
-
 CategoryGuard::CategoryGuard(Category c) : prev_(t_category) { t_category = c; }
 CategoryGuard::~CategoryGuard() { t_category = prev_; }
 
@@ -242,6 +257,10 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   else if (unit == "t" || unit == "tb" || unit == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
   else RATION_CHECK(false, what, ": unknown unit '", unit, "' in '", text, "'", hint);
   RATION_CHECK(number >= 0 && std::isfinite(number), what, ": size must be non-negative, got '", text, "'", hint);
+  // 2^62 bytes (4 EiB): far above any machine, and still exact to round into int64.
+  constexpr double kLargestSize = 4.0 * 1024 * 1024 * 1024 * 1024 * 1024 * 1024;
+  RATION_CHECK(number * scale <= kLargestSize, what, ": '", text, "' is ", number * scale,
+               " bytes, larger than any machine (at most 4 EiB)", hint);
   return static_cast<int64_t>(std::llround(number * scale));
 }
 

@@ -49,9 +49,7 @@ int64_t current_bytes();
 // Device memory (CUDA caching allocator) for the given device when built with RATION_CUDA; on CPU
 // tensors this is the counting allocator's view.
 Stats device_stats(const at::Device& device);
-void reset_device_peak(const at::Device& device);
 
-Category current_category();
 class CategoryGuard {
  public:
   explicit CategoryGuard(Category c);

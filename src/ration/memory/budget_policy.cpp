@@ -5,8 +5,8 @@
 
 namespace ration::memory {
 
-BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile, OffloadEngine* engine)
-    : dropped_(plan.dropped_keys(profile)), offloaded_(plan.offloaded_keys(profile)), engine_(engine),
+BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile, const StepOrder& order, OffloadEngine* engine)
+    : dropped_(plan.dropped_keys(profile)), offloaded_(plan.offloaded_keys(profile)), order_(order), engine_(engine),
       store_from_(plan.store_from) {
   RATION_CHECK(offloaded_.empty() || engine_ != nullptr, "a plan that offloads needs an offload engine");
   ops_.reserve(profile.nodes.size());
@@ -14,32 +14,25 @@ BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile, Offload
 }
 
 void BudgetPolicy::begin_step() {
-  ordinal_of_seq_.clear();
   backward_step_ = -1;
-  recompute_ms_ = 0;
-  recomputed_nodes_ = 0;
   dropped_values_ = 0;
   offloaded_values_ = 0;
 }
 
 void BudgetPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {
-  const int64_t ordinal = static_cast<int64_t>(ordinal_of_seq_.size());
-  RATION_CHECK(ordinal < static_cast<int64_t>(ops_.size()) && ops_[static_cast<size_t>(ordinal)] == node.spec.name,
+  const int64_t ordinal = order_.of(node);
+  const int64_t profiled = static_cast<int64_t>(ops_.size());
+  RATION_CHECK(ordinal < profiled && ops_[static_cast<size_t>(ordinal)] == node.spec.name,
                "the model's graph differs from the profiled one at node ", ordinal, " (",
-               ordinal < static_cast<int64_t>(ops_.size()) ? ops_[static_cast<size_t>(ordinal)] : std::string("end"),
-               " profiled, ", node.spec.name,
+               ordinal < profiled ? ops_[static_cast<size_t>(ordinal)] : std::string("end"), " profiled, ",
+               node.spec.name,
                " now): memory plans assume a static graph and same-shaped batches (use train.drop_last-style batching)");
-  ordinal_of_seq_[node.seq] = ordinal;
-  if (engine_) {
-    const int64_t engine_ordinal = engine_->on_forward_node(node);
-    RATION_ASSERT(engine_ordinal == ordinal, "offload engine at node ", engine_ordinal, ", plan at ", ordinal);
-  }
   for (auto& ref : node.saved) {
     SavedValue& v = *ref.value;
     if (v.pinned() || v.state() != SavedState::Resident) continue;
-    auto it = ordinal_of_seq_.find(v.producer()->seq);
-    if (it == ordinal_of_seq_.end()) continue;
-    const ValueKey key{it->second, v.output_nr()};
+    const int64_t producer = order_.of(*v.producer());
+    if (producer < 0) continue;  // made before this step: not the plan's
+    const ValueKey key{producer, v.output_nr()};
     bool drop = dropped_.count(key) > 0;
     if (auto off = offloaded_.find(key); off != offloaded_.end()) {
       if (engine_->offload(ref.value, off->second.deadline, off->second.prefetch)) {
@@ -53,30 +46,16 @@ void BudgetPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&
       ++dropped_values_;
     }
   }
-  if (engine_) engine_->forward_node_done(ordinal);
 }
 
-void BudgetPolicy::before_backward_node(Node& node) {
-  ++backward_step_;
-  if (engine_) engine_->before_backward_node(node);
-}
-
-at::Tensor BudgetPolicy::fetch(SavedValue& value) {
-  RATION_CHECK(engine_ != nullptr, "saved value ", value.label(), " is offloaded but this plan has no offload engine");
-  return engine_->fetch(value);
-}
+void BudgetPolicy::before_backward_node(Node&) { ++backward_step_; }
 
 bool BudgetPolicy::store_rebuilt(Node& producer) {
   if (store_from_.empty()) return true;
-  auto it = ordinal_of_seq_.find(producer.seq);
-  if (it == ordinal_of_seq_.end()) return true;
-  auto from = store_from_.find(it->second);
+  const int64_t ordinal = order_.of(producer);
+  if (ordinal < 0) return true;
+  auto from = store_from_.find(ordinal);
   return from == store_from_.end() || backward_step_ >= from->second;
-}
-
-void BudgetPolicy::on_recompute(Node&, double ms) {
-  recompute_ms_ += ms;
-  ++recomputed_nodes_;
 }
 
 }  // namespace ration::memory

@@ -71,46 +71,52 @@ std::unique_ptr<Tier> make_tier(const OffloadOptions& o) {
 }
 
 OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, int64_t probe_bytes) {
+  OffloadCosts c;
+  c.min_bytes = options.min_bytes;
+  c.min_prefetch = options.prefetch;
+  // Probe with at most a quarter of the tier's room, so measuring never fills it; a tier with less
+  // than a useful probe's room is not offloaded to at all (capacity 0, bandwidths nominal).
+  constexpr int64_t kSmallestProbe = 64 << 10;
+  const int64_t room = tier.free_bytes();
+  probe_bytes = std::min(probe_bytes, room / 4);
+  auto unusable = [&] {
+    c.capacity_bytes = 0;
+    c.write_bytes_per_ms = c.read_bytes_per_ms = 1;
+    return c;
+  };
+  if (probe_bytes < kSmallestProbe) return unusable();
+  // What the plan may use: the room less a tenth for file-system overhead and other writers.
+  c.capacity_bytes = room == Tier::kUnboundedTier ? room : room - room / 10;
   // Outside the device budget's accounting: these buffers exist only while measuring.
   at::Tensor big = at::randint(0, 256, {probe_bytes}, at::TensorOptions().dtype(at::kByte));
   at::Tensor small = at::randint(0, 256, {4096}, at::TensorOptions().dtype(at::kByte));
   at::Tensor back = at::empty_like(big), back_small = at::empty_like(small);
   std::vector<double> w, r, s;
-  for (int rep = 0; rep < 3; ++rep) {
-    auto t0 = Clock::now();
-    auto slot = tier.write(big);
-    w.push_back(ms_since(t0));
-    t0 = Clock::now();
-    tier.read(*slot, back);
-    r.push_back(ms_since(t0));
-    t0 = Clock::now();
-    auto tiny = tier.write(small);
-    tier.read(*tiny, back_small);
-    s.push_back(ms_since(t0) / 2);
+  try {
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = Clock::now();
+      auto slot = tier.write(big);
+      w.push_back(ms_since(t0));
+      t0 = Clock::now();
+      tier.read(*slot, back);
+      r.push_back(ms_since(t0));
+      t0 = Clock::now();
+      auto tiny = tier.write(small);
+      tier.read(*tiny, back_small);
+      s.push_back(ms_since(t0) / 2);
+    }
+  } catch (const TierFull&) {
+    return unusable();  // the room reported was not there (another writer)
   }
   RATION_CHECK(at::equal(back, big), "offload tier ", tier.name(), " returned different bytes than were written");
   auto med = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  OffloadCosts c;
   c.write_bytes_per_ms = static_cast<double>(probe_bytes) / std::max(med(w), 1e-6);
   c.read_bytes_per_ms = static_cast<double>(probe_bytes) / std::max(med(r), 1e-6);
   c.per_copy_ms = med(s);
-  c.min_bytes = options.min_bytes;
-  c.min_prefetch = options.prefetch;
   return c;
-}
-
-nlohmann::json OffloadStats::to_json() const {
-  return {{"offloaded_values", offloaded_values},   {"offloaded_storages", offloaded_storages},
-          {"written_bytes", written_bytes},         {"read_bytes", read_bytes},
-          {"prefetches", prefetches},               {"demand_fetches", demand_fetches},
-          {"deferred_prefetches", deferred_prefetches}, {"forward_pauses", forward_pauses},
-          {"deadline_waits", deadline_waits},       {"fallbacks", fallbacks},
-          {"write_ms", write_ms},                   {"read_ms", read_ms},
-          {"forward_pause_ms", forward_pause_ms},   {"fetch_wait_ms", fetch_wait_ms},
-          {"max_usage_bytes", max_usage_bytes}};
 }
 
 // ---- the copy queues (Q2, Q4) -------------------------------------------------------------------
@@ -155,14 +161,69 @@ class OffloadEngine::Queue {
   std::thread thread_;
 };
 
+// ---- GPU stream order (nothing on CPU) ---------------------------------------------------------------
+// A copy on a queue thread must start only after the compute stream produced its source (copy-out) and
+// run on the queue's own stream. CopyOrder is captured by the copy job; CopyGuard, held while it copies,
+// makes that so. On CPU both are empty and the copy runs at once.
+
 #ifdef RATION_CUDA
-struct OffloadEngine::Streams {
-  std::optional<c10::cuda::CUDAStream> out, in;
+struct OffloadEngine::CopyStreams {
+  c10::cuda::CUDAStream out, in;
 };
+namespace {
+struct CopyOrder {
+  std::shared_ptr<at::cuda::CUDAEvent> produced;  // recorded on the compute stream (copy-out only)
+  std::optional<c10::cuda::CUDAStream> stream;
+};
+class CopyGuard {
+ public:
+  explicit CopyGuard(const CopyOrder& order) {
+    if (!order.stream) return;
+    guard_.emplace(*order.stream);
+    if (order.produced) order.produced->block(*order.stream);
+  }
+
+ private:
+  std::optional<c10::cuda::CUDAStreamGuard> guard_;
+};
+CopyOrder copy_order(std::unique_ptr<OffloadEngine::CopyStreams>& streams, const at::Tensor& t, bool out) {
+  CopyOrder order;
+  if (!t.is_cuda()) return order;
+  if (!streams) {
+    const auto index = t.device().index();
+    streams.reset(new OffloadEngine::CopyStreams{c10::cuda::getStreamFromPool(false, index),
+                                                 c10::cuda::getStreamFromPool(false, index)});
+  }
+  order.stream = out ? streams->out : streams->in;
+  if (out) {
+    order.produced = std::make_shared<at::cuda::CUDAEvent>();
+    order.produced->record(c10::cuda::getCurrentCUDAStream(t.device().index()));
+  }
+  return order;
+}
+}  // namespace
+#else
+struct OffloadEngine::CopyStreams {};
+namespace {
+struct CopyOrder {};
+struct CopyGuard {
+  explicit CopyGuard(const CopyOrder&) {}
+};
+CopyOrder copy_order(std::unique_ptr<OffloadEngine::CopyStreams>&, const at::Tensor&, bool) { return {}; }
+}  // namespace
 #endif
 
 // One stored storage and the saved values (views) that will be rebuilt from it.
 struct OffloadEngine::Entry {
+  // Where the entry is, changed by the compute thread only.
+  enum class Phase {
+    CopyingOut,  // Q2 copy queued or done; no read yet
+    Deferred,    // a prefetch was due but held back (may_prefetch said no); read on demand or later
+    CopyingIn,   // Q4 read queued or done
+  };
+  // What went wrong, set by a queue thread before it fulfils its future (read after waiting on it).
+  enum class Fault { None, Write, Read };
+
   int64_t storage_bytes = 0;
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage;  // identity of the original while it lives
   struct View {
@@ -171,21 +232,23 @@ struct OffloadEngine::Entry {
     std::vector<int64_t> sizes, strides;
     int64_t offset = 0;
     at::TensorOptions options;
-    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> original;
+    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> original;  // for the in-place modification check
     uint32_t version = 0;
     bool fetched = false;
   };
   std::vector<View> views;
-  // Written by Q2 before `written` is ready, read after.
+  // Q2 writes the slot; `written` is ready after, read after.
   std::unique_ptr<Tier::Slot> slot;
-  bool failed = false;
+  Phase phase = Phase::CopyingOut;
+  Fault fault = Fault::None;
   std::string error;
+  WhenTierFull when_full = WhenTierFull::Recompute;
+  at::Tensor kept;  // a failed write under KeepResident: the storage, still in memory (set by Q2 before `written`)
   std::shared_future<void> written, loaded;
-  bool read_issued = false, deferred = false, deadline_done = false, read_failed = false;
   at::Tensor buffer;    // Q4 destination: the whole storage, or this process's shard
   at::Tensor restored;  // the whole storage, bytes
   int64_t first_use = -1;  // highest forward ordinal of a node that saves it (first in backward)
-  int64_t deadline = -1;
+  int64_t deadline = -1;   // forward ordinal by whose end the write must be done (-1: none, or met)
   int prefetch = 0;
   std::shared_ptr<ReplicaGroup> replicas;  // sharded: this process stores 1/n
   int64_t shard_bytes = 0;
@@ -229,9 +292,9 @@ OffloadStats OffloadEngine::stats() const {
   return stats_;
 }
 
-void OffloadEngine::reset_stats() {
+void OffloadEngine::count(int64_t OffloadStats::*counter, int64_t n) {
   std::lock_guard<std::mutex> lock(stats_mu_);
-  stats_ = OffloadStats{};
+  stats_.*counter += n;
 }
 
 int64_t OffloadEngine::pending_entries() const { return static_cast<int64_t>(entries_.size()); }
@@ -246,6 +309,14 @@ bool OffloadEngine::offloadable(const SavedValue& v) const {
   return true;
 }
 
+void OffloadEngine::forget(const std::shared_ptr<Entry>& e) {
+  for (const auto& v : e->views) by_value_.erase(v.value_id);
+  for (auto it = by_storage_.begin(); it != by_storage_.end();) {
+    if (it->second == e) it = by_storage_.erase(it);
+    else ++it;
+  }
+}
+
 void OffloadEngine::sweep() {
   std::vector<std::shared_ptr<Entry>> keep;
   for (auto& e : entries_) {
@@ -255,48 +326,44 @@ void OffloadEngine::sweep() {
     }
     if (e->written.valid()) e->written.wait();
     if (e->loaded.valid()) e->loaded.wait();
-    for (const auto& v : e->views) by_value_.erase(v.value_id);
-    for (auto it = by_storage_.begin(); it != by_storage_.end();) {
-      if (it->second == e) it = by_storage_.erase(it);
-      else ++it;
-    }
+    forget(e);
   }
   entries_.swap(keep);
 }
 
-void OffloadEngine::new_step_if_needed() {
-  if (!in_backward_) return;
-  in_backward_ = false;
-  seqs_.clear();
+void OffloadEngine::begin_step() {
+  forward_ordinal_ = -1;
   sweep();
 }
 
-int64_t OffloadEngine::on_forward_node(Node& node) {
-  new_step_if_needed();
-  const auto ordinal = static_cast<int64_t>(seqs_.size());
-  seqs_.push_back(node.seq);
-  for (auto& ref : node.saved) {
+void OffloadEngine::end_step() { sweep(); }
+
+void OffloadEngine::begin_forward_node(const Node& node, int64_t ordinal) {
+  forward_ordinal_ = ordinal;
+  for (const auto& ref : node.saved) {
     auto it = by_value_.find(ref.value->id());
     if (it != by_value_.end()) it->second->first_use = std::max(it->second->first_use, ordinal);
   }
-  return ordinal;
 }
 
-bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t deadline, int prefetch) {
+bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t deadline, int prefetch,
+                            WhenTierFull when_full) {
   SavedValue& value = *handle;
   if (!offloadable(value)) return false;
+  if (when_full == WhenTierFull::KeepResident && tier_was_full_.load()) return false;
   const at::Tensor t = value.data();
   device_ = t.device();
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   std::shared_ptr<Entry> e;
   if (auto it = by_storage_.find(impl); it != by_storage_.end() && !it->second->storage->expired() &&
-                                        !it->second->read_issued) {
+                                        it->second->phase != Entry::Phase::CopyingIn) {
     e = it->second;  // another view of a storage already on its way out
   } else {
     e = std::make_shared<Entry>();
     e->storage_bytes = static_cast<int64_t>(t.storage().nbytes());
     e->storage = t.storage().getWeakStorageImpl();
     e->prefetch = prefetch >= 0 ? prefetch : options_.prefetch;
+    e->when_full = when_full;
     e->replicas = value.replicas() && value.replicas()->size() > 1 ? value.replicas() : nullptr;
     at::Tensor source = storage_bytes_of(t);
     if (e->replicas) {
@@ -312,50 +379,28 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
     auto promise = std::make_shared<std::promise<void>>();
     e->written = promise->get_future().share();
     const int64_t bytes = source.numel();
-#ifdef RATION_CUDA
-    std::shared_ptr<at::cuda::CUDAEvent> produced;
-    if (t.is_cuda()) {
-      if (!streams_) streams_ = std::make_unique<Streams>();
-      if (!streams_->out) {
-        streams_->out = c10::cuda::getStreamFromPool(false, t.device().index());
-        streams_->in = c10::cuda::getStreamFromPool(false, t.device().index());
-      }
-      produced = std::make_shared<at::cuda::CUDAEvent>();
-      produced->record(c10::cuda::getCurrentCUDAStream(t.device().index()));
-    }
-    auto out_stream = streams_ ? streams_->out : std::nullopt;
-#endif
-    copy_out_->submit([this, e, source, promise, bytes
-#ifdef RATION_CUDA
-                       , produced, out_stream
-#endif
-    ]() mutable {
+    copy_out_->submit([this, e, source, promise, bytes, order = copy_order(streams_, t, /*out=*/true)]() mutable {
       const auto t0 = Clock::now();
       try {
-#ifdef RATION_CUDA
-        std::optional<c10::cuda::CUDAStreamGuard> guard;
-        if (produced) {  // Q2 starts after Q1 produced the value
-          guard.emplace(*out_stream);
-          produced->block(*out_stream);
-        }
-#endif
+        CopyGuard on_copy_stream(order);  // Q2 starts after Q1 produced the value
         e->slot = tier_->write(source);
       } catch (const std::exception& x) {
-        e->failed = true;
+        e->fault = Entry::Fault::Write;
         e->error = x.what();
+        tier_was_full_.store(true);
+        if (e->when_full == WhenTierFull::KeepResident && !e->replicas) e->kept = source;  // stays in memory
       }
       source = at::Tensor();  // the device copy is no longer ours to hold: usage falls here
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.write_ms += ms_since(t0);
-        if (!e->failed) stats_.written_bytes += bytes;
+        if (e->fault == Entry::Fault::None) stats_.written_bytes += bytes;
       }
       promise->set_value();
     });
     by_storage_[impl] = e;
     entries_.push_back(e);
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    ++stats_.offloaded_storages;
+    count(&OffloadStats::offloaded_storages);
   }
   if (deadline >= 0) e->deadline = e->deadline < 0 ? deadline : std::min(e->deadline, deadline);
   Entry::View view;
@@ -367,14 +412,11 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
   view.options = t.options();
   view.original = c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr());
   view.version = t._version();
-  e->first_use = std::max<int64_t>(e->first_use, static_cast<int64_t>(seqs_.size()) - 1);
+  e->first_use = std::max<int64_t>(e->first_use, forward_ordinal_);
   by_value_[value.id()] = e;
   e->views.push_back(std::move(view));
   value.mark_offloaded();
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    ++stats_.offloaded_values;
-  }
+  count(&OffloadStats::offloaded_values);
   return true;
 }
 
@@ -386,61 +428,53 @@ void OffloadEngine::wait_written(Entry& e) {
   stats_.forward_pause_ms += ms_since(t0);
 }
 
-void OffloadEngine::forward_node_done(int64_t ordinal) {
+void OffloadEngine::end_forward_node(int64_t ordinal) {
   for (auto& e : entries_) {
-    if (e->deadline < 0 || e->deadline > ordinal || e->deadline_done) continue;
-    e->deadline_done = true;
+    if (e->deadline < 0 || e->deadline > ordinal) continue;
+    e->deadline = -1;  // met (now or below)
     if (!ready(e->written)) {
-      {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        ++stats_.deadline_waits;
-      }
+      count(&OffloadStats::deadline_waits);
       wait_written(*e);
     }
   }
-  // T2: forward pauses while usage exceeds it and copies are in flight (oldest first).
-  int64_t now = usage();
-  for (auto& e : entries_) {
-    if (now <= options_.t2) break;
-    if (ready(e->written)) continue;
-    {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      ++stats_.forward_pauses;
-    }
-    wait_written(*e);
-    now = usage();
-  }
+  const int64_t now = usage();
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.max_usage_bytes = std::max(stats_.max_usage_bytes, now);
 }
 
+bool OffloadEngine::wait_oldest_copy_out() {
+  for (auto& e : entries_) {
+    if (ready(e->written)) continue;
+    count(&OffloadStats::forward_pauses);
+    wait_written(*e);
+    return true;
+  }
+  return false;
+}
+
 void OffloadEngine::issue_read(const std::shared_ptr<Entry>& e, bool demand) {
-  e->read_issued = true;
+  e->phase = Entry::Phase::CopyingIn;
+  if (ready(e->written) && e->fault == Entry::Fault::Write) {  // nothing to read back: no buffer
+    std::promise<void> nothing;
+    nothing.set_value();
+    e->loaded = nothing.get_future().share();
+    return;
+  }
   {
     CategoryGuard cat(Category::SavedActivations);
     e->buffer = at::empty({e->replicas ? e->shard_bytes : e->storage_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
   }
   auto promise = std::make_shared<std::promise<void>>();
   e->loaded = promise->get_future().share();
-#ifdef RATION_CUDA
-  auto in_stream = streams_ ? streams_->in : std::nullopt;
-#endif
-  copy_in_->submit([this, e, promise, dst = e->buffer
-#ifdef RATION_CUDA
-                    , in_stream
-#endif
-  ]() mutable {
+  copy_in_->submit([this, e, promise, dst = e->buffer, order = copy_order(streams_, e->buffer, /*out=*/false)]() mutable {
     e->written.wait();  // Q4 reads only what Q2 finished writing
     const auto t0 = Clock::now();
-    if (!e->failed) {
+    if (e->fault == Entry::Fault::None) {
       try {
-#ifdef RATION_CUDA
-        std::optional<c10::cuda::CUDAStreamGuard> guard;
-        if (dst.is_cuda()) guard.emplace(*in_stream);
-#endif
+        CopyGuard on_copy_stream(order);
         tier_->read(*e->slot, dst);
       } catch (const std::exception& x) {
-        e->read_failed = true;
+        e->fault = Entry::Fault::Read;
         e->error = x.what();
       }
     }
@@ -448,31 +482,26 @@ void OffloadEngine::issue_read(const std::shared_ptr<Entry>& e, bool demand) {
     {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.read_ms += ms_since(t0);
-      if (!e->failed && !e->read_failed) stats_.read_bytes += e->replicas ? e->shard_bytes : e->storage_bytes;
+      if (e->fault == Entry::Fault::None) stats_.read_bytes += e->replicas ? e->shard_bytes : e->storage_bytes;
     }
     promise->set_value();
   });
-  std::lock_guard<std::mutex> lock(stats_mu_);
-  ++(demand ? stats_.demand_fetches : stats_.prefetches);
+  count(demand ? &OffloadStats::demand_fetches : &OffloadStats::prefetches);
 }
 
-void OffloadEngine::before_backward_node(Node& node) {
-  in_backward_ = true;
-  const auto it = std::lower_bound(seqs_.begin(), seqs_.end(), node.seq);
-  if (it == seqs_.end() || *it != node.seq) return;
-  const int64_t pos = it - seqs_.begin();
+void OffloadEngine::before_backward_node(int64_t pos, const std::function<bool(int64_t bytes)>& may_prefetch) {
+  if (pos < 0) return;  // a node outside the step (nothing of this step is due)
   std::vector<std::shared_ptr<Entry>> due;
   for (auto& e : entries_)
-    if (!e->read_issued && e->first_use >= pos - e->prefetch) due.push_back(e);
+    if (e->phase != Entry::Phase::CopyingIn && e->first_use >= pos - e->prefetch) due.push_back(e);
   // Soonest needed first: the copy-in queue is FIFO.
   std::stable_sort(due.begin(), due.end(), [](const auto& a, const auto& b) { return a->first_use > b->first_use; });
   for (auto& e : due) {
     const bool demand = e->first_use >= pos;
-    if (!demand && usage() + e->storage_bytes > options_.t3) {  // T3: the fetch queue waits
-      if (!e->deferred) {
-        e->deferred = true;
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        ++stats_.deferred_prefetches;
+    if (!demand && may_prefetch && !may_prefetch(e->storage_bytes)) {
+      if (e->phase != Entry::Phase::Deferred) {
+        e->phase = Entry::Phase::Deferred;
+        count(&OffloadStats::deferred_prefetches);
       }
       continue;
     }
@@ -485,7 +514,7 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
   RATION_CHECK(found != by_value_.end(), "offloaded value ", value.label(),
                " is unknown to this offload engine (was it offloaded under another OffloadScope?)");
   std::shared_ptr<Entry> e = found->second;
-  if (!e->read_issued) issue_read(e, /*demand=*/true);
+  if (e->phase != Entry::Phase::CopyingIn) issue_read(e, /*demand=*/true);
   if (!ready(e->loaded)) {
     const auto t0 = Clock::now();
     e->loaded.wait();
@@ -496,7 +525,14 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
   RATION_ASSERT(view != e->views.end(), "offload entry lost the view of ", value.label());
   view->fetched = true;
   at::Tensor result;
-  if (e->failed || e->read_failed) {
+  if (e->kept.defined()) {  // a failed write under KeepResident: the storage never left memory
+    e->restored = e->kept;
+    e->kept = at::Tensor();
+    e->buffer = at::Tensor();
+    count(&OffloadStats::fallbacks);
+  }
+  if (e->fault != Entry::Fault::None && !e->restored.defined()) {
+    e->buffer = at::Tensor();  // a read issued before the write failed: its buffer is of no use
     RATION_CHECK(!e->replicas, "sharded offload of ", value.label(), " failed on this process: ", e->error,
                  " (sharded values cannot fall back to recompute alone: the other processes wait in all-gather)");
     static bool warned = false;
@@ -505,13 +541,8 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
       std::fprintf(stderr, "ration: offload tier failed (%s); recomputing the affected values instead\n",
                    e->error.c_str());
     }
-    {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      ++stats_.fallbacks;
-    }
-    value.offload_failed();
-    std::vector<at::Tensor> outs = value.producer()->recompute();
-    result = value.state() == SavedState::Resident ? value.data() : outs.at(static_cast<size_t>(value.output_nr()));
+    count(&OffloadStats::fallbacks);
+    value.offload_failed();  // Dropped: the caller's recompute path rebuilds it
   } else {
     if (!e->restored.defined()) {
       if (e->replicas) {
@@ -538,44 +569,32 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
     e->restored = at::Tensor();
     e->buffer = at::Tensor();
     entries_.erase(std::remove(entries_.begin(), entries_.end(), e), entries_.end());
-    for (auto it = by_storage_.begin(); it != by_storage_.end();) {
-      if (it->second == e) it = by_storage_.erase(it);
-      else ++it;
-    }
+    forget(e);
   }
   return result;
 }
 
-// ---- the seed's control loop ---------------------------------------------------------------------
+// ---- the threshold loop --------------------------------------------------------------------------
 
 namespace {
 bool replicated(const SavedValue& v) { return v.replicas() && v.replicas()->size() > 1; }
 }  // namespace
 
-void OffloadPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {
-  const int64_t ordinal = engine_.on_forward_node(node);
-  const bool over_t1 = engine_.usage() > engine_.options().t1;
+void ThresholdPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {
+  const OffloadOptions& o = engine_.options();
+  const bool over_t1 = engine_.usage() > o.t1;  // T1: copy out
   for (auto& ref : node.saved) {
-    SavedValue& v = *ref.value;
-    if (over_t1 || replicated(v)) engine_.offload(ref.value);  // refuses what cannot go
+    // Refuses what cannot go. A value that does not fit stays resident and offloading stops, so a full
+    // tier never peaks above not offloading; replicated values keep the plan's rule on every process
+    // alike (all of them take part in the all-gather).
+    const WhenTierFull when_full = replicated(*ref.value) ? WhenTierFull::Recompute : WhenTierFull::KeepResident;
+    if (over_t1 || replicated(*ref.value)) engine_.offload(ref.value, -1, -1, when_full);
   }
-  engine_.forward_node_done(ordinal);
+  // T2: forward pauses while usage exceeds it and copies are in flight (oldest first).
+  while (engine_.usage() > o.t2 && engine_.wait_oldest_copy_out()) {
+  }
 }
+
+bool ThresholdPolicy::may_prefetch(int64_t bytes) { return engine_.usage() + bytes <= engine_.options().t3; }
 
 }  // namespace ration::memory
-
-namespace ration {
-
-OffloadScope::OffloadScope(const memory::OffloadOptions& options) {
-  engine_ = std::make_unique<memory::OffloadEngine>(options);
-  policy_ = std::make_unique<memory::OffloadPolicy>(*engine_);
-  scope_ = std::make_unique<PolicyScope>(policy_.get());
-}
-
-OffloadScope::~OffloadScope() {
-  scope_.reset();
-  policy_.reset();
-  engine_.reset();
-}
-
-}  // namespace ration

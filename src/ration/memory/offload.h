@@ -1,15 +1,18 @@
-// offload.h — threshold-driven offload of saved activations (seed method M2).
-// Owns: OffloadEngine (the four queues, thresholds T1/T2/T3, prefetch, back-pressure, fall-back to
-//       recompute when a tier is full), OffloadPolicy (the seed's control loop as a MemoryPolicy) and
-//       ration::OffloadScope, the RAII guard users wrap around forward + backward.
-// Does not own: tiers (tier.h), or the joint keep/recompute/offload plan (planner.h chooses, and
-//       BudgetPolicy executes planned offloads through an OffloadEngine).
+// offload.h — offload of saved activations to another tier (docs/METHODS.md, "Threshold offload").
+// Owns: OffloadEngine, the mechanism: the copy-out and copy-in queues, per-storage buffers rebuilt as
+//       views, copy deadlines, prefetch, waits, and the fall-back when a tier fails (the value is marked
+//       Dropped and SavedValue's normal recompute path rebuilds it); ThresholdPolicy, the threshold
+//       decisions T1 (copy out above it), T2 (forward pauses above it while copies fly) and T3 (a
+//       prefetch waits while it would exceed it).
+// Does not own: tiers (tier.h); the joint keep/recompute/offload plan (planner.h chooses, BudgetPolicy
+//       decides per value); step boundaries and node positions (train::StepRuntime drives the engine:
+//       begin_step, begin_forward_node / end_forward_node around a policy's decisions, before_backward_node).
 //
-// The four queues of the seed: Q1 is the forward compute (the caller's thread / CUDA stream), Q2 the
-// copy-out queue (a thread of its own; on a GPU it also owns a copy stream and waits on an event
-// recorded on the compute stream, so a copy starts only after the producer finished), Q3 the backward
-// compute, Q4 the copy-in queue (another thread and stream). Backward uses a value only after its Q4
-// copy finished (fetch() waits), and Q4 reads a buffer only after its Q2 write finished.
+// The four queues: Q1 is the forward compute (the caller's thread / CUDA stream), Q2 the copy-out queue
+// (a thread of its own; on a GPU it also owns a copy stream and waits on an event recorded on the compute
+// stream, so a copy starts only after the producer finished), Q3 the backward compute, Q4 the copy-in
+// queue (another thread and stream). Backward uses a value only after its Q4 copy finished (fetch()
+// waits), and Q4 reads a buffer only after its Q2 write finished.
 //
 // Offload works per storage: views of one storage share one stored buffer, and each view is rebuilt
 // with its own sizes/strides/offset over the restored storage, so bytes come back bitwise identical.
@@ -18,9 +21,10 @@
 // CUDA caching allocator's allocated bytes on a GPU.
 #pragma once
 #include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -30,6 +34,7 @@
 
 #include "ration/memory/planner.h"
 #include "ration/memory/saved_value.h"
+#include "ration/memory/step_policy.h"
 #include "ration/memory/tier.h"
 
 namespace ration::memory {
@@ -41,6 +46,7 @@ struct OffloadOptions {
   std::string dir;                  // spill directory; empty: $TMPDIR or /tmp
   int64_t host_limit_bytes = 0;     // host tier capacity (0: unlimited)
   int64_t disk_limit_bytes = 0;     // spill tier capacity (0: what the disk holds)
+  // Thresholds of ThresholdPolicy (offload without a memory budget; a plan sets its own deadlines).
   int64_t t1 = 0;                   // copy a saved value out when usage exceeds T1 after its producer
   int64_t t2 = kNoLimit;            // forward pauses while usage exceeds T2 and copies are in flight
   int64_t t3 = kNoLimit;            // a prefetch waits while usage plus its bytes would exceed T3
@@ -54,7 +60,9 @@ struct OffloadOptions {
 void validate(const OffloadOptions& options);
 std::unique_ptr<Tier> make_tier(const OffloadOptions& options);
 // Measure the tier for the joint plan: write/read bandwidth on `probe_bytes` buffers (median of a few
-// round trips) and the fixed cost of one small copy.
+// round trips; smaller when the tier has less room), the fixed cost of one small copy, and what the
+// tier can hold (OffloadCosts::capacity_bytes). A tier too small to measure gets capacity 0: the
+// planner then keeps or recomputes everything.
 OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, int64_t probe_bytes = 16 << 20);
 
 struct OffloadStats {
@@ -66,13 +74,17 @@ struct OffloadStats {
   int64_t deferred_prefetches = 0;  // prefetches held back by T3
   int64_t forward_pauses = 0;       // times forward waited on copies because usage exceeded T2
   int64_t deadline_waits = 0;       // planned offloads whose copy was not done by its deadline
-  int64_t fallbacks = 0;            // values recomputed because the tier was full
+  int64_t fallbacks = 0;            // values whose write did not fit: recomputed (plan) or kept (thresholds)
   double write_ms = 0, read_ms = 0; // time the queues spent copying
   double forward_pause_ms = 0;      // forward blocked (T2 and deadlines)
   double fetch_wait_ms = 0;         // backward blocked waiting for Q4
   int64_t max_usage_bytes = 0;      // highest usage seen at a control point
-  nlohmann::json to_json() const;
 };
+
+// What a value whose copy-out did not fit becomes. The threshold loop keeps it resident (so offloading
+// into a full tier never needs more memory than not offloading) and stops offloading once the tier has
+// been full; a plan recomputes it (the plan counted on its memory being free).
+enum class WhenTierFull { KeepResident, Recompute };
 
 class OffloadEngine {
  public:
@@ -82,36 +94,54 @@ class OffloadEngine {
   OffloadEngine(const OffloadEngine&) = delete;
   OffloadEngine& operator=(const OffloadEngine&) = delete;
 
-  // ---- forward (Q1)
-  // A node finished its forward: gives it the next ordinal of the step and notes it as a user of the
-  // offloaded values it saves (for prefetch). Returns its ordinal.
-  int64_t on_forward_node(Node& node);
+  // ---- step boundaries (the step runtime)
+  void begin_step();  // frees the buffers a previous step left behind (values never fetched, now dead)
+  void end_step();    // the same, right after backward
+
+  // ---- forward (Q1), per node: begin_forward_node, the policy's offload() calls, end_forward_node
+  // `node` (at step position `ordinal`) finished its forward: it is now a user of the offloaded values it
+  // saves again (their prefetch is timed from their last forward user, the first backward one).
+  void begin_forward_node(const Node& node, int64_t ordinal);
   // Start copying `value` out (Q2). `deadline`: forward ordinal by whose end the copy must be done
   // (-1: none); `prefetch`: nodes ahead to fetch back (-1: the option). Returns false (and leaves the
   // value resident) for values that cannot be offloaded: pinned, too small, not a saved activation.
-  bool offload(const std::shared_ptr<SavedValue>& value, int64_t deadline = -1, int prefetch = -1);
-  // After a node's offloads were queued: wait for copies due by this ordinal, then T2 back-pressure.
-  void forward_node_done(int64_t ordinal);
+  // `when_full`: what the value becomes if its copy-out does not fit (see WhenTierFull).
+  bool offload(const std::shared_ptr<SavedValue>& value, int64_t deadline = -1, int prefetch = -1,
+               WhenTierFull when_full = WhenTierFull::Recompute);
+  // Wait for the copies whose deadline is `ordinal` or earlier; note the usage.
+  void end_forward_node(int64_t ordinal);
+  // Back-pressure: wait for the oldest copy-out still in flight. False when none is in flight.
+  bool wait_oldest_copy_out();
 
   // ---- backward (Q3)
-  void before_backward_node(Node& node);  // prefetch window and deferred prefetches (T3)
-  at::Tensor fetch(SavedValue& value);    // waits for Q4; falls back to recompute if the tier was full
+  // Backward is about to run the node at step position `ordinal`: start the copy-ins due within each
+  // value's prefetch distance, soonest needed first. A prefetch (not yet needed) starts only when
+  // `may_prefetch(storage bytes)` says so; a value this node needs is fetched regardless.
+  void before_backward_node(int64_t ordinal, const std::function<bool(int64_t bytes)>& may_prefetch);
+  // The value, resident again (waits for Q4). If the tier failed to store it under KeepResident, the
+  // value is rebuilt from its storage, which never left memory. Otherwise, if the tier failed to store
+  // or return it, the value is marked Dropped (SavedValue::offload_failed) and an undefined tensor
+  // returned: the caller rebuilds it by recompute.
+  at::Tensor fetch(SavedValue& value);
 
   bool offloadable(const SavedValue& value) const;
   int64_t usage() const;
   const OffloadOptions& options() const { return options_; }
   Tier& tier() { return *tier_; }
-  OffloadStats stats() const;
-  void reset_stats();
+  const Tier& tier() const { return *tier_; }
+  OffloadStats stats() const;  // totals since the engine was built
   int64_t pending_entries() const;  // stored buffers not yet fetched back and freed
+
+  struct CopyStreams;  // the GPU copy-out / copy-in streams (offload.cpp; empty without RATION_CUDA)
 
  private:
   struct Entry;
   class Queue;
   void issue_read(const std::shared_ptr<Entry>& e, bool demand);
   void wait_written(Entry& e);
-  void new_step_if_needed();
+  void forget(const std::shared_ptr<Entry>& e);
   void sweep();
+  void count(int64_t OffloadStats::*counter, int64_t n = 1);
 
   std::unique_ptr<Tier> tier_;
   OffloadOptions options_;
@@ -119,53 +149,29 @@ class OffloadEngine {
   std::unordered_map<uint64_t, std::shared_ptr<Entry>> by_value_;       // SavedValue id -> entry
   std::unordered_map<const void*, std::shared_ptr<Entry>> by_storage_;  // StorageImpl -> entry
   std::vector<std::shared_ptr<Entry>> entries_;                         // this step, in offload order
-  std::vector<uint64_t> seqs_;                                          // node seq by ordinal, this step
-  bool in_backward_ = false;
+  int64_t forward_ordinal_ = -1;                                        // the node whose saves are offloaded now
+  std::atomic<bool> tier_was_full_{false};  // a copy-out failed: KeepResident offloads stop
   at::Device device_ = at::kCPU;
   mutable std::mutex stats_mu_;
   OffloadStats stats_;
-#ifdef RATION_CUDA
-  struct Streams;
-  std::unique_ptr<Streams> streams_;
-#endif
+  std::unique_ptr<CopyStreams> streams_;  // GPU copy streams (RATION_CUDA), created on first use
 };
 
-// The seed's control loop: every saved value of at least min_bytes is copied out after its producer
-// when usage exceeds T1, with T2/T3 back-pressure and prefetch. Values replicated over a process group
-// (tensor parallel; marked when saved, see OpSpec::replicas) are offloaded regardless of T1 and stored
-// 1/n per process (all-gather on fetch), so every process makes the same decisions.
-class OffloadPolicy : public MemoryPolicy {
+// The threshold loop (docs/METHODS.md, "Threshold offload"): every saved value of at least min_bytes is
+// copied out after its producer when usage exceeds T1; forward pauses while usage exceeds T2 and copies
+// are in flight (oldest first); a prefetch waits while usage plus its bytes would exceed T3. Values
+// replicated over a process group (tensor parallel; marked when saved, see OpSpec::replicas) are
+// offloaded regardless of T1 and stored 1/n per process (all-gather on fetch), so every process makes
+// the same decisions.
+class ThresholdPolicy : public StepPolicy {
  public:
-  explicit OffloadPolicy(OffloadEngine& engine) : engine_(engine) {}
+  explicit ThresholdPolicy(OffloadEngine& engine) : engine_(engine) {}
   void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) override;
-  void before_backward_node(Node& node) override { engine_.before_backward_node(node); }
-  at::Tensor fetch(SavedValue& value) override { return engine_.fetch(value); }
+  bool may_prefetch(int64_t bytes) override;
 
  private:
   OffloadEngine& engine_;
 };
 
 }  // namespace ration::memory
-
-namespace ration {
-
-// RAII: saved activations produced while the scope is alive are offloaded per `options`; keep it alive
-// until backward has finished. The model code does not change.
-//   { ration::OffloadScope offload(opts); auto loss = model(x); loss.backward(); }
-class OffloadScope {
- public:
-  explicit OffloadScope(const memory::OffloadOptions& options = {});
-  ~OffloadScope();
-  OffloadScope(const OffloadScope&) = delete;
-  OffloadScope& operator=(const OffloadScope&) = delete;
-  memory::OffloadEngine& engine() { return *engine_; }
-  memory::OffloadStats stats() const { return engine_->stats(); }
-
- private:
-  std::unique_ptr<memory::OffloadEngine> engine_;
-  std::unique_ptr<memory::OffloadPolicy> policy_;
-  std::unique_ptr<PolicyScope> scope_;
-};
-
-}  // namespace ration

@@ -658,7 +658,39 @@ std::set<ValueKey> Plan::dropped_keys(const StepProfile& profile) const {
   return keys;
 }
 
+namespace {
+// `floor` (if set) receives the feasible minimum as soon as it is known, even when the plan then throws.
+Plan plan_once(const StepProfile& profile, const PlanOptions& options, int64_t* floor = nullptr);
+}  // namespace
+
+// With an offload tier, the joint plan is tried first; where it cannot meet the budget the plan is made
+// without offload. A tier with little room can raise the joint plan's floor above keep/recompute's (its
+// room goes to groups recompute would have served better), and a budget that keep/recompute meets must
+// not fail because a tier was offered. When both fail, the error states the lower floor.
 Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
+  if (!options.offload) return plan_once(profile, options);
+  std::string joint_error;
+  int64_t joint_floor = std::numeric_limits<int64_t>::max(), alone_floor = std::numeric_limits<int64_t>::max();
+  try {
+    return plan_once(profile, options, &joint_floor);
+  } catch (const Error& e) {
+    joint_error = e.message();
+  }
+  PlanOptions without = options;
+  without.offload.reset();
+  try {
+    Plan plan = plan_once(profile, without, &alone_floor);
+    plan.offload_costs = options.offload;  // reported: the tier was measured, and offloads nothing
+    plan.minimum_peak_bytes = std::min(plan.minimum_peak_bytes, joint_floor);
+    return plan;
+  } catch (const Error& e) {
+    RATION_CHECK(false, joint_floor <= alone_floor ? joint_error : e.message());  // the lower floor's error
+  }
+  return {};
+}
+
+namespace {
+Plan plan_once(const StepProfile& profile, const PlanOptions& options, int64_t* floor) {
   Plan plan;
   plan.strategy = options.strategy;
   plan.budget_bytes = options.budget_bytes;
@@ -705,7 +737,7 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   // under the compute between its saving and its first use (cheaper than re-running its producers).
   std::vector<double> cost(n);
   std::vector<char> prefer_offload(n, 0);
-  if (options.offload && options.strategy == Strategy::Knapsack) {
+  if (options.offload && options.strategy == Strategy::Knapsack && options.offload->capacity_bytes > 0) {
     const OffloadCosts& c = *options.offload;
     RATION_CHECK(c.write_bytes_per_ms > 0 && c.read_bytes_per_ms > 0, "offload planning needs measured tier bandwidths");
     std::vector<int64_t> saved_at, first_use;
@@ -736,9 +768,21 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   } else {
     for (size_t i = 0; i < n; ++i) cost[i] = plan.groups[i].recompute_ms;
   }
+  // The tier holds every offloaded group from its copy-out to its fetch: together they must fit its
+  // measured capacity (each rounded up to a file-system page), or the copy-outs would fail mid-step. A
+  // group that does not fit is recomputed instead, in the plan rather than as a run-time fall-back.
+  constexpr int64_t kTierPage = 4096;
+  const int64_t tier_capacity = options.offload ? options.offload->capacity_bytes : 0;
+  auto in_tier = [&](int64_t bytes) { return (bytes + kTierPage - 1) / kTierPage * kTierPage; };
+  auto offloaded_bytes = [&](const std::vector<Group>& gs) {
+    int64_t total = 0;
+    for (const auto& g : gs) total += !g.keep && g.offload ? in_tier(g.bytes) : 0;
+    return total;
+  };
   auto release = [&](std::vector<Group>& gs, size_t i) {
     gs[i].keep = false;
-    gs[i].offload = prefer_offload[i] != 0;
+    gs[i].offload = false;
+    gs[i].offload = prefer_offload[i] != 0 && in_tier(gs[i].bytes) <= tier_capacity - offloaded_bytes(gs);
   };
   // Knapsack order: cheapest predicted cost (recompute, or an offload that does not hide) per byte first.
   std::vector<size_t> by_ratio(n);
@@ -785,6 +829,7 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   const std::vector<ChainCandidate> chain_plans = chain ? chain_candidates(profile, plan.groups, extra)
                                                         : std::vector<ChainCandidate>{};
   for (const auto& c : chain_plans) plan.minimum_peak_bytes = std::min(plan.minimum_peak_bytes, c.prediction.peak_bytes);
+  if (floor) *floor = plan.minimum_peak_bytes;
   RATION_CHECK(budget >= plan.minimum_peak_bytes, "memory budget ", format_bytes(budget),
                " is below the feasible minimum ", format_bytes(plan.minimum_peak_bytes),
                " for this model and batch (fixed occupancy ", format_bytes(plan.fixed_bytes),
@@ -967,6 +1012,7 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
                "). Use --plan knapsack or raise the budget.");
   return plan;
 }
+}  // namespace
 
 nlohmann::json Plan::to_json() const {
   nlohmann::json sets = nlohmann::json::object();
@@ -1014,7 +1060,10 @@ nlohmann::json Plan::to_json() const {
     j["offload_costs"] = {{"write_bytes_per_ms", offload_costs->write_bytes_per_ms},
                           {"read_bytes_per_ms", offload_costs->read_bytes_per_ms},
                           {"per_copy_ms", offload_costs->per_copy_ms},
-                          {"min_bytes", offload_costs->min_bytes}};
+                          {"min_bytes", offload_costs->min_bytes},
+                          {"capacity_bytes", offload_costs->capacity_bytes == std::numeric_limits<int64_t>::max()
+                                                 ? nlohmann::json(nullptr)
+                                                 : nlohmann::json(offload_costs->capacity_bytes)}};
   }
   return j;
 }

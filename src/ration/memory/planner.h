@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -38,6 +39,9 @@ struct OffloadCosts {
   double per_copy_ms = 0;         // fixed cost of one copy on the compute thread (queueing, views)
   int64_t min_bytes = 0;          // smaller groups are never offloaded
   int min_prefetch = 0;           // fetch back at least this many backward nodes ahead
+  // What the tier can hold (measured free space, less a margin): the plan's offloaded bytes, each
+  // rounded up to a file-system page, stay within it; a tier too small to measure has 0.
+  int64_t capacity_bytes = std::numeric_limits<int64_t>::max();
 };
 
 // When each offloaded storage is copied out and fetched back (by storage id; -1 = not offloaded).

@@ -33,7 +33,7 @@ std::vector<int64_t> StepProfile::saved_storages() const {
   return out;
 }
 
-ProfilePolicy::ProfilePolicy() {
+ProfilePolicy::ProfilePolicy(const StepOrder& order) : order_(order) {
   const Stats now = stats();
   excluded_bytes_ = now.current[static_cast<int>(Category::Data)];
   profile_.baseline_bytes = now.current_bytes - excluded_bytes_;
@@ -55,9 +55,9 @@ int64_t ProfilePolicy::storage_id(const at::Tensor& t) {
 
 ValueKey ProfilePolicy::key_of(const SavedValue& v) const {
   if (v.pinned()) return {-1, static_cast<int>(v.id())};
-  auto it = ordinal_of_seq_.find(v.producer()->seq);
-  RATION_ASSERT(it != ordinal_of_seq_.end(), "saved value ", v.label(), " from a node outside the profiled step");
-  return {it->second, v.output_nr()};
+  const int64_t ordinal = order_.of(*v.producer());
+  RATION_ASSERT(ordinal >= 0, "saved value ", v.label(), " from a node outside the profiled step");
+  return {ordinal, v.output_nr()};
 }
 
 // Values the model code let go of since the last look were alive when the previous node ended, which is
@@ -77,9 +77,10 @@ void ProfilePolicy::sweep_dead_values(int64_t now) {
 
 void ProfilePolicy::after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                                        const std::vector<at::Tensor>& outputs) {
-  const int64_t ordinal = static_cast<int64_t>(profile_.nodes.size());
+  const int64_t ordinal = order_.of(node);
+  RATION_ASSERT(ordinal == static_cast<int64_t>(profile_.nodes.size()), "profiled node ", node.spec.name,
+                " has step position ", ordinal, ", expected ", profile_.nodes.size());
   sweep_dead_values(ordinal);
-  ordinal_of_seq_[node.seq] = ordinal;
   ProfiledNode pn;
   pn.op = node.spec.name;
   pn.scope = node.scope;
@@ -120,16 +121,16 @@ void ProfilePolicy::after_forward_node(Node& node, const std::vector<at::Tensor>
 }
 
 void ProfilePolicy::before_backward_node(Node& node) {
-  auto it = ordinal_of_seq_.find(node.seq);
-  RATION_ASSERT(it != ordinal_of_seq_.end(), "backward of a node outside the profiled step");
+  const int64_t ordinal = order_.of(node);
+  RATION_ASSERT(ordinal >= 0, "backward of a node outside the profiled step");
   if (profile_.backward_order.empty()) {
     sweep_dead_values(static_cast<int64_t>(profile_.nodes.size()));
     reset_peak();  // loss seeding etc. belongs to the first backward node
   }
-  current_backward_ = it->second;
+  current_backward_ = ordinal;
   profile_.backward_start_bytes.push_back(current_bytes() - excluded_bytes_);
   backward_start_ms_ = now_ms();
-  profile_.backward_order.push_back(it->second);
+  profile_.backward_order.push_back(ordinal);
 }
 
 void ProfilePolicy::after_backward_node(Node& node) {

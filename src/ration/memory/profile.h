@@ -1,11 +1,13 @@
 // profile.h — one measured step: what every node produced, saved and cost, and the memory measured at
 // every node boundary of forward and backward. The budget planner plans from this, never from guesses.
-// Owns: ProfilePolicy (a MemoryPolicy that keeps everything and records), StepProfile (the trace).
+// Owns: ProfilePolicy (a StepPolicy that keeps everything and records), StepProfile (the trace).
+// Does not own: the nodes' positions in the step (StepOrder, stamped by the step runtime before
+//       ProfilePolicy sees a node) or when the step begins and ends (train::StepRuntime::profile).
 //
 // Keys: a graph value is named within a step by (producer ordinal, output index); ordinals count the
-// recorded nodes of the step from 0 in creation order, so the same model on a same-shaped batch gives
-// the same keys every step. Storages: tensors that share memory (views) map to one storage id; a
-// "group" (seed M0) is a saved storage, owned by the node that allocated it.
+// recorded nodes of the step from 0 in creation order (step_order.h), so the same model on a
+// same-shaped batch gives the same keys every step. Storages: tensors that share memory (views) map to one storage id; a
+// "group" is a saved storage, owned by the node that allocated it (the unit the planner keeps or drops).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -18,6 +20,8 @@
 
 #include "ration/core/value.h"
 #include "ration/memory/saved_value.h"
+#include "ration/memory/step_order.h"
+#include "ration/memory/step_policy.h"
 
 namespace ration::memory {
 
@@ -60,9 +64,10 @@ struct StepProfile {
   std::vector<int64_t> saved_storages() const;
 };
 
-class ProfilePolicy : public MemoryPolicy {
+class ProfilePolicy : public StepPolicy {
  public:
-  ProfilePolicy();
+  // `order` numbers the step's nodes (the runtime stamps each node before this policy sees it).
+  explicit ProfilePolicy(const StepOrder& order);
   void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) override;
   void before_backward_node(Node& node) override;
@@ -73,8 +78,8 @@ class ProfilePolicy : public MemoryPolicy {
  private:
   int64_t storage_id(const at::Tensor& t);
   ValueKey key_of(const SavedValue& v) const;
+  const StepOrder& order_;
   StepProfile profile_;
-  std::unordered_map<uint64_t, int64_t> ordinal_of_seq_;
   struct Seen {
     int64_t id;
     c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // a freed-and-reused address is a new storage

@@ -61,6 +61,18 @@ uint32_t SavedValue::save(const at::Tensor& data) {
 }
 
 at::Tensor SavedValue::unpack(uint32_t expected_version) {
+  if (state_ == SavedState::Offloaded) {
+    MemoryPolicy* policy = current_policy();
+    RATION_CHECK(policy != nullptr, "saved value ", label_,
+                 " was offloaded but no memory policy is installed to fetch it back; keep the "
+                 "OffloadScope/StepRuntime step alive until backward finishes");
+    at::Tensor t = policy->fetch(*this);
+    if (state_ == SavedState::Offloaded) {
+      restore(t);
+      return data_;
+    }
+    // The tier lost it: fetch marked it Dropped (offload_failed), rebuilt below like any dropped value.
+  }
   switch (state_) {
     case SavedState::Resident:
       break;
@@ -69,15 +81,9 @@ at::Tensor SavedValue::unpack(uint32_t expected_version) {
       live_producer()->recompute(/*store_required=*/true);
       RATION_ASSERT(state_ == SavedState::Resident, "recompute did not restore ", label_);
       return data_;  // rebuilt: version is fresh
-    case SavedState::Offloaded: {
-      MemoryPolicy* policy = current_policy();
-      RATION_CHECK(policy != nullptr, "saved value ", label_,
-                   " was offloaded but no memory policy is installed to fetch it back; keep the "
-                   "OffloadScope/PolicyScope alive until backward finishes");
-      at::Tensor t = policy->fetch(*this);
-      restore(t);
-      return data_;
-    }
+    case SavedState::Offloaded:
+      RATION_ASSERT(false, "unreachable: offloaded values were fetched above");
+      break;
     case SavedState::Released:
       RATION_CHECK(false, "Trying to backward through the graph a second time (saved value ", label_,
                    " was already freed). Pass retain_graph=true to the first backward if you need to "

@@ -1,7 +1,8 @@
 // saved_value.h — the one handle through which every tensor saved for backward passes.
 // Owns: SavedValue (state machine resident/dropped/offloaded/released, pending-use count, version
-//       check, recompute on demand) and MemoryPolicy (the hook the budget planner and the offload engine
-//       implement; installed with PolicyScope so model code never changes).
+//       check, recompute on demand) and MemoryPolicy (the thread's hook into forward, backward and
+//       recompute; train::StepRuntime installs one with PolicyScope so model code never changes, and
+//       tests may install their own).
 // Does not own: the decision of what to drop (planner) or how to offload (offload engine).
 //
 // States:
@@ -115,7 +116,9 @@ class MemoryPolicy {
   virtual void before_backward_node(Node& /*node*/) {}
   // Backward finished `node` and released what it no longer needs.
   virtual void after_backward_node(Node& /*node*/) {}
-  // Backward needs an Offloaded value: return it resident.
+  // Backward needs an Offloaded value: return its data, or, when the copy was lost (a full or failing
+  // tier), mark it Dropped (SavedValue::offload_failed) and return an undefined tensor: unpack then
+  // rebuilds it by recompute like any dropped value.
   virtual at::Tensor fetch(SavedValue& value);
   // A value was rebuilt by recompute (for accounting).
   virtual void on_recompute(Node& /*node*/, double /*ms*/) {}

@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -113,6 +115,14 @@ std::unique_ptr<Tier::Slot> SpillTier::write(const at::Tensor& src_in) {
   return slot;
 }
 
+int64_t SpillTier::free_bytes() const {
+  struct statvfs fs{};
+  int64_t free = kUnboundedTier;
+  if (::statvfs(dir_.c_str(), &fs) == 0) free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  if (limit_ > 0) free = std::min(free, std::max<int64_t>(0, limit_ - used_.load()));
+  return free;
+}
+
 void SpillTier::read(const Slot& slot_in, at::Tensor& dst) {
   const auto& slot = dynamic_cast<const FileSlot&>(slot_in);
   RATION_ASSERT(dst.numel() == slot.bytes, "spill read of ", slot.bytes, " bytes into ", dst.numel());
@@ -165,6 +175,10 @@ std::unique_ptr<Tier::Slot> HostTier::write(const at::Tensor& src) {
   return slot;
 }
 
+int64_t HostTier::free_bytes() const {
+  return limit_ > 0 ? std::max<int64_t>(0, limit_ - used_.load()) : kUnboundedTier;
+}
+
 void HostTier::read(const Slot& slot_in, at::Tensor& dst) {
   const auto& slot = dynamic_cast<const HostSlot&>(slot_in);
   RATION_ASSERT(dst.numel() == slot.bytes, "host read of ", slot.bytes, " bytes into ", dst.numel());
@@ -195,6 +209,11 @@ std::unique_ptr<Tier::Slot> ChainTier::write(const at::Tensor& src) {
   return slot;
 }
 
+int64_t ChainTier::free_bytes() const {
+  const int64_t a = first_->free_bytes(), b = second_->free_bytes();
+  return a > kUnboundedTier - b ? kUnboundedTier : a + b;
+}
+
 void ChainTier::read(const Slot& slot_in, at::Tensor& dst) {
   const auto& slot = dynamic_cast<const ChainSlot&>(slot_in);
   (slot.in_first ? first_ : second_)->read(*slot.inner, dst);
@@ -219,6 +238,11 @@ std::unique_ptr<Tier::Slot> ThrottledTier::write(const at::Tensor& src) {
   written_ += src.numel();
   pace(src.numel(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return slot;
+}
+
+int64_t ThrottledTier::free_bytes() const {
+  const int64_t inner = inner_->free_bytes();
+  return fail_after_ > 0 ? std::min(inner, std::max<int64_t>(0, fail_after_ - written_.load())) : inner;
 }
 
 void ThrottledTier::read(const Slot& slot, at::Tensor& dst) {

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -45,6 +46,10 @@ class Tier {
   virtual void read(const Slot& slot, at::Tensor& dst) = 0;
   // Bytes currently stored.
   virtual int64_t used_bytes() const { return used_.load(); }
+  // Bytes that still fit now: the file system's free space and the tier's own limit, whichever is
+  // smaller (kUnboundedTier when neither bounds it). The planner plans offload within it.
+  virtual int64_t free_bytes() const { return kUnboundedTier; }
+  static constexpr int64_t kUnboundedTier = std::numeric_limits<int64_t>::max();
 
  protected:
   std::atomic<int64_t> used_{0};
@@ -57,7 +62,7 @@ class SpillTier : public Tier {
   std::string name() const override { return "disk:" + dir_; }
   std::unique_ptr<Slot> write(const at::Tensor& src) override;
   void read(const Slot& slot, at::Tensor& dst) override;
-  const std::string& dir() const { return dir_; }
+  int64_t free_bytes() const override;
   // A file in `dir` that no one else can open (anonymous); -1 with errno on failure.
   static int open_anonymous(const std::string& dir);
 
@@ -72,6 +77,7 @@ class HostTier : public Tier {
   std::string name() const override;
   std::unique_ptr<Slot> write(const at::Tensor& src) override;
   void read(const Slot& slot, at::Tensor& dst) override;
+  int64_t free_bytes() const override;
 
  private:
   int64_t limit_;
@@ -84,6 +90,7 @@ class ChainTier : public Tier {
   std::unique_ptr<Slot> write(const at::Tensor& src) override;
   void read(const Slot& slot, at::Tensor& dst) override;
   int64_t used_bytes() const override { return first_->used_bytes() + second_->used_bytes(); }
+  int64_t free_bytes() const override;
   Tier& first() { return *first_; }
   Tier& second() { return *second_; }
 
@@ -99,6 +106,7 @@ class ThrottledTier : public Tier {
   std::unique_ptr<Slot> write(const at::Tensor& src) override;
   void read(const Slot& slot, at::Tensor& dst) override;
   int64_t used_bytes() const override { return inner_->used_bytes(); }
+  int64_t free_bytes() const override;
 
  private:
   void pace(int64_t bytes, double seconds_taken) const;

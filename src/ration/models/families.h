@@ -20,6 +20,8 @@ class LanguageModel : public Model {
  public:
   // tokens (B, T) int64 -> logits (B, T, V).
   virtual Value logits(const Value& tokens) = 0;
+  // Tokens must lie in [0, vocab_size()).
+  virtual int64_t vocab_size() const = 0;
   Value loss(const data::Batch& batch) override;
   EvalStats evaluate(const data::Batch& batch) override;
 };

@@ -33,6 +33,7 @@ class GPT : public LanguageModel {
   explicit GPT(const GPTOptions& options);
   Value logits(const Value& tokens) override;
   std::string family() const override { return "gpt"; }
+  int64_t vocab_size() const override { return options.vocab_size; }
 
   GPTOptions options;
   std::shared_ptr<nn::Embedding> wte, wpe;

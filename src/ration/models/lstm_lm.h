@@ -25,6 +25,7 @@ class LSTMLM : public LanguageModel {
   explicit LSTMLM(const LSTMLMOptions& options);
   Value logits(const Value& tokens) override;
   std::string family() const override { return "lstm_lm"; }
+  int64_t vocab_size() const override { return options.vocab_size; }
 
   LSTMLMOptions options;
   std::shared_ptr<nn::Embedding> embed;

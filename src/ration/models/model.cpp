@@ -105,12 +105,26 @@ EvalStats LanguageModel::evaluate(const data::Batch& batch) {
 
 // ---- factory --------------------------------------------------------------------------------------
 std::unique_ptr<Model> build_model(Config& cfg) {
+  RATION_CHECK(cfg.has("model.type"), cfg.origin(), ": no model.type; hint: add a [model] section with type = ",
+               "\"mlp\", \"cnn\", \"gpt\", \"lstm_lm\" or \"ctr\" (or --set model.type=gpt)");
   const std::string type = cfg.get_string("model.type", "mlp");
-  if (type == "mlp") return std::make_unique<MLP>(MLPOptions::from_config(cfg));
-  if (type == "cnn") return std::make_unique<CNN>(CNNOptions::from_config(cfg));
-  if (type == "gpt") return std::make_unique<GPT>(GPTOptions::from_config(cfg));
-  if (type == "lstm_lm") return std::make_unique<LSTMLM>(LSTMLMOptions::from_config(cfg));
-  if (type == "ctr") return std::make_unique<Ctr>(CtrOptions::from_config(cfg));
+  // Sizes are checked against the machine as the parameters are allocated (memory/allocator.h); the
+  // error then names this config.
+  auto named = [&](auto&& build) -> std::unique_ptr<Model> {
+    try {
+      return build();
+    } catch (const Error& e) {
+      const std::string ours = cfg.origin() + ": ";  // said once, not twice
+      const std::string inner = e.message().rfind(ours, 0) == 0 ? e.message().substr(ours.size()) : e.message();
+      RATION_CHECK(false, ours, "building the ", type, " model: ", inner);
+    }
+    return nullptr;
+  };
+  if (type == "mlp") return named([&] { return std::make_unique<MLP>(MLPOptions::from_config(cfg)); });
+  if (type == "cnn") return named([&] { return std::make_unique<CNN>(CNNOptions::from_config(cfg)); });
+  if (type == "gpt") return named([&] { return std::make_unique<GPT>(GPTOptions::from_config(cfg)); });
+  if (type == "lstm_lm") return named([&] { return std::make_unique<LSTMLM>(LSTMLMOptions::from_config(cfg)); });
+  if (type == "ctr") return named([&] { return std::make_unique<Ctr>(CtrOptions::from_config(cfg)); });
   RATION_CHECK(false, "unknown model.type '", type, "' in ", cfg.origin(),
                "; valid types: mlp, cnn, gpt, lstm_lm, ctr (set [model] type = \"gpt\" or --set model.type=gpt)");
   return nullptr;

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "ration/core/check.h"
-#include "ration/core/node.h"
 #include "ration/memory/allocator.h"
 
 namespace ration::train {
@@ -51,27 +50,19 @@ OffloadSettings read_offload_settings(Config& cfg) {
   try {
     memory::validate(o);
   } catch (const Error& e) {
-    RATION_CHECK(false, cfg.origin(), ": ", e.what());
+    RATION_CHECK(false, cfg.origin(), ": ", e.message());
   }
   return s;
 }
 
-memory::StepProfile profile_step(models::Model& model, const data::Batch& batch, uint64_t seed) {
-  const std::vector<at::Tensor> buffers = model.snapshot_buffers();
-  model.zero_grad();
-  memory::StepProfile profile;
-  {
-    memory::ProfilePolicy policy;
-    PolicyScope scope(&policy);
-    manual_seed(seed);
-    memory::CategoryGuard workspace(memory::Category::Workspace);
-    Value loss = model.loss(batch);
-    loss.backward();
-    profile = policy.finish();
-  }
-  model.zero_grad();
-  model.restore_buffers(buffers);
-  return profile;
+MemorySettings read_memory_settings(Config& cfg) {
+  MemorySettings s{read_budget_settings(cfg), read_offload_settings(cfg)};
+  const memory::OffloadOptions& o = s.offload.options;
+  RATION_CHECK(!s.budget.budget_bytes || !s.offload.enabled || (o.t1 == 0 && o.t2 == memory::kNoLimit && o.t3 == memory::kNoLimit),
+               cfg.origin(), ": offload.t1/t2/t3 (--offload-t1/t2/t3) apply to threshold offload, without "
+               "memory.budget; with a budget the plan sets when each copy goes out and comes back (remove the "
+               "thresholds or the budget)");
+  return s;
 }
 
 int64_t unseen_optimizer_bytes(const std::string& optimizer, double momentum, bool amsgrad,

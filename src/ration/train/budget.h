@@ -1,22 +1,21 @@
-// budget.h — glue between a run and the memory planner: the [memory] config keys (and the CLI flags
-// that set them), the profiling step, and the plan for a model and batch.
+// budget.h — the [memory] and [offload] config keys (and the CLI flags that set them), read and
+// validated; and the optimiser memory a plan must leave room for. train::StepRuntime (step_runtime.h)
+// is built from these settings.
 // Keys: memory.budget ("2GiB"; absent = unconstrained), memory.plan (knapsack | ordered | ordered-sets | optimal-chain |
 //       uniform | sqrt), memory.checkpoint_every (uniform), memory.keep_groups,
 //       memory.keep_bytes (user overrides that may only lower what is kept).
-//       [offload] (seed M2): offload.enabled (--offload), offload.tier (disk | host | host+disk),
+//       [offload]: offload.enabled (--offload), offload.tier (disk | host | host+disk),
 //       offload.dir, offload.t1/t2/t3 (sizes), offload.min_bytes, offload.prefetch (nodes),
 //       offload.host_limit, offload.disk_limit, offload.throttle (bytes per second; tests/benches).
-//       Without a budget offload runs the seed's threshold loop; with one, the planner decides
+//       Without a budget offload runs the threshold loop; with one, the planner decides
 //       keep / recompute / offload per group from the measured tier bandwidth.
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 
-#include "ration/data/batch.h"
 #include "ration/memory/offload.h"
 #include "ration/memory/planner.h"
-#include "ration/memory/profile.h"
 #include "ration/models/model.h"
 #include "ration/config/config.h"
 
@@ -34,9 +33,12 @@ struct OffloadSettings {
 };
 OffloadSettings read_offload_settings(Config& cfg);
 
-// One measured forward+backward on `batch` under a ProfilePolicy; gradients and buffers (batch-norm
-// statistics) are restored afterwards, so the run continues as if it had not happened.
-memory::StepProfile profile_step(models::Model& model, const data::Batch& batch, uint64_t seed);
+// The [memory] and [offload] settings together: what train::StepRuntime is built from.
+struct MemorySettings {
+  BudgetSettings budget;
+  OffloadSettings offload;
+};
+MemorySettings read_memory_settings(Config& cfg);
 
 // Bytes of optimiser state the optimiser will create at its first step but the profile did not see
 // (predicted from the optimiser type, minus the optimiser memory already live, e.g. after a resume).

@@ -2,6 +2,8 @@
 #include "ration/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <unistd.h>
 
@@ -11,10 +13,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 
 #include "ration/core/check.h"
+#include "ration/train/archive_crc.h"
 
 namespace ration::train {
 namespace fs = std::filesystem;
@@ -23,6 +27,8 @@ namespace {
 constexpr const char* kModelFile = "model.pt";
 constexpr const char* kTrainerFile = "trainer.pt";
 constexpr const char* kLatestFile = "latest";
+constexpr const char* kLockFile = ".lock";
+constexpr const char* kRunFile = "run";
 constexpr const char* kTmpPrefix = ".tmp-";
 constexpr const char* kCkptPrefix = "ckpt-";
 constexpr const char* kStepKey = "checkpoint.step";
@@ -83,23 +89,42 @@ at::Tensor pickle_ready(const at::Tensor& t) {
   return out;
 }
 
-void write_dict(const fs::path& path, const NamedTensors& entries) {
+std::vector<char> dict_bytes(const char* file, const NamedTensors& entries) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, t] : entries) {
     RATION_CHECK(t.defined(), "checkpoint entry '", name, "' is an undefined tensor");
-    RATION_CHECK(!dict.contains(name), "checkpoint entry '", name, "' appears twice in ", path.filename().string());
+    RATION_CHECK(!dict.contains(name), "checkpoint entry '", name, "' appears twice in ", file);
     dict.insert(name, pickle_ready(t));
   }
-  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
-  write_file_synced(path, bytes.data(), bytes.size());
+  return torch::jit::pickle_save(c10::IValue(dict));
+}
+
+std::vector<char> read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  RATION_CHECK(in.good(), "cannot open checkpoint file '", path.string(), "'");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  RATION_CHECK(!in.bad(), "error while reading checkpoint file '", path.string(), "'");
+  return bytes;
+}
+
+// The other checkpoints of path's directory, for a hint ("ckpt-10, ckpt-20").
+std::string siblings_hint(const fs::path& ckpt_dir) {
+  std::string names;
+  for (const auto& [step, p] : list_checkpoints(ckpt_dir.parent_path().string())) {
+    if (fs::path(p).filename() == ckpt_dir.filename()) continue;
+    names += (names.empty() ? "" : ", ") + fs::path(p).filename().string();
+  }
+  return names.empty() ? "" : " (others there: " + names + ")";
 }
 
 NamedTensors read_dict(const fs::path& path) {
   RATION_CHECK(fs::is_regular_file(path), "checkpoint file '", path.string(),
                "' is missing; hint: the checkpoint is incomplete or the path is wrong");
-  std::ifstream in(path, std::ios::binary);
-  RATION_CHECK(in.good(), "cannot open checkpoint file '", path.string(), "'");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<char> bytes = read_bytes(path);
+  const std::string damage = zip_integrity_problem(bytes.data(), bytes.size());
+  RATION_CHECK(damage.empty(), "checkpoint file '", path.string(), "' is damaged: ", damage,
+               "; hint: its bytes changed on disk or in a copy; resume from an earlier checkpoint",
+               siblings_hint(path.parent_path()));
   c10::IValue value;
   try {
     value = torch::jit::pickle_load(bytes);
@@ -126,13 +151,64 @@ std::string unique_suffix(int64_t step) {
   return std::to_string(step) + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
-// Entries a crashed save left behind (and the replaced checkpoint moved aside above).
+// The pid in a temporary's name ".tmp-<kind>-<step>-<pid>-<n>", or -1.
+int64_t pid_of_temp(const std::string& name) {
+  const auto last = name.rfind('-');
+  if (last == std::string::npos || last == 0) return -1;
+  const auto before = name.rfind('-', last - 1);
+  if (before == std::string::npos) return -1;
+  const std::string digits = name.substr(before + 1, last - before - 1);
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+bool process_alive(int64_t pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+// Our own temporaries (the replaced checkpoint moved aside, a failed save) and those a crashed process
+// left behind; never those of a process that still runs.
 void remove_leftover_temps(const fs::path& dir) {
   std::vector<fs::path> doomed;
   for (const auto& entry : fs::directory_iterator(dir)) {
-    if (starts_with(entry.path().filename().string(), kTmpPrefix)) doomed.push_back(entry.path());
+    const std::string name = entry.path().filename().string();
+    if (!starts_with(name, kTmpPrefix)) continue;
+    const int64_t pid = pid_of_temp(name);
+    if (pid == ::getpid() || !process_alive(pid)) doomed.push_back(entry.path());
   }
   for (const auto& p : doomed) fs::remove_all(p);
+}
+
+// Removes a temporary directory unless released (the save succeeded and renamed it).
+struct TempDirGuard {
+  fs::path path;
+  ~TempDirGuard() {
+    if (path.empty()) return;
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// ---- the directory lock -------------------------------------------------------------------------
+struct HeldLock {
+  int fd = -1;
+  int count = 0;
+};
+std::mutex g_lock_mu;
+std::map<std::string, HeldLock>& held_locks() {
+  static auto* held = new std::map<std::string, HeldLock>();
+  return *held;
+}
+
+std::string lock_key(const std::string& dir) {
+  std::error_code ec;
+  const fs::path abs = fs::weakly_canonical(fs::absolute(dir), ec);
+  return ec ? fs::absolute(dir).lexically_normal().string() : abs.string();
 }
 
 std::string trim(const std::string& s) {
@@ -142,6 +218,61 @@ std::string trim(const std::string& s) {
 }
 
 }  // namespace
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) : key_(lock_key(dir)) {
+  std::lock_guard<std::mutex> guard(g_lock_mu);
+  HeldLock& held = held_locks()[key_];
+  if (held.count > 0) {
+    ++held.count;
+    return;
+  }
+  const fs::path root(dir);
+  std::error_code ec;
+  if (!fs::exists(root)) fs::create_directories(root, ec);
+  if (!fs::is_directory(root)) {
+    held_locks().erase(key_);
+    RATION_CHECK(false, "checkpoint directory '", dir, "' ", fs::exists(root) ? "is a file, not a directory" :
+                 "cannot be created (" + ec.message() + ")", "; hint: set train.checkpoint_dir to a directory ",
+                 "you can write (or to \"\" to save no checkpoints)");
+  }
+  const fs::path lock_path = root / kLockFile;
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    held_locks().erase(key_);
+    RATION_CHECK(false, "checkpoint directory '", dir, "' is not writable (cannot create ", lock_path.string(), ": ",
+                 std::strerror(err), "); hint: set train.checkpoint_dir to a directory you can write");
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder = read_text(lock_path);
+    holder = holder.substr(0, holder.find_first_of("\r\n"));
+    ::close(fd);
+    held_locks().erase(key_);
+    RATION_CHECK(err != EWOULDBLOCK, "checkpoint directory '", dir, "' is in use by another ration run (pid ",
+                 holder.empty() ? "unknown" : holder, "); hint: wait for it to finish, or set ",
+                 "train.checkpoint_dir to another directory");
+    RATION_CHECK(false, "cannot lock '", lock_path.string(), "': ", std::strerror(err));
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    const int err = errno;
+    ::close(fd);
+    held_locks().erase(key_);
+    RATION_CHECK(false, "checkpoint directory '", dir, "' is not writable (writing ", lock_path.string(), ": ",
+                 std::strerror(err), "); hint: is the disk full or read-only?");
+  }
+  held.fd = fd;
+  held.count = 1;
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  std::lock_guard<std::mutex> guard(g_lock_mu);
+  auto it = held_locks().find(key_);
+  if (it == held_locks().end() || --it->second.count > 0) return;
+  ::close(it->second.fd);  // releases the flock; the file stays (removing it would race a new locker)
+  held_locks().erase(it);
+}
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> out;
@@ -155,7 +286,8 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 }
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const NamedTensors& weights,
-                            const NamedTensors& optimizer_state, const Metadata& metadata, int keep_last) {
+                            const NamedTensors& optimizer_state, const Metadata& metadata, int keep_last,
+                            const std::string& run_fingerprint) {
   RATION_CHECK(step >= 0, "checkpoint step must be >= 0, got ", step);
   RATION_CHECK(keep_last >= 1, "keep_last must be >= 1, got ", keep_last);
   NamedTensors trainer;
@@ -174,30 +306,51 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const NamedTen
     RATION_CHECK(meta_names.insert(key).second, "metadata key '", key, "' is both an int and a double");
     trainer.emplace_back(kMetaPrefix + key, at::scalar_tensor(v, at::kDouble));
   }
+  const std::vector<char> model_bytes = dict_bytes(kModelFile, weights);
+  const std::vector<char> trainer_bytes = dict_bytes(kTrainerFile, trainer);
 
+  const CheckpointDirLock lock(dir);
   const fs::path root(dir);
-  fs::create_directories(root);
-  const fs::path tmp = root / (std::string(kTmpPrefix) + "ckpt-" + unique_suffix(step));
   const fs::path final_dir = root / (kCkptPrefix + std::to_string(step));
-  fs::create_directory(tmp);
-  write_dict(tmp / kModelFile, weights);
-  write_dict(tmp / kTrainerFile, trainer);
-  fsync_path(tmp, /*directory=*/true);
-
-  // A checkpoint of the same step is replaced: move it aside first (rename needs an absent target).
-  fs::path old_aside;
-  if (fs::exists(final_dir)) {
-    old_aside = root / (std::string(kTmpPrefix) + "old-" + unique_suffix(step));
-    fs::rename(final_dir, old_aside);
+  // A step number names one set of weights: replacing ckpt-<step> is allowed only with the same bytes.
+  if (fs::exists(final_dir / kModelFile)) {
+    RATION_CHECK(read_bytes(final_dir / kModelFile) == model_bytes, "'", final_dir.string(),
+                 "' already holds different weights for step ", step, "; a step number is never reused for other ",
+                 "weights; hint: continue that run with --resume ", dir, ", or set train.checkpoint_dir to another ",
+                 "directory");
   }
-  fs::rename(tmp, final_dir);
+
+  TempDirGuard tmp{root / (std::string(kTmpPrefix) + "ckpt-" + unique_suffix(step))};
+  fs::create_directory(tmp.path);
+  write_file_synced(tmp.path / kModelFile, model_bytes.data(), model_bytes.size());
+  write_file_synced(tmp.path / kTrainerFile, trainer_bytes.data(), trainer_bytes.size());
+  if (!run_fingerprint.empty()) {
+    const std::string line = run_fingerprint + "\n";
+    write_file_synced(tmp.path / kRunFile, line.data(), line.size());
+  }
+  fsync_path(tmp.path, /*directory=*/true);
+
+  // The same step is replaced (same weights, checked above): move the old one aside first (rename needs
+  // an absent target); it is one of our temporaries from here on.
+  if (fs::exists(final_dir)) fs::rename(final_dir, root / (std::string(kTmpPrefix) + "old-" + unique_suffix(step)));
+  fs::rename(tmp.path, final_dir);
+  tmp.path.clear();
   fsync_path(root, /*directory=*/true);
 
-  const fs::path latest_tmp = root / (std::string(kTmpPrefix) + "latest-" + unique_suffix(step));
-  const std::string latest_text = final_dir.filename().string() + "\n";
-  write_file_synced(latest_tmp, latest_text.data(), latest_text.size());
-  fs::rename(latest_tmp, root / kLatestFile);
-  fsync_path(root, /*directory=*/true);
+  // latest only moves forward: a re-run that writes an earlier step again leaves a later latest alone.
+  int64_t latest_step = -1;
+  if (fs::exists(root / kLatestFile)) {
+    const std::string name = trim(read_text(root / kLatestFile));
+    if (fs::is_directory(root / name)) latest_step = step_of_name(name);
+  }
+  if (latest_step <= step) {
+    TempDirGuard latest_tmp{root / (std::string(kTmpPrefix) + "latest-" + unique_suffix(step))};
+    const std::string latest_text = final_dir.filename().string() + "\n";
+    write_file_synced(latest_tmp.path, latest_text.data(), latest_text.size());
+    fs::rename(latest_tmp.path, root / kLatestFile);
+    latest_tmp.path.clear();
+    fsync_path(root, /*directory=*/true);
+  }
 
   remove_leftover_temps(root);
   // Keep the new checkpoint and the keep_last - 1 highest-step others.
@@ -210,16 +363,26 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const NamedTen
   return final_dir.string();
 }
 
+void check_run_may_write(const std::string& dir, int64_t first_step, const std::string& fingerprint) {
+  for (const auto& [step, path] : list_checkpoints(dir)) {
+    if (step <= first_step) continue;
+    const fs::path run_file = fs::path(path) / kRunFile;
+    const std::string theirs = fs::exists(run_file) ? trim(read_text(run_file)) : "";
+    RATION_CHECK(theirs == fingerprint, "checkpoint directory '", dir, "' already holds ", fs::path(path).filename().string(),
+                 " from a different run", theirs.empty() ? " (or one without a run fingerprint)" : "",
+                 "; this run (from step ", first_step, ") would write the same step numbers with other weights; ",
+                 "hint: continue the saved run with --resume ", dir, ", set train.checkpoint_dir to another ",
+                 "directory, or remove the old checkpoints");
+  }
+}
+
 std::string resolve_checkpoint(const std::string& path) {
   const fs::path p(path);
   RATION_CHECK(fs::is_directory(p), "checkpoint path '", path, "' is not a directory; hint: pass a ckpt-<step> ",
                "directory or the directory holding them");
   if (fs::exists(p / kModelFile) || fs::exists(p / kTrainerFile)) return p.string();
   if (fs::exists(p / kLatestFile)) {
-    std::ifstream in(p / kLatestFile);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string name = trim(ss.str());
+    const std::string name = trim(read_text(p / kLatestFile));
     RATION_CHECK(step_of_name(name) >= 0, "'", (p / kLatestFile).string(), "' names '", name,
                  "', expected ckpt-<step>");
     RATION_CHECK(fs::is_directory(p / name), "'", (p / kLatestFile).string(), "' names '", name,
@@ -264,6 +427,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   }
   RATION_CHECK(have_step, "checkpoint file '", (dir / kTrainerFile).string(), "' lacks '", kStepKey,
                "'; hint: it was not written by save_checkpoint");
+  if (fs::exists(dir / kRunFile)) ck.run_fingerprint = trim(read_text(dir / kRunFile));
   return ck;
 }
 

@@ -5,39 +5,25 @@
 #include "ration/core/node.h"
 
 namespace ration {
-namespace {
 
-std::vector<std::pair<std::string, at::Tensor>> collect_grads(models::Model& model) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& [name, p] : model.named_parameters()) {
-    out.emplace_back(name, p.grad().defined() ? p.grad().clone() : at::zeros_like(p.tensor()));
-  }
-  return out;
+train::StepStats engine_step(train::StepRuntime& runtime, models::Model& model, const data::Batch& batch,
+                             uint64_t seed) {
+  model.zero_grad();
+  train::StepOptions o;
+  o.seed = seed;
+  o.gradients = train::GradientsAfter::Collected;
+  o.buffers = train::BuffersAfter::Restored;
+  return runtime.measure_step(model, batch, o);
 }
 
-}  // namespace
-
-std::vector<std::pair<std::string, at::Tensor>> engine_gradients(models::Model& model, const data::Batch& batch,
-                                                                 uint64_t seed, double* loss) {
-  const auto buffers = model.snapshot_buffers();
-  model.zero_grad();
-  manual_seed(seed);
-  Value l = model.loss(batch);
-  if (loss) *loss = l.item();
-  l.backward();
-  model.restore_buffers(buffers);
-  auto grads = collect_grads(model);
-  model.zero_grad();
-  return grads;
-}
-
-GradcheckResult gradcheck(models::Model& model, const data::Batch& batch, uint64_t seed, double tolerance) {
+GradcheckResult gradcheck(train::StepRuntime& runtime, models::Model& model, const data::Batch& batch, uint64_t seed,
+                          double tolerance) {
   GradcheckResult result;
-  const auto ours = engine_gradients(model, batch, seed, &result.loss_ours);
+  const train::StepStats ours = engine_step(runtime, model, batch, seed);
+  result.loss_ours = ours.loss;
 
   const auto buffers = model.snapshot_buffers();
   model.zero_grad();
-  std::vector<std::pair<std::string, at::Tensor>> theirs;
   {
     OracleScope scope(model.parameters());
     manual_seed(seed);
@@ -46,18 +32,20 @@ GradcheckResult gradcheck(models::Model& model, const data::Batch& batch, uint64
     l.backward();
   }
   model.restore_buffers(buffers);
-  theirs = collect_grads(model);
+  std::vector<at::Tensor> theirs;
+  for (auto& [name, p] : model.named_parameters())
+    theirs.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p.tensor()));
   model.zero_grad();
 
-  for (size_t i = 0; i < ours.size(); ++i) {
+  for (size_t i = 0; i < ours.gradients.size(); ++i) {
     ParamGradError e;
-    e.name = ours[i].first;
-    const at::Tensor a = ours[i].second.to(at::kDouble);
-    const at::Tensor b = theirs[i].second.to(at::kDouble);
+    e.name = ours.gradients[i].first;
+    const at::Tensor a = ours.gradients[i].second.to(at::kDouble);
+    const at::Tensor b = theirs[i].to(at::kDouble);
     e.shape = a.sizes().vec();
     e.max_abs_error = (a - b).abs().max().item<double>();
     e.max_rel_error = e.max_abs_error / std::max(b.abs().max().item<double>(), 1e-12);
-    e.bitwise_equal = at::equal(ours[i].second, theirs[i].second);
+    e.bitwise_equal = at::equal(ours.gradients[i].second, theirs[i]);
     result.worst_rel_error = std::max(result.worst_rel_error, e.max_rel_error);
     result.params.push_back(std::move(e));
   }

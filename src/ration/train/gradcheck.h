@@ -1,6 +1,6 @@
 // gradcheck.h — the outside oracle for whole models: one step in our engine vs libtorch autograd.
 // Owns: running the same forward twice on the same batch, parameters and RNG seed — once
-//       differentiated by ration's engine (under whatever MemoryPolicy the caller installed: plain,
+//       differentiated by ration's engine (under the memory mode of the given StepRuntime: plain,
 //       budgeted recompute, offload), once by torch::autograd (OracleScope) — and comparing gradients.
 #pragma once
 #include <string>
@@ -8,6 +8,7 @@
 
 #include "ration/data/batch.h"
 #include "ration/models/model.h"
+#include "ration/train/step_runtime.h"
 
 namespace ration {
 
@@ -28,10 +29,12 @@ struct GradcheckResult {
 };
 
 // Buffers (batch-norm running statistics) are restored after each forward so both runs see the same state.
-GradcheckResult gradcheck(models::Model& model, const data::Batch& batch, uint64_t seed, double tolerance);
+GradcheckResult gradcheck(train::StepRuntime& runtime, models::Model& model, const data::Batch& batch, uint64_t seed,
+                          double tolerance);
 
-// Gradients of one engine step (ours), by parameter name, with buffers restored afterwards.
-std::vector<std::pair<std::string, at::Tensor>> engine_gradients(models::Model& model, const data::Batch& batch,
-                                                                 uint64_t seed, double* loss = nullptr);
+// One engine step (ours) under `runtime`: the gradients by parameter name in StepStats::gradients,
+// buffers restored afterwards, parameters' gradients cleared.
+train::StepStats engine_step(train::StepRuntime& runtime, models::Model& model, const data::Batch& batch,
+                             uint64_t seed);
 
 }  // namespace ration

@@ -17,15 +17,17 @@
 #include "ration/data/ctr_synthetic.h"
 #include "ration/data/fashion_mnist.h"
 #include "ration/data/text.h"
+#include "ration/models/families.h"
 #include "ration/memory/allocator.h"
 #include "ration/optim/adamw.h"
 #include "ration/optim/clip.h"
 #include "ration/optim/schedule.h"
 #include "ration/optim/sgd.h"
-#include "ration/memory/budget_policy.h"
 #include "ration/train/budget.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/progress.h"
+#include "ration/train/signals.h"
+#include "ration/train/step_runtime.h"
 
 namespace ration::train {
 namespace {
@@ -105,6 +107,12 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
   return r;
 }
 
+// Keys that do not change the weights a run computes: a run differing only in these is the same run
+// (checkpoints it writes at a step hold the same weights). Budgets and offload are bitwise-neutral.
+const std::vector<std::string> kWeightNeutralKeys = {
+    "train.checkpoint_dir", "train.checkpoint_every", "train.keep_checkpoints", "train.log_every",
+    "train.eval_every", "train.eval_batches", "train.steps", "train.epochs", "memory.", "offload."};
+
 std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params) {
   if (r.optimizer == "sgd") {
     optim::SGDOptions o;
@@ -160,6 +168,13 @@ RunSettings read_run_settings(Config& cfg) {
   r.keep_checkpoints = cfg.get_int("train.keep_checkpoints", r.keep_checkpoints);
   RATION_CHECK(r.epochs > 0 && r.steps >= 0 && r.keep_checkpoints >= 1, cfg.origin(),
                ": train.epochs must be >= 1, train.steps >= 0 (0: use epochs), train.keep_checkpoints >= 1");
+  RATION_CHECK(r.eval_every >= 0, cfg.origin(), ": train.eval_every must be >= 0 (0: at each epoch's end), got ",
+               r.eval_every);
+  RATION_CHECK(r.eval_batches >= 0, cfg.origin(), ": train.eval_batches must be >= 0 (0: the whole set), got ",
+               r.eval_batches);
+  RATION_CHECK(r.checkpoint_every >= 0, cfg.origin(), ": train.checkpoint_every must be >= 0 (0: only at the end), got ",
+               r.checkpoint_every);
+  RATION_CHECK(r.log_every >= 1, cfg.origin(), ": train.log_every must be >= 1, got ", r.log_every);
   return r;
 }
 
@@ -183,6 +198,7 @@ Setup build_setup(Config config) {
   manual_seed(s.seed);
 
   s.data_kind = cfg.get_choice("data.kind", "fashion_mnist", {"fashion_mnist", "text", "synthetic_ctr", "movielens"});
+  int64_t data_max_token = -1;  // text: the largest byte value in the corpus
   memory::CategoryGuard data_memory(memory::Category::Data);
   if (s.data_kind == "synthetic_ctr" || s.data_kind == "movielens") {
     data::CtrSets sets = data::make_ctr_datasets(cfg, s.data_kind);
@@ -206,11 +222,17 @@ Setup build_setup(Config config) {
     s.train_set = std::make_shared<data::TextWindows>(corpus.train(), seq_len, 1);
     s.eval_set = std::make_shared<data::TextWindows>(corpus.val(), seq_len, seq_len);
     s.unigram_entropy_nats = corpus.unigram_entropy(/*bits=*/false);
+    data_max_token = std::max(corpus.train().max().item<int64_t>(), corpus.val().max().item<int64_t>());
   }
   const std::string device = cfg.get_choice("train.device", "cpu", {"cpu", "cuda"});
   {
     memory::CategoryGuard param_memory(memory::Category::Parameters);
     s.model = models::build_model(cfg);
+  }
+  if (const auto* lm = dynamic_cast<const models::LanguageModel*>(s.model.get()); lm && data_max_token >= 0) {
+    RATION_CHECK(data_max_token < lm->vocab_size(), cfg.origin(), ": model.vocab_size = ", lm->vocab_size(),
+                 " but the text in data.files has byte values up to ", data_max_token, "; hint: set model.vocab_size >= ",
+                 data_max_token + 1, " (256 covers every byte)");
   }
   if (device == "cuda") {
 #ifndef RATION_CUDA
@@ -232,278 +254,418 @@ data::Batch sample_batch(const Setup& setup, int64_t batch_size, uint64_t seed) 
   return loader.next();
 }
 
-nlohmann::json run_training(const TrainOptions& options) {
-  const auto t_start = Clock::now();
-  Config cfg = load_config(options.config_path, options.overrides);
-  Setup setup = build_setup(std::move(cfg));
-  Config& c = setup.config;
-  models::Model& model = *setup.model;
+namespace {
 
-  auto params = model.named_parameters();
-  const RunSettings run = read_run_settings(c);
-  const BudgetSettings budget = read_budget_settings(c);
-  const OffloadSettings offload = read_offload_settings(c);
-  c.check_all_used();
-  auto optimizer = build_optimizer(run, params);
-  const double clip = run.clip_grad_norm;
-  const int64_t epochs = options.epochs.value_or(run.epochs);
-  const int64_t eval_every = run.eval_every;
-  const std::string& ckpt_dir = run.checkpoint_dir;
+// ---- the pieces of a run ---------------------------------------------------------------------------
 
-  data::Loader loader(setup.train_set, {setup.batch_size, /*shuffle=*/true, setup.seed, /*drop_last=*/true});
-  const int64_t per_epoch = loader.batches_per_epoch();
-  RATION_CHECK(per_epoch > 0, c.origin(), ": train.batch_size ", setup.batch_size, " is larger than the training set (",
-               setup.train_set->size(), " items)");
-  const int64_t total_steps = options.steps ? *options.steps : (run.steps > 0 ? run.steps : epochs * per_epoch);
-  const optim::WarmupCosine schedule(run.lr, run.schedule == "constant" ? run.lr : run.min_lr,
-                                     std::min(run.warmup_steps, total_steps),
-                                     total_steps);
+// Plan, measure, correct: the simulator can under-count (a workspace the profile did not see); when a
+// step's measured peak exceeds the budget, plan again for a budget lowered by the overshoot plus a
+// margin, while that stays feasible.
+class BudgetCorrector {
+ public:
+  // Each correction costs a planning pass; a plan still over after this many is reported as over
+  // (memory.within_budget false, a warning) rather than chased further.
+  static constexpr int kMaxReplans = 3;
+  // The margin: a quarter of the overshoot on top of it, so that one correction usually suffices
+  // (the under-count grows with what the new plan drops, roughly in proportion).
+  static constexpr int64_t kMarginFractionOfOvershoot = 4;
 
-  Progress progress(options.json, run.log_every);
-  int64_t step = 0;
-  if (!options.resume.empty()) {
-    const Checkpoint ckpt = load_checkpoint(options.resume);
-    restore_weights(ckpt, params, model.named_buffers());
-    if (ckpt.metadata.ints.count("external_state_step"))
-      model.restore_external_state(std::filesystem::path(ckpt.path).parent_path().string(),
-                                   ckpt.metadata.ints.at("external_state_step"));
-    optimizer->import_state(ckpt.optimizer);
-    loader.set_position({ckpt.metadata.ints.at("epoch"), ckpt.metadata.ints.at("loader_index")});
-    step = ckpt.step;
-    progress.note("resumed from " + ckpt.path + " at step " + std::to_string(step));
+  BudgetCorrector(StepRuntime& runtime, int64_t user_budget) : runtime_(runtime), user_budget_(user_budget) {}
+
+  // After a step measured `peak`: a note for the progress output when it re-planned, else empty.
+  std::string after_step(int64_t step, int64_t peak) {
+    memory::Plan* plan = runtime_.current_plan();
+    if (!plan || peak <= user_budget_ || replans_ >= kMaxReplans) return {};
+    const int64_t over = peak - user_budget_;
+    const int64_t target = planned_budget_ - over - over / kMarginFractionOfOvershoot;
+    if (target < plan->minimum_peak_bytes) return {};
+    planned_budget_ = target;
+    runtime_.replan(target);
+    runtime_.current_plan()->budget_bytes = user_budget_;  // report against the user's budget
+    ++replans_;
+    return "step " + std::to_string(step + 1) + " measured " + memory::format_bytes(peak) +
+           " over the budget: re-planned for " + memory::format_bytes(target);
+  }
+  int replans() const { return replans_; }
+
+ private:
+  StepRuntime& runtime_;
+  int64_t user_budget_;
+  int64_t planned_budget_ = user_budget_;
+  int replans_ = 0;
+};
+
+}  // namespace
+
+nlohmann::json offload_stats_json(const memory::OffloadStats& s) {
+  return {{"offloaded_values", s.offloaded_values},   {"offloaded_storages", s.offloaded_storages},
+          {"written_bytes", s.written_bytes},         {"read_bytes", s.read_bytes},
+          {"prefetches", s.prefetches},               {"demand_fetches", s.demand_fetches},
+          {"deferred_prefetches", s.deferred_prefetches}, {"forward_pauses", s.forward_pauses},
+          {"deadline_waits", s.deadline_waits},       {"fallbacks", s.fallbacks},
+          {"write_ms", s.write_ms},                   {"read_ms", s.read_ms},
+          {"forward_pause_ms", s.forward_pause_ms},   {"fetch_wait_ms", s.fetch_wait_ms},
+          {"max_usage_bytes", s.max_usage_bytes}};
+}
+
+namespace {
+
+// What the steps measured, summed up for the report.
+struct StepRecord {
+  nlohmann::json losses = nlohmann::json::array();
+  std::vector<double> step_ms, recompute_ms;
+  std::vector<int64_t> peaks;
+  int64_t items = 0;
+  double seconds = 0;
+
+  void add(const StepStats& st, int64_t items_in_batch, bool planned) {
+    step_ms.push_back(st.ms);
+    peaks.push_back(st.peak_bytes);
+    if (planned) recompute_ms.push_back(st.recompute_ms);
+    seconds += st.ms / 1000.0;
+    items += items_in_batch;
+    losses.push_back(st.loss);
+  }
+  double items_per_second() const { return static_cast<double>(items) / std::max(seconds, 1e-9); }
+  int64_t worst_peak() const { return peaks.empty() ? 0 : *std::max_element(peaks.begin(), peaks.end()); }
+};
+
+// A step's dropout seed is train.seed * kSeedSpread + step: 2^64 divided by the golden ratio (odd), so
+// runs with nearby train.seed values draw from far-apart seeds instead of sharing most of their steps'.
+constexpr uint64_t kSeedSpread = 0x9E3779B97F4A7C15ULL;
+
+// One run of `ration train`: built from the options, then steps, evaluations, checkpoints, report.
+class TrainingRun {
+ public:
+  explicit TrainingRun(const TrainOptions& options)
+      : options_(options), setup_(build_setup(load_config(options.config_path, options.overrides))),
+        model_(*setup_.model), params_(model_.named_parameters()), run_(read_run_settings(setup_.config)),
+        runtime_(read_memory_settings(setup_.config)),
+        loader_(setup_.train_set, {setup_.batch_size, /*shuffle=*/true, setup_.seed, /*drop_last=*/true}),
+        progress_(options.json, run_.log_every) {
+    Config& c = setup_.config;
+    c.check_all_used();
+    optimizer_ = build_optimizer(run_, params_);
+    per_epoch_ = loader_.batches_per_epoch();
+    RATION_CHECK(per_epoch_ > 0, c.origin(), ": train.batch_size ", setup_.batch_size,
+                 " is larger than the training set (", setup_.train_set->size(), " items)");
+    const int64_t epochs = options.epochs.value_or(run_.epochs);
+    total_steps_ = options.steps ? *options.steps : (run_.steps > 0 ? run_.steps : epochs * per_epoch_);
+    schedule_ = std::make_unique<optim::WarmupCosine>(run_.lr, run_.schedule == "constant" ? run_.lr : run_.min_lr,
+                                                      std::min(run_.warmup_steps, total_steps_), total_steps_);
+    fingerprint_ = c.fingerprint(kWeightNeutralKeys) + "-" + std::to_string(total_steps_);
   }
 
-  auto save = [&](int64_t at_step) {
-    if (ckpt_dir.empty()) return std::string();
-    Metadata meta;
-    meta.ints["epoch"] = loader.position().epoch;
-    meta.ints["loader_index"] = loader.position().index;
-    meta.ints["seed"] = static_cast<int64_t>(setup.seed);
-    model.save_external_state(ckpt_dir, at_step);  // parameter-server snapshot consistent with these weights
-    meta.ints["external_state_step"] = at_step;
-    NamedTensors weights;
-    for (auto& [n, p] : params) weights.emplace_back(n, p.tensor());
-    for (auto& [n, b] : model.named_buffers()) weights.emplace_back(n, b);
-    return save_checkpoint(ckpt_dir, at_step, weights, optimizer->export_state(), meta,
-                           static_cast<int>(run.keep_checkpoints));
-  };
+  nlohmann::json run() {
+    resume();
+    prepare_checkpoint_dir();
+    // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
+    const InterruptScope interrupt;
+    model_.train();
+    memory::reset_peak();
+    first_step_ = step_;
+    plan_memory();
+    for (; step_ < total_steps_; ++step_) {
+      train_one_step();
+      after_step_duties();
+      if ((stop_signal_ = InterruptScope::requested()) != 0) {
+        ++step_;  // this step is done
+        break;
+      }
+    }
+    progress_.finish();
+    // A stopped run skips the final evaluation (the user is waiting) and saves where it stopped.
+    if (stop_signal_ != 0) {
+      progress_.note(std::string("stopped by ") + InterruptScope::name(stop_signal_) + " after step " +
+                     std::to_string(step_));
+    } else if (evals_.empty() || evals_.back()["step"].get<int64_t>() != total_steps_) {
+      evaluate_now(total_steps_);
+    }
+    std::string final_ckpt, checkpoint_error;
+    try {
+      final_ckpt = save(step_);
+    } catch (const Error& e) {
+      checkpoint_error = e.message();  // reported after the report is written
+    }
+    if (!final_ckpt.empty()) progress_.note("checkpoint " + final_ckpt);
+    nlohmann::json report = build_report(final_ckpt);
+    if (!checkpoint_error.empty()) report["checkpoint_error"] = checkpoint_error;
+    write_report(report, checkpoint_error);
+    RATION_CHECK(checkpoint_error.empty(), "the final checkpoint was not saved: ", checkpoint_error,
+                 options_.report_path.empty() ? "" : "; the report was written to " + options_.report_path);
+    return report;
+  }
 
-  const bool is_lm = setup.data_kind == "text";
-  const bool is_ctr = setup.data_kind == "synthetic_ctr" || setup.data_kind == "movielens";
-  const char* unit = is_lm ? "tok/s" : is_ctr ? "samples/s" : "img/s";
-  nlohmann::json losses = nlohmann::json::array();
-  nlohmann::json evals = nlohmann::json::array();
-  std::vector<double> step_ms;
-  std::vector<int64_t> step_peaks;
-  int64_t items_done = 0;
-  double train_seconds = 0;
-  model.train();
-  memory::reset_peak();
-  const int64_t first_step = step;
+ private:
+  bool is_lm() const { return setup_.data_kind == "text"; }
+  bool is_ctr() const { return setup_.data_kind == "synthetic_ctr" || setup_.data_kind == "movielens"; }
 
-  // Memory budget: profile one step (no update), plan keep/recompute, execute the plan every step.
-  std::optional<memory::Plan> plan;
-  std::unique_ptr<memory::BudgetPolicy> policy;
-  memory::StepProfile profile;
-  memory::PlanOptions plan_options = budget.plan;
-  int64_t replans = 0;
-  // Offload (seed M2): without a budget the threshold loop; with one, a third choice for the planner.
-  std::unique_ptr<memory::OffloadEngine> offload_engine;
-  std::unique_ptr<memory::OffloadPolicy> offload_policy;
-  if (offload.enabled) {
-    offload_engine = std::make_unique<memory::OffloadEngine>(offload.options);
-    if (budget.budget_bytes) {
-      plan_options.offload = memory::measure_offload_costs(offload_engine->tier(), offload.options);
-    } else {
-      offload_policy = std::make_unique<memory::OffloadPolicy>(*offload_engine);
+  void resume() {
+    if (options_.resume.empty()) return;
+    const Checkpoint ckpt = load_checkpoint(options_.resume);
+    RATION_CHECK(ckpt.step < total_steps_, "checkpoint ", ckpt.path, " is at step ", ckpt.step, " but this run has ",
+                 total_steps_, " steps in all, so there is nothing to train; hint: pass --steps greater than ",
+                 ckpt.step, " (the total, not the number of further steps)");
+    restore_weights(ckpt, params_, model_.named_buffers());
+    if (ckpt.metadata.ints.count("external_state_step"))  // parameter-server shards of the same step
+      model_.restore_external_state(std::filesystem::path(ckpt.path).parent_path().string(),
+                                    ckpt.metadata.ints.at("external_state_step"));
+    optimizer_->import_state(ckpt.optimizer);
+    loader_.set_position({ckpt.metadata.ints.at("epoch"), ckpt.metadata.ints.at("loader_index")});
+    step_ = ckpt.step;
+    progress_.note("resumed from " + ckpt.path + " at step " + std::to_string(step_));
+    const auto planned = ckpt.metadata.ints.find("total_steps");
+    if (planned != ckpt.metadata.ints.end() && planned->second != total_steps_) {
+      notes_.push_back("the saved run was planned for " + std::to_string(planned->second) + " steps, this one for " +
+                       std::to_string(total_steps_) + ": the learning-rate schedule changes from step " +
+                       std::to_string(step_) + " on (warm-up " +
+                       std::to_string(std::min(run_.warmup_steps, total_steps_)) +
+                       " steps, decay to optim.min_lr at step " + std::to_string(total_steps_) + ")");
+      progress_.note("note: " + notes_.back().get<std::string>());
     }
   }
-  auto make_policy = [&] {
-    plan = memory::make_plan(profile, plan_options);
-    policy = std::make_unique<memory::BudgetPolicy>(*plan, profile, offload_engine.get());
-  };
-  if (budget.budget_bytes) {
-    const data::LoaderPosition here = loader.position();
-    const data::Batch first = loader.next();
-    loader.set_position(here);
-    profile = profile_step(model, first, setup.seed);
-    plan_options.extra_fixed_bytes = unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, model);
-    make_policy();
-    progress.note(plan->to_table());
-  }
-  std::vector<double> recompute_ms;
 
-  auto do_eval = [&](int64_t at_step) {
+  // The checkpoint directory is locked, and checked writable and free of another run's later steps,
+  // before the first step (not after the last).
+  void prepare_checkpoint_dir() {
+    if (run_.checkpoint_dir.empty()) return;
+    checkpoint_lock_.emplace(run_.checkpoint_dir);
+    check_run_may_write(run_.checkpoint_dir, step_, fingerprint_);
+  }
+
+  // With a budget: profile one step on the first batch (no update) and plan; the plan runs from the
+  // first step on.
+  void plan_memory() {
+    const BudgetSettings& budget = runtime_.settings().budget;
+    if (!budget.budget_bytes) return;
+    const data::LoaderPosition here = loader_.position();
+    const data::Batch first = loader_.next();
+    loader_.set_position(here);
+    const memory::Plan* plan = runtime_.prepare(
+        model_, first, setup_.seed, unseen_optimizer_bytes(run_.optimizer, run_.momentum, run_.amsgrad, model_));
+    corrector_.emplace(runtime_, *budget.budget_bytes);
+    progress_.note(plan->to_table());
+  }
+
+  void train_one_step() {
+    const double lr = schedule_->apply(*optimizer_, step_);
+    data::Batch batch = loader_.next();  // workspace: batches are device memory, the dataset is not
+    StepOptions o;
+    o.step = step_;
+    // Dropout masks are a function of (seed, step), so a resumed run draws exactly what it would have.
+    o.seed = setup_.seed * kSeedSpread + static_cast<uint64_t>(step_);
+    o.optimizer = optimizer_.get();
+    o.clip_grad_norm = run_.clip_grad_norm;
+    const StepStats st = runtime_.measure_step(model_, batch, o);
+    if (corrector_) {
+      const std::string note = corrector_->after_step(step_, st.peak_bytes);
+      if (!note.empty()) progress_.note(note);
+    }
+    RATION_CHECK(std::isfinite(st.loss), "loss became ", st.loss, " at step ", step_,
+                 "; lower optim.lr or set optim.clip_grad_norm");
+    record_.add(st, batch.items, runtime_.mode() == MemoryMode::Plan);
+    show_progress(st, lr);
+  }
+
+  void show_progress(const StepStats& st, double lr) {
+    const double eta = static_cast<double>(total_steps_ - step_ - 1) *
+                       (record_.seconds / static_cast<double>(step_ - first_step_ + 1));
+    const std::string gnorm =
+        run_.clip_grad_norm > 0 ? std::string(" | gnorm ") + std::to_string(st.grad_norm).substr(0, 6) : "";
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s | eta %s",
+                  static_cast<long long>(step_ + 1), static_cast<long long>(total_steps_), st.loss,
+                  record_.items_per_second(), is_lm() ? "tok/s" : is_ctr() ? "samples/s" : "img/s",
+                  memory::format_bytes(memory::device_current_bytes(st.memory)).c_str(),
+                  memory::format_bytes(st.peak_bytes).c_str(), lr, gnorm.c_str(), format_duration(eta).c_str());
+    progress_.update(step_ + 1, line, step_ + 1 == total_steps_);
+  }
+
+  // Evaluation (train.eval_every, or each epoch's end for classifiers) and periodic checkpoints.
+  void after_step_duties() {
+    const int64_t done = step_ + 1;
+    const bool epoch_end = !is_lm() && done % per_epoch_ == 0;
+    if ((run_.eval_every > 0 && done % run_.eval_every == 0) || (run_.eval_every == 0 && epoch_end)) evaluate_now(done);
+    if (run_.checkpoint_every > 0 && done % run_.checkpoint_every == 0 && done < total_steps_) {
+      const std::string path = save(done);
+      if (!path.empty()) progress_.note("checkpoint " + path);
+    }
+  }
+
+  void evaluate_now(int64_t at_step) {
     const auto t0 = Clock::now();
-    const EvalResult r = evaluate(model, setup.eval_set, setup.batch_size, run.eval_batches);
+    const EvalResult r = evaluate(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches);
     nlohmann::json e = {{"step", at_step}, {"loss", r.loss}, {"items", r.count}, {"seconds", seconds_since(t0)}};
     char line[256];
-    if (is_lm) {
+    if (is_lm()) {
       e["bits_per_byte"] = r.loss / std::log(2.0);
-      e["unigram_entropy_bits"] = setup.unigram_entropy_nats / std::log(2.0);
+      e["unigram_entropy_bits"] = setup_.unigram_entropy_nats / std::log(2.0);
       std::snprintf(line, sizeof line, "eval @%lld: loss %.4f nats/byte = %.3f bits/byte (unigram entropy %.3f bits)",
                     static_cast<long long>(at_step), r.loss, r.loss / std::log(2.0),
-                    setup.unigram_entropy_nats / std::log(2.0));
+                    setup_.unigram_entropy_nats / std::log(2.0));
     } else if (r.auc) {
       e["auc"] = *r.auc;
       e["logloss"] = r.loss;
-      if (setup.planted_auc) e["planted_auc"] = *setup.planted_auc;
+      if (setup_.planted_auc) e["planted_auc"] = *setup_.planted_auc;
       std::snprintf(line, sizeof line, "eval @%lld: auc %.4f, logloss %.4f (%lld samples)%s",
                     static_cast<long long>(at_step), *r.auc, r.loss, static_cast<long long>(r.count),
-                    setup.planted_auc ? (" | planted model auc " + std::to_string(*setup.planted_auc).substr(0, 6)).c_str() : "");
+                    setup_.planted_auc
+                        ? (" | planted model auc " + std::to_string(*setup_.planted_auc).substr(0, 6)).c_str()
+                        : "");
     } else {
       e["accuracy"] = r.accuracy;
       std::snprintf(line, sizeof line, "eval @%lld: loss %.4f, accuracy %.2f%% (%lld images)",
                     static_cast<long long>(at_step), r.loss, 100 * r.accuracy, static_cast<long long>(r.count));
     }
-    progress.note(line);
-    evals.push_back(e);
-  };
-
-  for (; step < total_steps; ++step) {
-    const double lr = schedule.apply(*optimizer, step);
-    data::Batch batch = loader.next();  // workspace: batches are device memory, the dataset is not
-    // Dropout masks are a function of (seed, step), so a resumed run draws exactly what it would have.
-    manual_seed(setup.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(step));
-    const auto t0 = Clock::now();
-    memory::reset_peak();
-    double loss_value = 0;
-    {
-      memory::CategoryGuard workspace(memory::Category::Workspace);
-      PolicyScope scope(policy ? static_cast<MemoryPolicy*>(policy.get()) : offload_policy.get());
-      if (policy) policy->begin_step();
-      Value loss = model.loss(batch);
-      loss_value = loss.item();
-      loss.backward();
-      if (policy) recompute_ms.push_back(policy->recompute_ms());
-    }
-    double gnorm = 0;
-    if (clip > 0) gnorm = optim::clip_grad_norm(params, clip);
-    optimizer->step();
-    optimizer->zero_grad();
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    const memory::Stats ms_now = memory::stats();
-    step_peaks.push_back(memory::device_peak_bytes(ms_now));
-    // Plan, measure, correct: if a step overshot the budget (the simulator under-counted something),
-    // plan again for a budget lowered by the overshoot, while that stays feasible.
-    if (plan && step_peaks.back() > plan->budget_bytes && replans < 3) {
-      const int64_t over = step_peaks.back() - plan->budget_bytes;
-      const int64_t target = plan_options.budget_bytes - over - (over / 4);
-      if (target >= plan->minimum_peak_bytes) {
-        plan_options.budget_bytes = target;
-        make_policy();
-        plan->budget_bytes = budget.plan.budget_bytes;  // report against the user's budget
-        ++replans;
-        progress.note("step " + std::to_string(step + 1) + " measured " + memory::format_bytes(step_peaks.back()) +
-                      " over the budget: re-planned for " + memory::format_bytes(target));
-      }
-    }
-    RATION_CHECK(std::isfinite(loss_value), "loss became ", loss_value, " at step ", step,
-                 "; lower optim.lr or set optim.clip_grad_norm");
-    step_ms.push_back(ms);
-    train_seconds += ms / 1000.0;
-    items_done += batch.items;
-    losses.push_back(loss_value);
-
-    const double rate = static_cast<double>(items_done) / std::max(train_seconds, 1e-9);
-    const double eta = (total_steps - step - 1) * (train_seconds / static_cast<double>(step - first_step + 1));
-    char line[320];
-    std::snprintf(line, sizeof line,
-                  "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s | eta %s",
-                  static_cast<long long>(step + 1), static_cast<long long>(total_steps), loss_value, rate, unit,
-                  memory::format_bytes(memory::device_current_bytes(ms_now)).c_str(),
-                  memory::format_bytes(memory::device_peak_bytes(ms_now)).c_str(),
-                  lr, clip > 0 ? (std::string(" | gnorm ") + std::to_string(gnorm).substr(0, 6)).c_str() : "",
-                  format_duration(eta).c_str());
-    progress.update(step + 1, line, step + 1 == total_steps);
-
-    const bool epoch_end = !is_lm && (step + 1) % per_epoch == 0;
-    if ((eval_every > 0 && (step + 1) % eval_every == 0) || (eval_every == 0 && epoch_end)) do_eval(step + 1);
-    if (run.checkpoint_every > 0 && (step + 1) % run.checkpoint_every == 0 && step + 1 < total_steps) {
-      const std::string path = save(step + 1);
-      if (!path.empty()) progress.note("checkpoint " + path);
-    }
+    progress_.note(line);
+    evals_.push_back(e);
   }
-  progress.finish();
-  if (evals.empty() || evals.back()["step"].get<int64_t>() != total_steps) do_eval(total_steps);
-  std::string final_ckpt = save(total_steps);
-  if (!final_ckpt.empty()) progress.note("checkpoint " + final_ckpt);
 
-  memory::Stats peak_stats = memory::stats();
-  int64_t worst = 0;
-  for (auto p : step_peaks) worst = std::max(worst, p);
-  nlohmann::json mem = memory_json(peak_stats);
-  mem["peak_bytes"] = worst;  // max over steps of each step's measured device peak (dataset excluded)
-  mem["dataset_host_bytes"] = peak_stats.current[static_cast<int>(memory::Category::Data)];
-  nlohmann::json time_extra = nlohmann::json::object();
-  if (plan) {
-    mem["budget_bytes"] = plan->budget_bytes;
-    mem["predicted_peak_bytes"] = plan->prediction.peak_bytes;
-    mem["activation_capacity_bytes"] = plan->capacity_bytes;
-    mem["fixed_bytes"] = plan->fixed_bytes;
-    mem["within_budget"] = worst <= plan->budget_bytes;
-    mem["replans"] = replans;
-    mem["prediction_error"] = static_cast<double>(plan->prediction.peak_bytes - worst) / static_cast<double>(std::max<int64_t>(worst, 1));
-    double total = 0;
-    for (double r : recompute_ms) total += r;
-    time_extra["recompute_ms"] = median(recompute_ms);
-    time_extra["recompute_ms_total"] = total;
-    if (worst > plan->budget_bytes)
-      progress.note("warning: measured peak " + memory::format_bytes(worst) + " exceeded the budget " +
-                    memory::format_bytes(plan->budget_bytes));
+  std::string save(int64_t at_step) {
+    if (run_.checkpoint_dir.empty()) return std::string();
+    Metadata meta;
+    meta.ints["epoch"] = loader_.position().epoch;
+    meta.ints["loader_index"] = loader_.position().index;
+    meta.ints["seed"] = static_cast<int64_t>(setup_.seed);
+    meta.ints["total_steps"] = total_steps_;
+    model_.save_external_state(run_.checkpoint_dir, at_step);  // parameter-server snapshot of these weights
+    meta.ints["external_state_step"] = at_step;
+    NamedTensors weights;
+    for (auto& [n, p] : params_) weights.emplace_back(n, p.tensor());
+    for (auto& [n, b] : model_.named_buffers()) weights.emplace_back(n, b);
+    return save_checkpoint(run_.checkpoint_dir, at_step, weights, optimizer_->export_state(), meta,
+                           static_cast<int>(run_.keep_checkpoints), fingerprint_);
   }
-  // The first step allocates optimiser state and warms caches: leave it out of the median when possible.
-  const std::vector<double> steady(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
-  nlohmann::json report = {
-      {"config", options.config_path},
-      {"model", model.family()},
-      {"parameters", model.num_parameters()},
-      {"steps", total_steps},
-      {"first_step", first_step},
-      {"loss", losses},
-      {"eval", evals},
-      {"memory", mem},
-      {"time",
-       {{"step_ms_median", median(steady)},
-        {"train_seconds", train_seconds},
-        {"wall_seconds", seconds_since(t_start)},
-        {"items_per_second", static_cast<double>(items_done) / std::max(train_seconds, 1e-9)}}},
-      {"checkpoint", final_ckpt},
-      {"plan", plan ? plan->to_json() : nlohmann::json(nullptr)},
-      {"effective_config", setup.config.effective()},
-  };
-  for (auto& [k, v] : time_extra.items()) report["time"][k] = v;
-  if (auto metrics = model.report_metrics(); !metrics.empty()) {
-    nlohmann::json ps = nlohmann::json::object();
-    for (const auto& [k, v] : metrics) ps[k] = v;
-    report["ps"] = ps;
+
+  nlohmann::json memory_report() {
+    const memory::Stats peak_stats = memory::stats();
+    const int64_t worst = record_.worst_peak();
+    nlohmann::json mem = memory_json(peak_stats);
+    mem["peak_bytes"] = worst;  // max over steps of each step's measured device peak (dataset excluded)
+    mem["dataset_host_bytes"] = peak_stats.current[static_cast<int>(memory::Category::Data)];
+    if (const memory::Plan* plan = runtime_.current_plan()) {
+      mem["budget_bytes"] = plan->budget_bytes;
+      mem["predicted_peak_bytes"] = plan->prediction.peak_bytes;
+      mem["activation_capacity_bytes"] = plan->capacity_bytes;
+      mem["fixed_bytes"] = plan->fixed_bytes;
+      mem["within_budget"] = worst <= plan->budget_bytes;
+      mem["replans"] = corrector_ ? corrector_->replans() : 0;
+      mem["prediction_error"] =
+          static_cast<double>(plan->prediction.peak_bytes - worst) / static_cast<double>(std::max<int64_t>(worst, 1));
+      if (worst > plan->budget_bytes)
+        progress_.note("warning: measured peak " + memory::format_bytes(worst) + " exceeded the budget " +
+                       memory::format_bytes(plan->budget_bytes));
+    }
+    return mem;
   }
-  if (offload_engine) {
-    const memory::OffloadOptions& o = offload.options;
+
+  nlohmann::json time_report() const {
+    // The first step allocates optimiser state and warms caches: leave it out of the median when possible.
+    const std::vector<double>& ms = record_.step_ms;
+    const std::vector<double> steady(ms.begin() + (ms.size() > 1 ? 1 : 0), ms.end());
+    nlohmann::json t = {{"step_ms_median", median(steady)},
+                        {"train_seconds", record_.seconds},
+                        {"wall_seconds", seconds_since(t_start_)},
+                        {"items_per_second", record_.items_per_second()}};
+    if (runtime_.current_plan()) {
+      double total = 0;
+      for (double r : record_.recompute_ms) total += r;
+      t["recompute_ms"] = median(record_.recompute_ms);
+      t["recompute_ms_total"] = total;
+    }
+    return t;
+  }
+
+  nlohmann::json offload_report() {
+    const memory::OffloadOptions& o = runtime_.settings().offload.options;
     auto limit = [](int64_t t) { return t == memory::kNoLimit ? nlohmann::json(nullptr) : nlohmann::json(t); };
-    report["offload"] = {{"mode", plan ? "plan" : "thresholds"},
-                         {"tier", offload_engine->tier().name()},
-                         {"t1", o.t1},
-                         {"t2", limit(o.t2)},
-                         {"t3", limit(o.t3)},
-                         {"min_bytes", o.min_bytes},
-                         {"prefetch", o.prefetch},
-                         {"steps", total_steps - first_step},
-                         {"totals", offload_engine->stats().to_json()}};
+    return {{"mode", runtime_.current_plan() ? "plan" : "thresholds"},
+            {"tier", runtime_.engine()->tier().name()},
+            {"t1", o.t1},
+            {"t2", limit(o.t2)},
+            {"t3", limit(o.t3)},
+            {"min_bytes", o.min_bytes},
+            {"prefetch", o.prefetch},
+            {"steps", total_steps_ - first_step_},
+            {"totals", offload_stats_json(runtime_.engine()->stats())}};
   }
-  if (!options.report_path.empty()) {
-    const std::filesystem::path p(options.report_path);
+
+  nlohmann::json build_report(const std::string& final_ckpt) {
+    const memory::Plan* plan = runtime_.current_plan();
+    nlohmann::json report = {
+        {"config", options_.config_path},
+        {"model", model_.family()},
+        {"parameters", model_.num_parameters()},
+        {"steps", total_steps_},
+        {"first_step", first_step_},
+        {"last_step", step_},
+        {"interrupted", stop_signal_ != 0},
+        {"notes", notes_},
+        {"loss", record_.losses},
+        {"eval", evals_},
+        {"memory", memory_report()},
+        {"time", time_report()},
+        {"checkpoint", final_ckpt},
+        {"plan", plan ? plan->to_json() : nlohmann::json(nullptr)},
+        {"effective_config", setup_.config.effective()},
+    };
+    if (runtime_.engine()) report["offload"] = offload_report();
+    if (auto metrics = model_.report_metrics(); !metrics.empty()) {
+      nlohmann::json ps = nlohmann::json::object();
+      for (const auto& [k, v] : metrics) ps[k] = v;
+      report["ps"] = ps;
+    }
+    if (stop_signal_ != 0) {
+      report["interrupted_by"] = InterruptScope::name(stop_signal_);
+      report["exit_status"] = InterruptScope::exit_status(stop_signal_);
+    }
+    return report;
+  }
+
+  // `checkpoint_error`: the final save's failure, named too if the report cannot be written either.
+  void write_report(const nlohmann::json& report, const std::string& checkpoint_error) {
+    if (options_.report_path.empty()) return;
+    const std::filesystem::path p(options_.report_path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-    const std::string tmp = options.report_path + ".tmp";
+    const std::string tmp = options_.report_path + ".tmp";
+    bool written = false;
     {
       std::ofstream out(tmp);
-      RATION_CHECK(out.good(), "cannot write report '", options.report_path, "'");
       out << report.dump(2) << "\n";
+      out.flush();
+      written = out.good();
     }
-    std::filesystem::rename(tmp, options.report_path);
-    progress.note("report " + options.report_path);
+    if (!written) std::filesystem::remove(tmp);
+    RATION_CHECK(written, "cannot write report '", options_.report_path, "'; hint: is its directory writable, the disk ",
+                 "full?", checkpoint_error.empty() ? "" : " (the final checkpoint failed too: " + checkpoint_error + ")");
+    std::filesystem::rename(tmp, options_.report_path);
+    progress_.note("report " + options_.report_path);
   }
-  return report;
-}
+
+  const Clock::time_point t_start_ = Clock::now();
+  const TrainOptions& options_;
+  Setup setup_;
+  models::Model& model_;
+  optim::NamedParams params_;
+  RunSettings run_;
+  StepRuntime runtime_;
+  data::Loader loader_;
+  Progress progress_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::WarmupCosine> schedule_;
+  std::optional<BudgetCorrector> corrector_;
+  int64_t per_epoch_ = 0, total_steps_ = 0, step_ = 0, first_step_ = 0;
+  std::string fingerprint_;                            // this run's identity in its checkpoints
+  std::optional<CheckpointDirLock> checkpoint_lock_;  // held from before the first step to the end
+  int stop_signal_ = 0;                               // SIGINT/SIGTERM that stopped the run, or 0
+  nlohmann::json notes_ = nlohmann::json::array();   // things the user should know, also in the report
+  StepRecord record_;
+  nlohmann::json evals_ = nlohmann::json::array();
+};
+
+}  // namespace
+
+nlohmann::json run_training(const TrainOptions& options) { return TrainingRun(options).run(); }
 
 }  // namespace ration::train

@@ -1,8 +1,9 @@
 // trainer.h — `ration train`: config -> data, model, optimiser -> steps with progress, evaluation,
 // checkpoints and a JSON report.
-// Owns: the training loop and its report. Does not own: the model (models/), the data (data/), the
-//       update rule (optim/), the on-disk checkpoint layout (train/checkpoint.h), or memory policy
-//       (memory/, installed around the step when a budget is set).
+// Owns: the training loop (TrainingRun in trainer.cpp: steps, budget correction, evaluation,
+//       checkpoints) and its report. Does not own: the model (models/), the data (data/), the update rule
+//       (optim/), the on-disk checkpoint layout (train/checkpoint.h), or one step's execution and memory
+//       runtime (train/step_runtime.h).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "ration/data/dataset.h"
+#include "ration/memory/offload.h"
 #include "ration/models/model.h"
 #include "ration/config/config.h"
 
@@ -62,6 +64,9 @@ data::Batch sample_batch(const Setup& setup, int64_t batch_size, uint64_t seed);
 
 // Runs training; returns the report (also written to options.report_path when set).
 nlohmann::json run_training(const TrainOptions& options);
+
+// The offload engine's counters as JSON (the report's offload.totals; benchmarks).
+nlohmann::json offload_stats_json(const memory::OffloadStats& stats);
 
 // Loads a config file and applies --set overrides, with errors naming the file.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
