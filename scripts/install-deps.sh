@@ -6,7 +6,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-pthread libgloo-dev zlib1g-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
-  libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc protobuf-compiler
+  libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc protobuf-compiler libabsl-dev librocksdb-dev openssl
   python3-torch dataset-fashion-mnist
   chromium fonts-dejavu-core  # tests/cli/plan_html_render.sh renders `ration plan --html` headless
 )

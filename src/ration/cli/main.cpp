@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "ration/cli/seq_commands.h"
+#include "ps_command.h"
 #include "ration/core/check.h"
 #include "ration/core/trace.h"
 #include "ration/dist/launch.h"
@@ -338,6 +339,8 @@ int main(int argc, char** argv) {
   ration::cli::SequenceCommands sequence_commands;
   sequence_commands.add_to(app);
 
+  auto ps_cmd = ration::cli::add_ps_command(app);
+
   CLI11_PARSE(app, argc, argv);
   train_budget.apply(topt.overrides);
   gc_budget.apply(gc_overrides);
@@ -359,6 +362,7 @@ int main(int argc, char** argv) {
     if (const int rc = sequence_commands.run_selected(); rc >= 0) return rc;
     if (*plan)
       return with_trace(plan_trace, [&] { return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json, plan_html); });
+    if (*ps_cmd->ps) return ration::cli::run_ps_command(*ps_cmd);
   } catch (const ration::Error& e) {
     std::fprintf(stderr, "\nerror: %s\n", ration::describe_error(e).c_str());
     return 2;

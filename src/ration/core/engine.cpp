@@ -29,6 +29,13 @@ void add_into(at::Tensor& slot, at::Tensor g) {
 
 void accumulate_leaf(ValueImpl& leaf, at::Tensor g) {
   memory::CategoryGuard cat(memory::Category::Gradients);
+  // Sparse row gradients (ops::embedding_bag) stay sparse: only the touched rows exist.
+  if (g.is_sparse() || (leaf.grad.defined() && leaf.grad.is_sparse())) {
+    if (!leaf.grad.defined()) leaf.grad = std::move(g);
+    else if (leaf.grad.is_sparse() && g.is_sparse()) leaf.grad = (leaf.grad + g).coalesce();
+    else leaf.grad = leaf.grad.is_sparse() ? g + leaf.grad : leaf.grad + g;  // dense + sparse is dense
+    return;
+  }
   if (!leaf.grad.defined()) {
     const bool unique = g.use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
                         g.storage_offset() == 0 && g.numel() * g.element_size() == static_cast<int64_t>(g.storage().nbytes());

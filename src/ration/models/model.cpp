@@ -8,6 +8,7 @@
 
 #include "ration/core/check.h"
 #include "ration/models/cnn.h"
+#include "ration/models/ctr.h"
 #include "ration/models/families.h"
 #include "ration/models/gpt.h"
 #include "ration/models/lstm_lm.h"
@@ -106,7 +107,7 @@ EvalStats LanguageModel::evaluate(const data::Batch& batch) {
 // ---- factory --------------------------------------------------------------------------------------
 std::unique_ptr<Model> build_model(Config& cfg) {
   RATION_CHECK(cfg.has("model.type"), cfg.origin(), ": no model.type; hint: add a [model] section with type = ",
-               "\"mlp\", \"cnn\", \"gpt\", \"lstm_lm\" or \"tcn_lm\" (or --set model.type=gpt)");
+               "\"mlp\", \"cnn\", \"gpt\", \"lstm_lm\", \"tcn_lm\" or \"ctr\" (or --set model.type=gpt)");
   const std::string type = cfg.get_string("model.type", "mlp");
   // Sizes are checked against the machine as the parameters are allocated (memory/allocator.h); the
   // error then names this config.
@@ -125,8 +126,9 @@ std::unique_ptr<Model> build_model(Config& cfg) {
   if (type == "gpt") return named([&] { return std::make_unique<GPT>(GPTOptions::from_config(cfg)); });
   if (type == "lstm_lm") return named([&] { return std::make_unique<LSTMLM>(LSTMLMOptions::from_config(cfg)); });
   if (type == "tcn_lm") return named([&] { return std::make_unique<TCNLM>(TCNLMOptions::from_config(cfg)); });
+  if (type == "ctr") return named([&] { return std::make_unique<Ctr>(CtrOptions::from_config(cfg)); });
   RATION_CHECK(false, "unknown model.type '", type, "' in ", cfg.origin(),
-               "; valid types: mlp, cnn, gpt, lstm_lm, tcn_lm (set [model] type = \"gpt\" or --set model.type=gpt)");
+               "; valid types: mlp, cnn, gpt, lstm_lm, tcn_lm, ctr (set [model] type = \"gpt\" or --set model.type=gpt)");
   return nullptr;
 }
 

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ration/config/config.h"
 #include "ration/core/value.h"
@@ -16,6 +18,9 @@ struct EvalStats {
   double loss_sum = 0;     // summed over items
   int64_t correct = 0;     // classification: correct predictions; LMs: correct next-token guesses
   int64_t count = 0;       // items (images or tokens)
+  // Binary tasks (ctr): each item's predicted probability and its label, for AUC over a whole pass.
+  std::vector<float> scores;
+  std::vector<float> labels;
 };
 
 class Model : public nn::Module {
@@ -25,6 +30,12 @@ class Model : public nn::Module {
   // Forward without graph; summed loss and accuracy counts.
   virtual EvalStats evaluate(const data::Batch& batch) = 0;
   virtual std::string family() const = 0;
+  // State kept outside named_parameters (parameter-server embeddings): written alongside the checkpoint
+  // of `step`, restored when resuming from it, and reported as "ps.<key>" numbers.
+  // `run_dir` is the checkpoint directory (holding ckpt-<step>) being written or resumed from.
+  virtual void save_external_state(const std::string& run_dir, int64_t step) {}
+  virtual void restore_external_state(const std::string& run_dir, int64_t step) {}
+  virtual std::vector<std::pair<std::string, double>> report_metrics() { return {}; }
 };
 
 // Reads model.* keys (model.type selects the family). `input_info` keys the data side published

@@ -57,6 +57,22 @@ Value batch_norm(const Value& x, const Value& w, const Value& b, at::Tensor runn
 Value dropout(const Value& x, double p, bool training);
 Value embedding(const Value& weight, const Value& indices, int64_t padding_idx = -1);  // indices int64
 
+// ---- sparse lookups (embedding_bag.cpp) --------------------------------------------------------------
+// Multi-hot bags: out[b] = reduce(table_rows[ids[offsets[b] .. offsets[b+1])]) with weights when given.
+// table_rows (N, D); ids int64 (n) in [0, N); offsets int64 (B) bag starts (first 0, non-decreasing,
+// empty bags allowed); per_sample_weights (n) or undefined (mode sum only). Output (B, D). The table's
+// gradient is sparse: a coalesced COO tensor holding only the unique ids and their row gradients.
+enum class EmbeddingBagMode { Sum, Mean };
+std::string embedding_bag_mode_name(EmbeddingBagMode mode);
+Value embedding_bag(const Value& table_rows, const Value& ids, const Value& offsets,
+                    EmbeddingBagMode mode = EmbeddingBagMode::Sum, const Value& per_sample_weights = {});
+// The unique row ids (U) int64, sorted, and their gradients (U, D), of a sparse gradient from embedding_bag.
+struct SparseRows {
+  at::Tensor ids;
+  at::Tensor rows;
+};
+SparseRows sparse_rows(const at::Tensor& grad);
+
 // ---- losses (mean over non-ignored elements) ------------------------------------------------------
 Value cross_entropy(const Value& logits, const Value& target, int64_t ignore_index = -100);  // (N, C), (N)
 Value mse_loss(const Value& input, const Value& target);

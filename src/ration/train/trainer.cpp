@@ -13,6 +13,8 @@
 
 #include "ration/core/check.h"
 #include "ration/core/node.h"
+#include "ration/data/ctr_data.h"
+#include "ration/data/ctr_synthetic.h"
 #include "ration/data/fashion_mnist.h"
 #include "ration/data/text.h"
 #include "ration/models/families.h"
@@ -75,6 +77,7 @@ struct EvalResult {
   double loss = 0;      // mean per item (nats)
   double accuracy = 0;  // fraction
   int64_t count = 0;
+  std::optional<double> auc;  // binary tasks (ctr)
 };
 
 // Data parallel: each rank evaluates its shard of every global batch and the sums are all-reduced, so
@@ -100,6 +103,8 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
       total.loss_sum += s.loss_sum;
       total.correct += s.correct;
       total.count += s.count;
+      total.scores.insert(total.scores.end(), s.scores.begin(), s.scores.end());
+      total.labels.insert(total.labels.end(), s.labels.begin(), s.labels.end());
     }
   }
   model.train(was_training);
@@ -114,6 +119,7 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
     r.loss = total.loss_sum / static_cast<double>(total.count);
     r.accuracy = static_cast<double>(total.correct) / static_cast<double>(total.count);
   }
+  if (!total.scores.empty()) r.auc = data::roc_auc(total.scores, total.labels);
   return r;
 }
 
@@ -207,10 +213,15 @@ Setup build_setup(Config config) {
   at::manual_seed(s.seed);
   manual_seed(s.seed);
 
-  s.data_kind = cfg.get_choice("data.kind", "fashion_mnist", {"fashion_mnist", "text"});
+  s.data_kind = cfg.get_choice("data.kind", "fashion_mnist", {"fashion_mnist", "text", "synthetic_ctr", "movielens"});
   int64_t data_max_token = -1;  // text: the largest byte value in the corpus
   memory::CategoryGuard data_memory(memory::Category::Data);
-  if (s.data_kind == "fashion_mnist") {
+  if (s.data_kind == "synthetic_ctr" || s.data_kind == "movielens") {
+    data::CtrSets sets = data::make_ctr_datasets(cfg, s.data_kind);
+    s.train_set = sets.train;
+    s.eval_set = sets.eval;
+    s.planted_auc = sets.planted_auc;
+  } else if (s.data_kind == "fashion_mnist") {
     const std::string dir = cfg.get_string("data.dir", data::kFashionMnistDir);
     s.train_set = std::make_shared<data::FashionMnist>(data::FashionMnist::Split::Train, dir);
     s.eval_set = std::make_shared<data::FashionMnist>(data::FashionMnist::Split::Test, dir);
@@ -485,6 +496,7 @@ class TrainingRun {
     runtime_.add_hook(reducer_hook_.get());
   }
   bool is_lm() const { return setup_.data_kind == "text"; }
+  bool is_ctr() const { return setup_.data_kind == "synthetic_ctr" || setup_.data_kind == "movielens"; }
 
   void resume() {
     if (options_.resume.empty()) return;
@@ -493,6 +505,9 @@ class TrainingRun {
                  total_steps_, " steps in all, so there is nothing to train; hint: pass --steps greater than ",
                  ckpt.step, " (the total, not the number of further steps)");
     restore_weights(ckpt, params_, model_.named_buffers());
+    if (ckpt.metadata.ints.count("external_state_step"))  // parameter-server shards of the same step
+      model_.restore_external_state(std::filesystem::path(ckpt.path).parent_path().string(),
+                                    ckpt.metadata.ints.at("external_state_step"));
     optimizer_->import_state(ckpt.optimizer);
     loader_.set_position({ckpt.metadata.ints.at("epoch"), ckpt.metadata.ints.at("loader_index")});
     step_ = ckpt.step;
@@ -627,7 +642,7 @@ class TrainingRun {
     std::snprintf(line, sizeof line,
                   "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s | eta %s",
                   static_cast<long long>(step_ + 1), static_cast<long long>(total_steps_), st.loss,
-                  record_.items_per_second(), is_lm() ? "tok/s" : "img/s",
+                  record_.items_per_second(), is_lm() ? "tok/s" : is_ctr() ? "samples/s" : "img/s",
                   memory::format_bytes(memory::device_current_bytes(st.memory)).c_str(),
                   memory::format_bytes(st.peak_bytes).c_str(), lr, gnorm.c_str(), format_duration(eta).c_str());
     progress_.update(step_ + 1, line, step_ + 1 == total_steps_);
@@ -657,6 +672,15 @@ class TrainingRun {
       std::snprintf(line, sizeof line, "eval @%lld: loss %.4f nats/byte = %.3f bits/byte (unigram entropy %.3f bits)",
                     static_cast<long long>(at_step), r.loss, r.loss / std::log(2.0),
                     setup_.unigram_entropy_nats / std::log(2.0));
+    } else if (r.auc) {
+      e["auc"] = *r.auc;
+      e["logloss"] = r.loss;
+      if (setup_.planted_auc) e["planted_auc"] = *setup_.planted_auc;
+      std::snprintf(line, sizeof line, "eval @%lld: auc %.4f, logloss %.4f (%lld samples)%s",
+                    static_cast<long long>(at_step), *r.auc, r.loss, static_cast<long long>(r.count),
+                    setup_.planted_auc
+                        ? (" | planted model auc " + std::to_string(*setup_.planted_auc).substr(0, 6)).c_str()
+                        : "");
     } else {
       e["accuracy"] = r.accuracy;
       std::snprintf(line, sizeof line, "eval @%lld: loss %.4f, accuracy %.2f%% (%lld images)",
@@ -675,6 +699,8 @@ class TrainingRun {
     meta.ints["total_steps"] = total_steps_;
     meta.ints["world_size"] = world_.size();
     meta.ints["global_batch"] = setup_.batch_size * world_.size();
+    model_.save_external_state(run_.checkpoint_dir, at_step);  // parameter-server snapshot of these weights
+    meta.ints["external_state_step"] = at_step;
     NamedTensors weights;
     for (auto& [n, p] : params_) weights.emplace_back(n, p.tensor());
     for (auto& [n, b] : model_.named_buffers()) weights.emplace_back(n, b);
@@ -755,6 +781,11 @@ class TrainingRun {
         {"effective_config", setup_.config.effective()},
     };
     if (runtime_.engine()) report["offload"] = offload_report();
+    if (auto metrics = model_.report_metrics(); !metrics.empty()) {
+      nlohmann::json ps = nlohmann::json::object();
+      for (const auto& [k, v] : metrics) ps[k] = v;
+      report["ps"] = ps;
+    }
     if (stop_signal_ != 0) {
       report["interrupted_by"] = InterruptScope::name(stop_signal_);
       report["exit_status"] = InterruptScope::exit_status(stop_signal_);

@@ -40,8 +40,9 @@ struct Setup {
   std::unique_ptr<models::Model> model;
   std::shared_ptr<data::Dataset> train_set;
   std::shared_ptr<data::Dataset> eval_set;
-  std::string data_kind;        // "fashion_mnist" or "text"
+  std::string data_kind;        // "fashion_mnist", "text", "synthetic_ctr" or "movielens"
   double unigram_entropy_nats = 0;  // text only
+  std::optional<double> planted_auc;  // synthetic_ctr only: the planted model's own eval AUC
   uint64_t seed = 0;
   int64_t batch_size = 0;
 };

@@ -1,0 +1,191 @@
+#!/usr/bin/python3
+"""bench/ps_ctr_peer.py — the ctr model on MovieLens: ration vs a PyTorch peer, in one run.
+
+The peer is what a user would write in PyTorch 1.13: nn.EmbeddingBag per field (mean, sparse gradients,
+Adagrad on the embeddings), the same bottom/top MLPs (AdamW), the same pairwise-dot interaction, BCE with
+logits, the same time split, batch size, epochs and thread count. Also reports a popularity baseline
+(each movie's training click rate). Prints a table and writes JSON.
+
+Usage: /usr/bin/python3 bench/ps_ctr_peer.py [--ration build/ration] [--config configs/ctr_movielens.toml]
+         [--csv data/movielens.csv] [--threads 2] [--json bench/results/ps_ctr_movielens.json]
+"""
+import argparse
+import csv
+import json
+import subprocess
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+def load(path, train_fraction):
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            rows.append((int(r["timestamp"]), int(r["userId"]), int(r["movieId"]), float(r["rating"]),
+                         int(r["year"]), [g for g in r["genres"].split("|") if g]))
+    rows.sort(key=lambda r: r[0])  # stable, as the C++ reader
+    n_train = int(len(rows) * train_fraction)
+    return rows[:n_train], rows[n_train:]
+
+
+class Vocab:
+    def __init__(self):
+        self.ids = {}
+
+    def __call__(self, key):
+        return self.ids.setdefault(key, len(self.ids))
+
+
+def tensors(rows, vocabs):
+    fields = [[], [], [], []]  # user, movie, genres, year: (flat ids, offsets)
+    offsets = [[], [], [], []]
+    dense, labels = [], []
+    for ts, u, m, rating, year, genres in rows:
+        for f, values in enumerate(([u], [m], genres, [year])):
+            offsets[f].append(len(fields[f]))
+            fields[f].extend(vocabs[f](v) for v in values)
+        dense.append([(year - 1990) / 20.0 if year > 0 else 0.0])
+        labels.append(1.0 if rating >= 4 else 0.0)
+    return ([torch.tensor(x, dtype=torch.long) for x in fields], [torch.tensor(o, dtype=torch.long) for o in offsets],
+            torch.tensor(dense), torch.tensor(labels))
+
+
+class Peer(nn.Module):
+    def __init__(self, sizes, dim, bottom, top):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.EmbeddingBag(s, dim, mode="mean", sparse=True) for s in sizes)
+        for t in self.tables:
+            nn.init.uniform_(t.weight, -0.01, 0.01)
+        layers, w = [], 1
+        for h in bottom + [dim]:
+            layers += [nn.Linear(w, h), nn.ReLU()]
+            w = h
+        self.bottom = nn.Sequential(*layers)
+        v = len(sizes) + 1
+        w = dim + v * (v - 1) // 2
+        layers = []
+        for h in top:
+            layers += [nn.Linear(w, h), nn.ReLU()]
+            w = h
+        layers.append(nn.Linear(w, 1))
+        self.top = nn.Sequential(*layers)
+        self.iu = torch.triu_indices(v, v, 1)
+
+    def forward(self, ids, offsets, dense):
+        x = self.bottom(dense)
+        t = torch.stack([x] + [tab(i, o) for tab, i, o in zip(self.tables, ids, offsets)], 1)
+        z = torch.bmm(t, t.transpose(1, 2))[:, self.iu[0], self.iu[1]]
+        return self.top(torch.cat([x, z], 1)).view(-1)
+
+
+def batch(ids, offsets, dense, labels, idx):
+    out_ids, out_off = [], []
+    for i, o in zip(ids, offsets):
+        ends = torch.cat([o[1:], torch.tensor([len(i)])])
+        parts = [i[o[k]:ends[k]] for k in idx.tolist()]
+        lens = torch.tensor([len(p) for p in parts])
+        out_ids.append(torch.cat(parts))
+        out_off.append(torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)[:-1]]))
+    return out_ids, out_off, dense[idx], labels[idx]
+
+
+def auc(scores, labels):
+    order = np.argsort(scores, kind="mergesort")
+    s, y = scores[order], labels[order]
+    ranks = np.empty(len(s))
+    i = 0
+    while i < len(s):
+        j = i
+        while j < len(s) and s[j] == s[i]:
+            j += 1
+        ranks[i:j] = 0.5 * (i + 1 + j)
+        i = j
+    pos = y.sum()
+    neg = len(y) - pos
+    return (ranks[y > 0.5].sum() - pos * (pos + 1) / 2) / (pos * neg)
+
+
+def run_peer(train, test, args, cfg):
+    torch.manual_seed(0)
+    vocabs = [Vocab() for _ in range(4)]
+    tr = tensors(train, vocabs)
+    te = tensors(test, vocabs)
+    model = Peer([max(1, len(v.ids)) for v in vocabs], cfg["dim"], cfg["bottom"], cfg["top"])
+    dense_params = list(model.bottom.parameters()) + list(model.top.parameters())
+    opt_dense = torch.optim.AdamW(dense_params, lr=cfg["lr"], weight_decay=0.0)
+    opt_sparse = torch.optim.Adagrad(list(model.tables.parameters()), lr=cfg["ps_lr"])
+    n = len(tr[3])
+    bs = cfg["batch_size"]
+    rng = np.random.default_rng(0)
+    steps = 0
+    t0 = time.time()
+    for epoch in range(cfg["epochs"]):
+        perm = torch.from_numpy(rng.permutation(n))
+        for b in range(n // bs):
+            ids, off, dense, y = batch(*tr, perm[b * bs:(b + 1) * bs])
+            loss = nn.functional.binary_cross_entropy_with_logits(model(ids, off, dense), y)
+            opt_dense.zero_grad()
+            opt_sparse.zero_grad()
+            loss.backward()
+            opt_dense.step()
+            opt_sparse.step()
+            steps += 1
+    seconds = time.time() - t0
+    with torch.no_grad():
+        ids, off, dense, y = batch(*te, torch.arange(len(te[3])))
+        z = model(ids, off, dense)
+        p = torch.sigmoid(z).numpy()
+        logloss = nn.functional.binary_cross_entropy_with_logits(z, y).item()
+    return {"auc": float(auc(p, y.numpy())), "logloss": logloss, "steps": steps,
+            "samples_per_s": steps * bs / seconds}
+
+
+def popularity(train, test):
+    clicks, seen = {}, {}
+    base = sum(1.0 for r in train if r[3] >= 4) / len(train)
+    for r in train:
+        seen[r[2]] = seen.get(r[2], 0) + 1
+        clicks[r[2]] = clicks.get(r[2], 0) + (1 if r[3] >= 4 else 0)
+    prior = 10.0
+    s = np.array([(clicks.get(r[2], 0) + prior * base) / (seen.get(r[2], 0) + prior) for r in test])
+    y = np.array([1.0 if r[3] >= 4 else 0.0 for r in test])
+    return float(auc(s, y))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ration", default="build/ration")
+    ap.add_argument("--config", default="configs/ctr_movielens.toml")
+    ap.add_argument("--csv", default="data/movielens.csv")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default="bench/results/ps_ctr_movielens.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    # The same settings as configs/ctr_movielens.toml.
+    cfg = {"dim": 16, "bottom": [16], "top": [64, 32], "lr": 1e-3, "ps_lr": 0.02, "batch_size": 256, "epochs": 2}
+    train, test = load(args.csv, 0.8)
+    t0 = time.time()
+    out = subprocess.run([args.ration, "train", args.config, "--json", "--set", f"data.file={args.csv}",
+                          "--set", f"train.threads={args.threads}"], check=True, capture_output=True, text=True)
+    rep = json.loads(out.stdout)
+    ours = {"auc": rep["eval"][-1]["auc"], "logloss": rep["eval"][-1]["logloss"], "steps": rep["steps"],
+            "samples_per_s": rep["time"]["items_per_second"], "wall_s": time.time() - t0, "ps": rep["ps"]}
+    peer = run_peer(train, test, args, cfg)
+    pop = popularity(train, test)
+    print(f"MovieLens ({len(train)} train / {len(test)} test ratings, time split), {args.threads} threads")
+    print(f"{'':22s} {'AUC':>8s} {'logloss':>8s} {'steps':>6s} {'samples/s':>10s}")
+    print(f"{'ration ctr':22s} {ours['auc']:8.4f} {ours['logloss']:8.4f} {ours['steps']:6d} {ours['samples_per_s']:10.0f}")
+    print(f"{'PyTorch EmbeddingBag':22s} {peer['auc']:8.4f} {peer['logloss']:8.4f} {peer['steps']:6d} "
+          f"{peer['samples_per_s']:10.0f}")
+    print(f"{'popularity baseline':22s} {pop:8.4f}")
+    with open(args.json, "w") as f:
+        json.dump({"bench": "ps_ctr_movielens", "threads": args.threads, "ration": ours, "pytorch": peer,
+                   "popularity_auc": pop}, f, indent=2)
+    print("wrote", args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+// ps_command.h — the `ration ps serve` subcommand: flags -> ps::ServeOptions -> serve until SIGTERM.
+// Owns: the flags and their parsing. Does not own: the server (ps/server.h).
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+#include "ration/ps/server.h"
+
+namespace ration::cli {
+
+struct PsCommand {
+  CLI::App* ps = nullptr;
+  CLI::App* serve = nullptr;
+  ps::ServeOptions options;
+  std::string shard = "0/1";
+};
+
+std::unique_ptr<PsCommand> add_ps_command(CLI::App& app);
+int run_ps_command(PsCommand& cmd);
+
+}  // namespace ration::cli

@@ -1,0 +1,58 @@
+// server.h — `ration ps serve`: one shard (ShardCore) behind gRPC, with who-may-call rules.
+// Owns: ServeOptions (and their validation: loopback by default; any other address needs a token
+//       and/or TLS), the gRPC service (authorisation of every call by a bearer token in call metadata,
+//       compared in constant time, failures counted), TLS server credentials, graceful shutdown.
+// Does not own: request validation or storage (ps/shard.h), the client (ps/client.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ration/ps/shard.h"
+
+namespace ration::ps {
+
+struct ServeOptions {
+  std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
+  ShardId shard;
+  std::string snapshot_dir;             // empty: no Snapshot/Restore
+  std::string auth_token_file;          // file holding the shared token (first line)
+  std::string tls_cert, tls_key;        // PEM files: serve TLS
+  std::string tls_ca;                   // PEM: also require and verify client certificates
+  ShardLimits limits;
+};
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool is_loopback_host(const std::string& host);
+// Splits "HOST:PORT" (or "[v6]:PORT"); errors name `where`.
+void split_host_port(const std::string& address, const std::string& where, std::string* host, int* port);
+// Reads a token file (first line, trimmed; at least 16 characters). Errors name the file.
+std::string read_token_file(const std::string& path);
+// Constant-time equality (time depends only on the lengths' maximum).
+bool constant_time_equal(const std::string& a, const std::string& b);
+
+class PsServer {
+ public:
+  // Validates options (errors name the flag), restores the latest snapshot if the directory has one,
+  // binds and starts serving. Throws if the address cannot be bound.
+  explicit PsServer(ServeOptions options);
+  ~PsServer();
+  PsServer(const PsServer&) = delete;
+  PsServer& operator=(const PsServer&) = delete;
+
+  int port() const;  // the bound port
+  ShardCore& core();
+  // Stops accepting calls, lets running calls finish (up to `grace_ms`), returns.
+  void shutdown(int64_t grace_ms = 5000);
+  void wait();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Runs a server until SIGTERM or SIGINT, then shuts it down gracefully. Prints "listening on HOST:PORT"
+// (with the real port) to stdout once serving. Returns the process exit code.
+int serve_until_signal(const ServeOptions& options);
+
+}  // namespace ration::ps

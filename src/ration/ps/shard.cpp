@@ -1,0 +1,243 @@
+// shard.cpp — ShardCore: validation, the store, counters, snapshots (see shard.h).
+#include "ration/ps/shard.h"
+
+#include <cstring>
+
+#include "ration/core/check.h"
+#include "ration/ps/snapshot.h"
+
+namespace ration::ps {
+
+ShardId parse_shard(const std::string& text, const std::string& where) {
+  const size_t slash = text.find('/');
+  ShardId s;
+  bool ok = slash != std::string::npos && slash > 0 && slash + 1 < text.size();
+  if (ok) {
+    try {
+      size_t a = 0, b = 0;
+      const long long i = std::stoll(text.substr(0, slash), &a);
+      const long long n = std::stoll(text.substr(slash + 1), &b);
+      ok = a == slash && b == text.size() - slash - 1 && n >= 1 && n <= 4096 && i >= 0 && i < n;
+      s.index = static_cast<uint32_t>(i);
+      s.count = static_cast<uint32_t>(n);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  RATION_CHECK(ok, where, ": expected I/N with 0 <= I < N <= 4096 (e.g. 0/2); got '", text, "'");
+  return s;
+}
+
+TableOptions table_options_from_spec(const wire::TableSpec& spec) {
+  TableOptions o;
+  o.name = spec.name();
+  o.dim = spec.dim();
+  o.seed = spec.seed();
+  o.init_scale = spec.init_scale();
+  o.optimizer.kind = optimizer_kind_from_name(spec.optimizer(), "table '" + spec.name() + "'");
+  o.optimizer.lr = spec.lr();
+  o.optimizer.beta1 = spec.beta1();
+  o.optimizer.beta2 = spec.beta2();
+  o.optimizer.eps = spec.eps();
+  o.optimizer.initial_accumulator = spec.initial_accumulator();
+  o.optimizer.ftrl_alpha = spec.ftrl_alpha();
+  o.optimizer.ftrl_beta = spec.ftrl_beta();
+  o.optimizer.ftrl_l1 = spec.ftrl_l1();
+  o.optimizer.ftrl_l2 = spec.ftrl_l2();
+  return o;
+}
+
+wire::TableSpec spec_from_table_options(const TableOptions& o) {
+  wire::TableSpec s;
+  s.set_name(o.name);
+  s.set_dim(o.dim);
+  s.set_seed(o.seed);
+  s.set_init_scale(o.init_scale);
+  s.set_optimizer(optimizer_kind_name(o.optimizer.kind));
+  s.set_lr(o.optimizer.lr);
+  s.set_beta1(o.optimizer.beta1);
+  s.set_beta2(o.optimizer.beta2);
+  s.set_eps(o.optimizer.eps);
+  s.set_initial_accumulator(o.optimizer.initial_accumulator);
+  s.set_ftrl_alpha(o.optimizer.ftrl_alpha);
+  s.set_ftrl_beta(o.optimizer.ftrl_beta);
+  s.set_ftrl_l1(o.optimizer.ftrl_l1);
+  s.set_ftrl_l2(o.optimizer.ftrl_l2);
+  return s;
+}
+
+ShardCore::ShardCore(ShardId shard, std::string snapshot_dir, ShardLimits limits)
+    : shard_(shard), snapshot_dir_(std::move(snapshot_dir)), limits_(limits) {}
+
+grpc::Status ShardCore::reject(grpc::StatusCode code, const std::string& message) {
+  ++rejected_;
+  return grpc::Status(code, "shard " + shard_.to_string() + ": " + message);
+}
+
+grpc::Status ShardCore::check_ids(const char* rpc, const std::string& table, int64_t n, Table** out) {
+  *out = store_.find(table);
+  if (*out == nullptr) {
+    std::string known;
+    for (const auto& name : store_.table_names()) known += (known.empty() ? "" : ", ") + name;
+    return reject(grpc::StatusCode::NOT_FOUND, std::string(rpc) + ": unknown table '" + table + "' (declared: " +
+                                                   (known.empty() ? std::string("none") : known) + ")");
+  }
+  if (n > limits_.max_ids)
+    return reject(grpc::StatusCode::INVALID_ARGUMENT, std::string(rpc) + " of " + std::to_string(n) +
+                                                          " ids to table '" + table + "' exceeds the limit of " +
+                                                          std::to_string(limits_.max_ids) + " ids per request");
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardCore::declare_tables(const wire::DeclareTablesRequest& req, wire::DeclareTablesResponse*) {
+  for (const auto& spec : req.tables()) {
+    if (spec.name().empty() || spec.dim() <= 0 || spec.dim() > 65536)
+      return reject(grpc::StatusCode::INVALID_ARGUMENT, "DeclareTables: table '" + spec.name() +
+                                                            "' needs a name and dim in [1, 65536]; got dim " +
+                                                            std::to_string(spec.dim()));
+    try {
+      store_.ensure_table(table_options_from_spec(spec));
+    } catch (const Error& e) {
+      return reject(grpc::StatusCode::FAILED_PRECONDITION, std::string("DeclareTables: ") + e.what());
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardCore::pull(const wire::PullRequest& req, wire::PullResponse* resp) {
+  std::shared_lock<std::shared_mutex> tables(tables_mu_);
+  Table* t = nullptr;
+  const int64_t n = req.ids_size();
+  if (grpc::Status s = check_ids("Pull", req.table(), n, &t); !s.ok()) return s;
+  const int64_t dim = t->dim();
+  if (n * dim * 4 > limits_.max_message_bytes)
+    return reject(grpc::StatusCode::INVALID_ARGUMENT, "Pull of " + std::to_string(n) + " rows of dim " +
+                                                          std::to_string(dim) + " exceeds the message limit of " +
+                                                          std::to_string(limits_.max_message_bytes) + " bytes");
+  for (uint64_t id : req.ids())
+    if (shard_of(id, shard_.count) != shard_.index)
+      return reject(grpc::StatusCode::INVALID_ARGUMENT,
+                    "Pull: id " + std::to_string(id) + " belongs to shard " +
+                        std::to_string(shard_of(id, shard_.count)) + "/" + std::to_string(shard_.count) +
+                        " (are the client's endpoints in shard order?)");
+  std::string* values = resp->mutable_values();
+  values->resize(static_cast<size_t>(n * dim) * sizeof(float));
+  t->pull(reinterpret_cast<const uint64_t*>(req.ids().data()), n, reinterpret_cast<float*>(values->data()),
+          req.read_only() ? MissingRow::ReadDefault : MissingRow::Create);
+  resp->set_dim(dim);
+  ++pulls_;
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardCore::push(const wire::PushRequest& req, wire::PushResponse* resp) {
+  std::shared_lock<std::shared_mutex> tables(tables_mu_);
+  Table* t = nullptr;
+  const int64_t n = req.ids_size();
+  if (grpc::Status s = check_ids("Push", req.table(), n, &t); !s.ok()) return s;
+  const int64_t dim = t->dim();
+  if (static_cast<int64_t>(req.grads().size()) != n * dim * 4)
+    return reject(grpc::StatusCode::INVALID_ARGUMENT,
+                  "Push to table '" + req.table() + "': " + std::to_string(n) + " ids of dim " + std::to_string(dim) +
+                      " need " + std::to_string(n * dim * 4) + " gradient bytes; got " +
+                      std::to_string(req.grads().size()) + " (dims differ?)");
+  for (uint64_t id : req.ids())
+    if (shard_of(id, shard_.count) != shard_.index)
+      return reject(grpc::StatusCode::INVALID_ARGUMENT, "Push: id " + std::to_string(id) + " belongs to shard " +
+                                                            std::to_string(shard_of(id, shard_.count)) + "/" +
+                                                            std::to_string(shard_.count));
+  // grads() is a std::string: copy into aligned floats only if it is misaligned.
+  const char* bytes = req.grads().data();
+  std::vector<float> aligned;
+  const float* grads = reinterpret_cast<const float*>(bytes);
+  if (reinterpret_cast<uintptr_t>(bytes) % alignof(float) != 0) {
+    aligned.resize(static_cast<size_t>(n * dim));
+    std::memcpy(aligned.data(), bytes, aligned.size() * 4);
+    grads = aligned.data();
+  }
+  t->push(reinterpret_cast<const uint64_t*>(req.ids().data()), n, grads, req.step());
+  resp->set_rows(n);
+  ++pushes_;
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardCore::stats(const wire::StatsRequest&, wire::StatsResponse* resp) {
+  const StoreStats s = store_.stats();
+  resp->set_shard(shard_.index);
+  resp->set_num_shards(shard_.count);
+  resp->set_rows(s.rows);
+  resp->set_bytes(s.bytes);
+  for (const auto& [name, b] : s.tables) {
+    wire::TableStats* t = resp->add_tables();
+    t->set_name(name);
+    t->set_rows(b.rows);
+    t->set_value_bytes(b.value_bytes);
+    t->set_state_bytes(b.state_bytes);
+    t->set_index_bytes(b.index_bytes);
+    t->set_arena_bytes(b.arena_bytes);
+    t->set_meta_bytes(b.meta_bytes);
+  }
+  resp->set_pulls(pulls_);
+  resp->set_pushes(pushes_);
+  resp->set_auth_failures(auth_failures_);
+  resp->set_rejected(rejected_);
+  resp->set_snapshot_version(snapshot_version_);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardCore::snapshot(const wire::SnapshotRequest& req, wire::SnapshotResponse* resp) {
+  if (snapshot_dir_.empty())
+    return reject(grpc::StatusCode::FAILED_PRECONDITION, "Snapshot: this shard has no --snapshot-dir");
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  std::shared_lock<std::shared_mutex> tables(tables_mu_);
+  try {
+    const SnapshotInfo info = write_snapshot(store_, snapshot_dir_, req.version());
+    resp->set_path(info.path);
+    resp->set_rows(info.rows);
+    snapshot_version_ = req.version();
+  } catch (const Error& e) {
+    return reject(grpc::StatusCode::INTERNAL, std::string("Snapshot: ") + e.what());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardCore::restore(const wire::RestoreRequest& req, wire::RestoreResponse* resp) {
+  if (snapshot_dir_.empty())
+    return reject(grpc::StatusCode::FAILED_PRECONDITION, "Restore: this shard has no --snapshot-dir");
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  std::unique_lock<std::shared_mutex> tables(tables_mu_);
+  try {
+    const SnapshotInfo info = read_snapshot(store_, snapshot_dir_, req.version());
+    resp->set_rows(info.rows);
+    snapshot_version_ = req.version();
+  } catch (const Error& e) {
+    return reject(grpc::StatusCode::FAILED_PRECONDITION, std::string("Restore: ") + e.what());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardCore::health(const wire::HealthRequest&, wire::HealthResponse* resp) {
+  resp->set_status("SERVING");
+  resp->set_shard(shard_.index);
+  resp->set_num_shards(shard_.count);
+  return grpc::Status::OK;
+}
+
+void ShardCore::restore_from(const std::string& dir, int64_t version) {
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  std::unique_lock<std::shared_mutex> tables(tables_mu_);
+  read_snapshot(store_, dir, version);
+  snapshot_version_ = version;
+}
+
+int64_t ShardCore::restore_latest() {
+  if (snapshot_dir_.empty()) return -1;
+  const int64_t v = latest_snapshot_version(snapshot_dir_);
+  if (v < 0) return -1;
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  std::unique_lock<std::shared_mutex> tables(tables_mu_);
+  read_snapshot(store_, snapshot_dir_, v);
+  snapshot_version_ = v;
+  return v;
+}
+
+}  // namespace ration::ps

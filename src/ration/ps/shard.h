@@ -1,0 +1,69 @@
+// shard.h — one parameter-server shard's service logic, independent of transport.
+// Owns: ShardCore (request validation with clear errors, the shard's EmbeddingStore, counters, and
+//       snapshot/restore into its snapshot directory). The gRPC server (ps/server.h) and the embedded
+//       in-process channel (ps/client.h) both call exactly these methods with the wire messages.
+// Does not own: authentication (ps/server.h, network only), storage layout (ps/store.h), snapshot
+//       files (ps/snapshot.h).
+#pragma once
+#include <grpcpp/support/status.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+
+#include "proto/ps.pb.h"
+#include "ration/ps/partition.h"
+#include "ration/ps/store.h"
+
+namespace ration::ps {
+
+struct ShardLimits {
+  int64_t max_ids = 1 << 20;        // ids per Pull/Push request
+  int64_t max_message_bytes = 256 << 20;  // also the gRPC receive/send limit
+};
+
+TableOptions table_options_from_spec(const wire::TableSpec& spec);
+wire::TableSpec spec_from_table_options(const TableOptions& options);
+
+class ShardCore {
+ public:
+  // snapshot_dir empty: Snapshot/Restore answer FAILED_PRECONDITION.
+  ShardCore(ShardId shard, std::string snapshot_dir, ShardLimits limits = {});
+
+  grpc::Status declare_tables(const wire::DeclareTablesRequest& req, wire::DeclareTablesResponse* resp);
+  grpc::Status pull(const wire::PullRequest& req, wire::PullResponse* resp);
+  grpc::Status push(const wire::PushRequest& req, wire::PushResponse* resp);
+  grpc::Status stats(const wire::StatsRequest& req, wire::StatsResponse* resp);
+  grpc::Status snapshot(const wire::SnapshotRequest& req, wire::SnapshotResponse* resp);
+  grpc::Status restore(const wire::RestoreRequest& req, wire::RestoreResponse* resp);
+  grpc::Status health(const wire::HealthRequest& req, wire::HealthResponse* resp);
+
+  // Restores the newest complete snapshot in the snapshot directory, if any (server start). Returns its
+  // version or -1.
+  int64_t restore_latest();
+  // Restores snapshot `version` from another directory (an embedded shard resuming a checkpoint that was
+  // written under a different run directory). Errors as ration::Error.
+  void restore_from(const std::string& dir, int64_t version);
+
+  EmbeddingStore& store() { return store_; }
+  ShardId shard() const { return shard_; }
+  void count_auth_failure() { ++auth_failures_; }
+  int64_t auth_failures() const { return auth_failures_.load(); }
+
+ private:
+  grpc::Status check_ids(const char* rpc, const std::string& table, int64_t n, Table** out);
+  grpc::Status reject(grpc::StatusCode code, const std::string& message);
+
+  ShardId shard_;
+  std::string snapshot_dir_;
+  ShardLimits limits_;
+  EmbeddingStore store_;
+  std::mutex snapshot_mu_;  // one snapshot/restore at a time
+  // Pull/Push/Snapshot hold it shared; Restore (which replaces the tables) exclusive.
+  mutable std::shared_mutex tables_mu_;
+  std::atomic<int64_t> pulls_{0}, pushes_{0}, auth_failures_{0}, rejected_{0}, snapshot_version_{-1};
+};
+
+}  // namespace ration::ps

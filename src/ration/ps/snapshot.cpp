@@ -1,0 +1,203 @@
+// snapshot.cpp — RocksDB snapshots of a shard (see snapshot.h).
+// Keys: "spec/<table>" -> serialized wire::TableSpec; "row/<table>\0<id, 8 bytes big-endian>" -> values
+// (dim floats), state (state floats), RowInfo fields; "complete" -> row count (written last, checked on
+// read). Values are native little-endian float32.
+#include "ration/ps/snapshot.h"
+
+#include <fcntl.h>
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include "proto/ps.pb.h"
+#include "ration/core/check.h"
+#include "ration/ps/shard.h"
+
+namespace ration::ps {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kExportRows = 65536;
+
+std::string version_dir(const std::string& dir, int64_t version) {
+  return (fs::path(dir) / ("v" + std::to_string(version))).string();
+}
+
+std::string row_key(const std::string& table, uint64_t id) {
+  std::string k = "row/" + table;
+  k.push_back('\0');
+  for (int b = 7; b >= 0; --b) k.push_back(static_cast<char>((id >> (8 * b)) & 0xFF));
+  return k;
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void check_ok(const rocksdb::Status& s, const std::string& what, const std::string& path) {
+  RATION_CHECK(s.ok(), "snapshot ", path, ": ", what, " failed: ", s.ToString());
+}
+
+struct PackedInfo {
+  uint32_t pushes;
+  int64_t last_step;
+  float score;
+};
+
+}  // namespace
+
+SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir, int64_t version, int keep) {
+  RATION_CHECK(version >= 0, "snapshot version must be >= 0; got ", version);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  RATION_CHECK(!ec, "snapshot directory '", dir, "' cannot be created: ", ec.message());
+  const std::string final_path = version_dir(dir, version);
+  const std::string tmp = final_path + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+
+  SnapshotInfo info{final_path, 0};
+  {
+    rocksdb::Options opt;
+    opt.create_if_missing = true;
+    opt.error_if_exists = true;
+    rocksdb::DB* raw = nullptr;
+    check_ok(rocksdb::DB::Open(opt, tmp, &raw), "open", tmp);
+    std::unique_ptr<rocksdb::DB> db(raw);
+    rocksdb::WriteOptions wo;
+    wo.disableWAL = true;  // the database is flushed and renamed as a whole; a partial one is never named
+    for (const std::string& name : store.table_names()) {
+      const Table* t = store.find(name);
+      check_ok(db->Put(wo, "spec/" + name, spec_from_table_options(t->options()).SerializeAsString()), "put spec", tmp);
+      const int64_t dim = t->dim(), st = t->state_size();
+      ExportCursor cursor;
+      while (!cursor.done) {
+        ExportedRows rows;
+        t->export_batch(cursor, kExportRows, rows);
+        rocksdb::WriteBatch batch;
+        std::string value;
+        for (int64_t i = 0; i < rows.size(); ++i) {
+          value.assign(reinterpret_cast<const char*>(rows.values.data() + i * dim), static_cast<size_t>(dim) * 4);
+          value.append(reinterpret_cast<const char*>(rows.state.data() + i * st), static_cast<size_t>(st) * 4);
+          const RowInfo& ri = rows.infos[static_cast<size_t>(i)];
+          PackedInfo p{ri.pushes, ri.last_step, ri.score};
+          value.append(reinterpret_cast<const char*>(&p), sizeof p);
+          batch.Put(row_key(name, rows.ids[static_cast<size_t>(i)]), value);
+        }
+        check_ok(db->Write(wo, &batch), "write rows", tmp);
+        info.rows += rows.size();
+      }
+    }
+    check_ok(db->Put(wo, "complete", std::to_string(info.rows)), "put marker", tmp);
+    check_ok(db->Flush(rocksdb::FlushOptions()), "flush", tmp);
+    check_ok(db->Close(), "close", tmp);
+  }
+  fs::remove_all(final_path, ec);
+  fs::rename(tmp, final_path, ec);
+  RATION_CHECK(!ec, "snapshot ", tmp, ": rename to ", final_path, " failed: ", ec.message());
+  fsync_path(dir);
+  // LATEST names the newest complete version; replaced by rename so a reader sees the old or new name.
+  const std::string latest_tmp = (fs::path(dir) / ("LATEST.tmp-" + std::to_string(::getpid()))).string();
+  {
+    std::ofstream out(latest_tmp, std::ios::trunc);
+    out << version << "\n";
+    out.flush();
+    RATION_CHECK(out.good(), "snapshot directory '", dir, "': cannot write ", latest_tmp);
+  }
+  fsync_path(latest_tmp);
+  fs::rename(latest_tmp, fs::path(dir) / "LATEST", ec);
+  RATION_CHECK(!ec, "snapshot directory '", dir, "': cannot update LATEST: ", ec.message());
+  fsync_path(dir);
+
+  // Keep the newest `keep` versions (and never the one just written).
+  std::vector<int64_t> versions;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 1 && n[0] == 'v' && n.find(".tmp") == std::string::npos &&
+        std::all_of(n.begin() + 1, n.end(), ::isdigit))
+      versions.push_back(std::stoll(n.substr(1)));
+  }
+  std::sort(versions.rbegin(), versions.rend());
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < versions.size(); ++i)
+    if (versions[i] != version) fs::remove_all(version_dir(dir, versions[i]), ec);
+  return info;
+}
+
+SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_t version) {
+  const std::string path = version_dir(dir, version);
+  RATION_CHECK(fs::is_directory(path), "snapshot ", path, " does not exist (versions are named v<step> under the ",
+               "snapshot directory; LATEST names the newest)");
+  rocksdb::Options opt;
+  opt.paranoid_checks = true;
+  rocksdb::DB* raw = nullptr;
+  check_ok(rocksdb::DB::OpenForReadOnly(opt, path, &raw), "open", path);
+  std::unique_ptr<rocksdb::DB> db(raw);
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  std::string complete;
+  check_ok(db->Get(ro, "complete", &complete), "read the completion marker (an incomplete snapshot?)", path);
+
+  EmbeddingStore fresh;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
+  for (it->Seek("spec/"); it->Valid() && it->key().starts_with("spec/"); it->Next()) {
+    wire::TableSpec spec;
+    RATION_CHECK(spec.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())), "snapshot ", path,
+                 ": table spec '", it->key().ToString(), "' is malformed");
+    fresh.ensure_table(table_options_from_spec(spec));
+  }
+  check_ok(it->status(), "read specs", path);
+  int64_t rows = 0;
+  for (it->Seek("row/"); it->Valid() && it->key().starts_with("row/"); it->Next()) {
+    const rocksdb::Slice key = it->key();
+    const std::string k = key.ToString();
+    const size_t nul = k.find('\0', 4);
+    RATION_CHECK(nul != std::string::npos && k.size() == nul + 9, "snapshot ", path, ": malformed row key");
+    const std::string table = k.substr(4, nul - 4);
+    uint64_t id = 0;
+    for (size_t b = 0; b < 8; ++b) id = (id << 8) | static_cast<uint8_t>(k[nul + 1 + b]);
+    Table* t = fresh.find(table);
+    RATION_CHECK(t != nullptr, "snapshot ", path, ": row of table '", table, "' which has no spec");
+    const int64_t dim = t->dim(), st = t->state_size();
+    const size_t expect = static_cast<size_t>(dim + st) * 4 + sizeof(PackedInfo);
+    RATION_CHECK(it->value().size() == expect, "snapshot ", path, ": row ", id, " of table '", table, "' has ",
+                 it->value().size(), " bytes; expected ", expect, " (dim ", dim, ", ", st, " state floats)");
+    std::vector<float> vals(static_cast<size_t>(dim + st));
+    std::memcpy(vals.data(), it->value().data(), static_cast<size_t>(dim + st) * 4);
+    PackedInfo p;
+    std::memcpy(&p, it->value().data() + (dim + st) * 4, sizeof p);
+    RowInfo ri;
+    ri.id = id;
+    ri.pushes = p.pushes;
+    ri.last_step = p.last_step;
+    ri.score = p.score;
+    t->assign(&id, 1, vals.data(), vals.data() + dim, &ri);
+    ++rows;
+  }
+  check_ok(it->status(), "read rows", path);
+  RATION_CHECK(std::to_string(rows) == complete, "snapshot ", path, ": holds ", rows, " rows but its marker says ",
+               complete);
+  store.replace_tables(std::move(fresh));
+  return {path, rows};
+}
+
+int64_t latest_snapshot_version(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "LATEST");
+  if (!in) return -1;
+  int64_t v = -1;
+  in >> v;
+  RATION_CHECK(!in.fail() && v >= 0, "snapshot directory '", dir, "': LATEST is malformed (expected a version number)");
+  return v;
+}
+
+}  // namespace ration::ps

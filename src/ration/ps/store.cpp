@@ -1,0 +1,518 @@
+// store.cpp — Table and EmbeddingStore (see store.h): stripes, arena, optimisers, export/assign.
+#include "ration/ps/store.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ration/core/check.h"
+
+namespace ration::ps {
+
+OptimizerKind optimizer_kind_from_name(const std::string& name, const std::string& where) {
+  if (name == "sgd") return OptimizerKind::Sgd;
+  if (name == "adagrad") return OptimizerKind::Adagrad;
+  if (name == "adam") return OptimizerKind::Adam;
+  if (name == "ftrl") return OptimizerKind::Ftrl;
+  RATION_CHECK(false, where, ": unknown sparse optimiser '", name, "'; valid: sgd, adagrad, adam, ftrl");
+  return OptimizerKind::Sgd;
+}
+
+std::string optimizer_kind_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::Sgd: return "sgd";
+    case OptimizerKind::Adagrad: return "adagrad";
+    case OptimizerKind::Adam: return "adam";
+    case OptimizerKind::Ftrl: return "ftrl";
+  }
+  return "?";
+}
+
+int64_t state_floats(OptimizerKind kind, int64_t dim) {
+  switch (kind) {
+    case OptimizerKind::Sgd: return 0;
+    case OptimizerKind::Adagrad: return dim;
+    case OptimizerKind::Adam: return 2 * dim + 1;
+    case OptimizerKind::Ftrl: return 2 * dim;
+  }
+  return 0;
+}
+
+namespace {
+
+// One optimiser step on a row: w (dim values), s (state), g (gradient).
+void apply_update(const OptimizerOptions& o, int64_t dim, float* w, float* s, const float* g) {
+  switch (o.kind) {
+    case OptimizerKind::Sgd:
+      for (int64_t k = 0; k < dim; ++k) w[k] -= o.lr * g[k];
+      return;
+    case OptimizerKind::Adagrad:
+      for (int64_t k = 0; k < dim; ++k) {
+        s[k] += g[k] * g[k];
+        w[k] -= o.lr * g[k] / (std::sqrt(s[k]) + o.eps);
+      }
+      return;
+    case OptimizerKind::Adam: {
+      float* m = s;
+      float* v = s + dim;
+      float& t = s[2 * dim];
+      t += 1.0f;
+      const float c1 = 1.0f - std::pow(o.beta1, t);
+      const float c2 = 1.0f - std::pow(o.beta2, t);
+      for (int64_t k = 0; k < dim; ++k) {
+        m[k] = o.beta1 * m[k] + (1.0f - o.beta1) * g[k];
+        v[k] = o.beta2 * v[k] + (1.0f - o.beta2) * g[k] * g[k];
+        w[k] -= o.lr * (m[k] / c1) / (std::sqrt(v[k] / c2) + o.eps);
+      }
+      return;
+    }
+    case OptimizerKind::Ftrl: {
+      // FTRL-proximal (McMahan et al. 2013), per coordinate: z accumulates the linearised loss, n the
+      // squared gradients; the weight is the closed-form minimiser with L1/L2.
+      float* z = s;
+      float* n = s + dim;
+      for (int64_t k = 0; k < dim; ++k) {
+        const float n_new = n[k] + g[k] * g[k];
+        const float sigma = (std::sqrt(n_new) - std::sqrt(n[k])) / o.ftrl_alpha;
+        z[k] += g[k] - sigma * w[k];
+        n[k] = n_new;
+        if (std::fabs(z[k]) <= o.ftrl_l1) {
+          w[k] = 0;
+        } else {
+          const float sign = z[k] < 0 ? -1.0f : 1.0f;
+          w[k] = -(z[k] - sign * o.ftrl_l1) / ((o.ftrl_beta + std::sqrt(n[k])) / o.ftrl_alpha + o.ftrl_l2);
+        }
+      }
+      return;
+    }
+  }
+}
+
+// Fresh optimiser state of a row whose values are `w`.
+void init_state(const OptimizerOptions& o, int64_t dim, const float* w, float* s, int64_t state) {
+  std::fill(s, s + state, 0.0f);
+  if (o.kind == OptimizerKind::Adagrad) std::fill(s, s + dim, o.initial_accumulator);
+  if (o.kind == OptimizerKind::Ftrl) {
+    // z chosen so the first FTRL step starts from the initial weights (w = -z * alpha / beta when n = 0,
+    // l1 = l2 = 0): z = -w * beta / alpha.
+    for (int64_t k = 0; k < dim; ++k) s[k] = -w[k] * o.ftrl_beta / o.ftrl_alpha;
+  }
+}
+
+}  // namespace
+
+// ---- stripe -------------------------------------------------------------------------------------------
+namespace {
+RowInfo fresh_info(uint64_t id) {
+  RowInfo r;
+  r.id = id;
+  return r;
+}
+}  // namespace
+
+struct Table::Stripe {
+  // kChunkRows slots: values + state (stride floats each), their RowInfo, and a live flag.
+  struct Chunk {
+    std::unique_ptr<float[]> rows;
+    std::unique_ptr<RowInfo[]> infos;
+    std::unique_ptr<uint8_t[]> live;
+  };
+  mutable std::mutex mu;
+  absl::flat_hash_map<uint64_t, uint32_t> index;  // id -> slot
+  std::vector<Chunk> chunks;
+  std::vector<uint32_t> free_slots;               // freed slots, reused before fresh ones
+  int64_t fresh = 0;                              // slots [fresh, capacity) were never handed out
+  int64_t stride = 0;
+
+  float* slot_ptr(uint32_t slot) { return chunks[slot / kChunkRows].rows.get() + (slot % kChunkRows) * stride; }
+  const float* slot_ptr(uint32_t slot) const {
+    return chunks[slot / kChunkRows].rows.get() + (slot % kChunkRows) * stride;
+  }
+  RowInfo& info(uint32_t slot) { return chunks[slot / kChunkRows].infos[slot % kChunkRows]; }
+  const RowInfo& info(uint32_t slot) const { return chunks[slot / kChunkRows].infos[slot % kChunkRows]; }
+  uint8_t& live(uint32_t slot) { return chunks[slot / kChunkRows].live[slot % kChunkRows]; }
+  uint8_t live(uint32_t slot) const { return chunks[slot / kChunkRows].live[slot % kChunkRows]; }
+  int64_t capacity() const { return static_cast<int64_t>(chunks.size()) * kChunkRows; }
+
+  uint32_t allocate() {
+    uint32_t slot;
+    if (!free_slots.empty()) {
+      slot = free_slots.back();
+      free_slots.pop_back();
+    } else {
+      if (fresh == capacity()) {
+        RATION_CHECK(capacity() + kChunkRows < (int64_t{1} << 32), "embedding table stripe is full (2^32 slots)");
+        Chunk c;
+        c.rows.reset(new float[static_cast<size_t>(kChunkRows * stride)]);
+        c.infos.reset(new RowInfo[static_cast<size_t>(kChunkRows)]);
+        c.live.reset(new uint8_t[static_cast<size_t>(kChunkRows)]());
+        chunks.push_back(std::move(c));
+      }
+      slot = static_cast<uint32_t>(fresh++);
+    }
+    live(slot) = 1;
+    return slot;
+  }
+  void release(uint32_t slot) {
+    live(slot) = 0;
+    info(slot) = RowInfo{};
+    free_slots.push_back(slot);
+  }
+};
+
+Table::~Table() = default;
+
+Table::Table(TableOptions options) : options_(std::move(options)) {
+  RATION_CHECK(options_.dim > 0 && options_.dim <= 65536, "embedding table '", options_.name, "': dim must be in ",
+               "[1, 65536]; got ", options_.dim);
+  state_ = state_floats(options_.optimizer.kind, options_.dim);
+  stride_ = options_.dim + state_;
+  for (int i = 0; i < kStripes; ++i) {
+    stripes_.push_back(std::make_unique<Stripe>());
+    stripes_.back()->stride = stride_;
+  }
+}
+
+int Table::stripe_index(uint64_t id) const { return static_cast<int>((mix64(id) >> 40) % kStripes); }
+Table::Stripe& Table::stripe_of(uint64_t id) const { return *stripes_[static_cast<size_t>(stripe_index(id))]; }
+
+void Table::initial_value(uint64_t id, float* out) const {
+  // A counter-based stream keyed by (seed, id): the value never depends on insertion order or shard.
+  const uint64_t key = mix64(options_.seed ^ mix64(id));
+  for (int64_t k = 0; k < options_.dim; ++k) {
+    const uint64_t r = mix64(key + static_cast<uint64_t>(k));
+    const float u = static_cast<float>(r >> 40) / static_cast<float>(1ULL << 24);  // [0, 1)
+    out[k] = (2.0f * u - 1.0f) * options_.init_scale;
+  }
+}
+
+namespace {
+// Positions of ids grouped by stripe (counting sort): order[begin[s] .. begin[s+1]) are stripe s's.
+struct ByStripe {
+  std::vector<int64_t> order;
+  std::vector<int64_t> begin;
+};
+template <typename StripeOf>
+ByStripe group_by_stripe(const uint64_t* ids, int64_t n, int stripes, StripeOf stripe_of) {
+  ByStripe g;
+  std::vector<int> s(static_cast<size_t>(n));
+  g.begin.assign(static_cast<size_t>(stripes + 1), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    s[static_cast<size_t>(i)] = stripe_of(ids[i]);
+    ++g.begin[static_cast<size_t>(s[static_cast<size_t>(i)]) + 1];
+  }
+  for (int k = 0; k < stripes; ++k) g.begin[static_cast<size_t>(k) + 1] += g.begin[static_cast<size_t>(k)];
+  std::vector<int64_t> fill(g.begin.begin(), g.begin.end() - 1);
+  g.order.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) g.order[static_cast<size_t>(fill[static_cast<size_t>(s[static_cast<size_t>(i)])]++)] = i;
+  return g;
+}
+}  // namespace
+
+void Table::pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing) {
+  const int64_t dim = options_.dim;
+  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
+  const ByStripe g = group_by_stripe(ids, n, kStripes, [this](uint64_t id) { return stripe_index(id); });
+  for (int s = 0; s < kStripes; ++s) {
+    const int64_t b = g.begin[static_cast<size_t>(s)], e = g.begin[static_cast<size_t>(s) + 1];
+    if (b == e) continue;
+    Stripe& st = *stripes_[static_cast<size_t>(s)];
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (int64_t j = b; j < e; ++j) {
+      const int64_t i = g.order[static_cast<size_t>(j)];
+      float* dst = out + i * dim;
+      auto it = st.index.find(ids[i]);
+      if (it != st.index.end()) {
+        std::memcpy(dst, st.slot_ptr(it->second), row_bytes);
+      } else if (missing == MissingRow::ReadDefault) {
+        initial_value(ids[i], dst);
+      } else {
+        const uint32_t slot = st.allocate();
+        float* row = st.slot_ptr(slot);
+        initial_value(ids[i], row);
+        init_state(options_.optimizer, dim, row, row + dim, state_);
+        st.info(slot) = fresh_info(ids[i]);
+        st.index.emplace(ids[i], slot);
+        std::memcpy(dst, row, row_bytes);
+      }
+    }
+  }
+}
+
+void Table::push(const uint64_t* ids, int64_t n, const float* grads, int64_t step) {
+  const int64_t dim = options_.dim;
+  const ByStripe g = group_by_stripe(ids, n, kStripes, [this](uint64_t id) { return stripe_index(id); });
+  for (int s = 0; s < kStripes; ++s) {
+    const int64_t b = g.begin[static_cast<size_t>(s)], e = g.begin[static_cast<size_t>(s) + 1];
+    if (b == e) continue;
+    Stripe& st = *stripes_[static_cast<size_t>(s)];
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (int64_t j = b; j < e; ++j) {
+      const int64_t i = g.order[static_cast<size_t>(j)];
+      auto [it, inserted] = st.index.try_emplace(ids[i], 0);
+      if (inserted) {
+        it->second = st.allocate();
+        float* row = st.slot_ptr(it->second);
+        initial_value(ids[i], row);
+        init_state(options_.optimizer, dim, row, row + dim, state_);
+        st.info(it->second) = fresh_info(ids[i]);
+      }
+      float* row = st.slot_ptr(it->second);
+      RowInfo& info = st.info(it->second);
+      if (observer_) observer_(info, row, grads + i * dim, dim);
+      apply_update(options_.optimizer, dim, row, row + dim, grads + i * dim);
+      ++info.pushes;
+      info.last_step = step;
+    }
+  }
+}
+
+int64_t Table::find_or_insert(const uint64_t* ids, int64_t n) {
+  int64_t created = 0;
+  const int64_t dim = options_.dim;
+  for (int64_t i = 0; i < n; ++i) {
+    Stripe& st = stripe_of(ids[i]);
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto [it, inserted] = st.index.try_emplace(ids[i], 0);
+    if (!inserted) continue;
+    it->second = st.allocate();
+    float* row = st.slot_ptr(it->second);
+    initial_value(ids[i], row);
+    init_state(options_.optimizer, dim, row, row + dim, state_);
+    st.info(it->second) = fresh_info(ids[i]);
+    ++created;
+  }
+  return created;
+}
+
+void Table::assign(const uint64_t* ids, int64_t n, const float* values, const float* state, const RowInfo* infos) {
+  const int64_t dim = options_.dim;
+  for (int64_t i = 0; i < n; ++i) {
+    Stripe& st = stripe_of(ids[i]);
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto [it, inserted] = st.index.try_emplace(ids[i], 0);
+    if (inserted) it->second = st.allocate();
+    float* row = st.slot_ptr(it->second);
+    std::memcpy(row, values + i * dim, static_cast<size_t>(dim) * sizeof(float));
+    if (state != nullptr) std::memcpy(row + dim, state + i * state_, static_cast<size_t>(state_) * sizeof(float));
+    else if (inserted) init_state(options_.optimizer, dim, row, row + dim, state_);
+    if (infos != nullptr) st.info(it->second) = infos[i];
+    else if (inserted) st.info(it->second) = fresh_info(ids[i]);
+    st.info(it->second).id = ids[i];
+  }
+}
+
+int64_t Table::erase_if(const std::function<bool(const RowInfo&)>& pred) {
+  int64_t freed = 0;
+  for (auto& sp : stripes_) {
+    Stripe& st = *sp;
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (auto it = st.index.begin(); it != st.index.end();) {
+      if (pred(st.info(it->second))) {
+        st.release(it->second);
+        st.index.erase(it++);
+        ++freed;
+      } else {
+        ++it;
+      }
+    }
+  }
+  return freed;
+}
+
+int64_t Table::erase(const uint64_t* ids, int64_t n) {
+  int64_t freed = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Stripe& st = stripe_of(ids[i]);
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto it = st.index.find(ids[i]);
+    if (it == st.index.end()) continue;
+    st.release(it->second);
+    st.index.erase(it);
+    ++freed;
+  }
+  return freed;
+}
+
+int64_t Table::compact() {
+  int64_t released = 0;
+  const size_t slot_bytes = static_cast<size_t>(stride_) * sizeof(float);
+  for (auto& sp : stripes_) {
+    Stripe& st = *sp;
+    std::lock_guard<std::mutex> lock(st.mu);
+    const int64_t live_rows = static_cast<int64_t>(st.index.size());
+    const int64_t keep_chunks = (live_rows + kChunkRows - 1) / kChunkRows;
+    const int64_t keep_slots = keep_chunks * kChunkRows;
+    if (keep_chunks == static_cast<int64_t>(st.chunks.size())) continue;
+    // Free slots below the cut, lowest first; live rows above it move there.
+    std::vector<uint32_t> holes;
+    for (int64_t s = 0; s < keep_slots; ++s)
+      if (!st.live(static_cast<uint32_t>(s))) holes.push_back(static_cast<uint32_t>(s));
+    size_t h = 0;
+    for (int64_t s = keep_slots; s < st.capacity(); ++s) {
+      const uint32_t from = static_cast<uint32_t>(s);
+      if (!st.live(from)) continue;
+      const uint32_t to = holes.at(h++);
+      std::memcpy(st.slot_ptr(to), st.slot_ptr(from), slot_bytes);
+      st.info(to) = st.info(from);
+      st.live(to) = 1;
+      st.index[st.info(to).id] = to;
+    }
+    released += (static_cast<int64_t>(st.chunks.size()) - keep_chunks) *
+                (kChunkRows * static_cast<int64_t>(slot_bytes + sizeof(RowInfo) + 1));
+    st.chunks.resize(static_cast<size_t>(keep_chunks));
+    st.chunks.shrink_to_fit();
+    st.free_slots.clear();
+    for (int64_t s = keep_slots - 1; s >= 0; --s)
+      if (!st.live(static_cast<uint32_t>(s))) st.free_slots.push_back(static_cast<uint32_t>(s));
+    st.free_slots.shrink_to_fit();
+    st.fresh = keep_slots;
+    // The index shrinks too (absl rehash(0) sizes it to its contents).
+    st.index.rehash(0);
+  }
+  // Hand the freed chunks back to the operating system (glibc keeps small frees in its heap otherwise).
+  if (released > 0) malloc_trim(0);
+  return released;
+}
+
+void Table::export_batch(ExportCursor& cursor, int64_t max_rows, ExportedRows& out) const {
+  const int64_t dim = options_.dim;
+  int64_t taken = 0;
+  while (!cursor.done && taken < max_rows) {
+    if (cursor.stripe >= kStripes) {
+      cursor.done = true;
+      break;
+    }
+    const Stripe& st = *stripes_[static_cast<size_t>(cursor.stripe)];
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (; cursor.slot < st.capacity() && taken < max_rows; ++cursor.slot) {
+      const size_t slot = static_cast<size_t>(cursor.slot);
+      if (!st.live(static_cast<uint32_t>(slot))) continue;
+      const float* row = st.slot_ptr(static_cast<uint32_t>(slot));
+      out.ids.push_back(st.info(static_cast<uint32_t>(slot)).id);
+      out.values.insert(out.values.end(), row, row + dim);
+      out.state.insert(out.state.end(), row + dim, row + dim + state_);
+      out.infos.push_back(st.info(static_cast<uint32_t>(slot)));
+      ++taken;
+    }
+    if (cursor.slot >= st.capacity()) {
+      ++cursor.stripe;
+      cursor.slot = 0;
+    }
+  }
+}
+
+void Table::set_push_observer(PushObserver observer) { observer_ = std::move(observer); }
+
+bool Table::contains(uint64_t id) const {
+  const Stripe& st = stripe_of(id);
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.index.contains(id);
+}
+
+int64_t Table::size() const {
+  int64_t n = 0;
+  for (const auto& sp : stripes_) {
+    std::lock_guard<std::mutex> lock(sp->mu);
+    n += static_cast<int64_t>(sp->index.size());
+  }
+  return n;
+}
+
+TableBytes Table::bytes() const {
+  TableBytes b;
+  using Slot = std::pair<const uint64_t, uint32_t>;
+  for (const auto& sp : stripes_) {
+    std::lock_guard<std::mutex> lock(sp->mu);
+    b.rows += static_cast<int64_t>(sp->index.size());
+    b.arena_bytes += sp->capacity() * stride_ * static_cast<int64_t>(sizeof(float));
+    b.meta_bytes += sp->capacity() * static_cast<int64_t>(sizeof(RowInfo) + 1) +
+                    static_cast<int64_t>(sp->free_slots.capacity() * sizeof(uint32_t));
+    // flat_hash_map: one slot plus one control byte per bucket (and a group of trailing control bytes).
+    const int64_t cap = static_cast<int64_t>(sp->index.capacity());
+    b.index_bytes += cap == 0 ? 0 : cap * static_cast<int64_t>(sizeof(Slot) + 1) + 16;
+  }
+  b.value_bytes = b.rows * options_.dim * static_cast<int64_t>(sizeof(float));
+  b.state_bytes = b.rows * state_ * static_cast<int64_t>(sizeof(float));
+  return b;
+}
+
+void Table::clear() {
+  for (auto& sp : stripes_) {
+    std::lock_guard<std::mutex> lock(sp->mu);
+    Stripe fresh;
+    fresh.stride = stride_;
+    std::swap(sp->index, fresh.index);
+    std::swap(sp->chunks, fresh.chunks);
+    std::swap(sp->free_slots, fresh.free_slots);
+    std::swap(sp->fresh, fresh.fresh);
+  }
+}
+
+// ---- store --------------------------------------------------------------------------------------------
+Table& EmbeddingStore::ensure_table(const TableOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tables_.find(options.name);
+  if (it != tables_.end()) {
+    const TableOptions& have = it->second->options();
+    RATION_CHECK(have.dim == options.dim && have.optimizer.kind == options.optimizer.kind,
+                 "embedding table '", options.name, "' exists with dim ", have.dim, " and optimiser ",
+                 optimizer_kind_name(have.optimizer.kind), "; asked for dim ", options.dim, " and ",
+                 optimizer_kind_name(options.optimizer.kind));
+    return *it->second;
+  }
+  RATION_CHECK(!options.name.empty(), "embedding table needs a name");
+  auto [ins, ok] = tables_.emplace(options.name, std::make_unique<Table>(options));
+  return *ins->second;
+}
+
+Table* EmbeddingStore::find(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tables_.find(name);
+  return it == tables_.end() ? nullptr : it->second.get();
+}
+
+const Table* EmbeddingStore::find(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tables_.find(name);
+  return it == tables_.end() ? nullptr : it->second.get();
+}
+
+std::vector<std::string> EmbeddingStore::table_names() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> names;
+  for (const auto& [n, t] : tables_) names.push_back(n);
+  return names;
+}
+
+Table& EmbeddingStore::table(const std::string& name) {
+  Table* t = find(name);
+  if (t == nullptr) {
+    std::string known;
+    for (const auto& n : table_names()) known += (known.empty() ? "" : ", ") + n;
+    RATION_CHECK(false, "unknown embedding table '", name, "'; this store holds: ",
+                 known.empty() ? std::string("(none)") : known);
+  }
+  return *t;
+}
+
+void EmbeddingStore::replace_tables(EmbeddingStore&& other) {
+  std::scoped_lock lock(mu_, other.mu_);
+  tables_.swap(other.tables_);
+}
+
+StoreStats EmbeddingStore::stats() const {
+  StoreStats s;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [n, t] : tables_) {
+    TableBytes b = t->bytes();
+    s.rows += b.rows;
+    s.bytes += b.total();
+    s.tables[n] = b;
+  }
+  return s;
+}
+
+}  // namespace ration::ps

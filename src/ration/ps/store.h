@@ -1,0 +1,185 @@
+// store.h — the embedding store of one parameter-server shard: named tables of 64-bit feature ids ->
+// rows of `dim` floats, with per-row optimiser state and per-row metadata (frequency, last step, score).
+// Owns: Table (striped hash index + row arena with a free list, deterministic first-touch initialisation,
+//       batched thread-safe pull/push with the optimiser applied on the store, erase/compact that return
+//       memory, export/assign for snapshots and mirrors, accounted bytes), EmbeddingStore (the tables of a
+//       shard by name).
+// Does not own: the network (ps/server.h), which shard an id belongs to (ps/partition.h), persistence
+//       files (ps/snapshot.h) or what to evict (a policy outside, through erase_if and RowInfo::score).
+//
+// Layout: a table is split into kStripes stripes by a hash of the id; each stripe has its own mutex, an
+// absl::flat_hash_map<id, slot> and an arena of fixed-size chunks holding, per slot, `dim` values then the
+// optimiser's state floats. Freed slots go on the stripe's free list and are reused first; compact()
+// moves live rows out of the tail chunks and releases those chunks to the allocator.
+// Method: docs/METHODS.md, "Sparse embeddings on parameter servers".
+#pragma once
+#include <absl/container/flat_hash_map.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ration::ps {
+
+// The update rule run on the store when gradients are pushed.
+enum class OptimizerKind { Sgd, Adagrad, Adam, Ftrl };
+OptimizerKind optimizer_kind_from_name(const std::string& name, const std::string& where);
+std::string optimizer_kind_name(OptimizerKind kind);
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::Adagrad;
+  float lr = 0.05f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;   // Adam (eps also Adagrad's)
+  float initial_accumulator = 0.0f;                  // Adagrad
+  float ftrl_alpha = 0.05f, ftrl_beta = 1.0f, ftrl_l1 = 0.0f, ftrl_l2 = 0.0f;  // FTRL-proximal
+};
+// Optimiser state floats per row: Sgd 0, Adagrad dim, Adam 2*dim + 1 (m, v, step), Ftrl 2*dim (z, n).
+int64_t state_floats(OptimizerKind kind, int64_t dim);
+
+struct TableOptions {
+  std::string name;
+  int64_t dim = 16;
+  uint64_t seed = 0;
+  float init_scale = 0.01f;  // first-touch values uniform in [-init_scale, init_scale), from (seed, id)
+  OptimizerOptions optimizer;
+};
+
+// What pull does for an id the table does not hold.
+enum class MissingRow {
+  Create,       // training: insert the row with its deterministic initial value
+  ReadDefault,  // evaluation/serving: return the initial value, insert nothing
+};
+
+// Per-row metadata kept next to the values (for eviction policies and mirrors).
+struct RowInfo {
+  uint64_t id = 0;
+  uint32_t pushes = 0;     // gradient updates applied
+  float score = 0;         // free for a policy (importance); the store never reads it
+  int64_t last_step = -1;  // step of the last push (-1: never)
+};
+
+// Called under the row's stripe lock for every pushed row, before the optimiser changes the values:
+// (info, values before the update, gradient, dim). Lets a policy score rows at push time.
+using PushObserver = std::function<void(RowInfo& info, const float* values, const float* grad, int64_t dim)>;
+
+struct TableBytes {
+  int64_t rows = 0;          // live rows
+  int64_t value_bytes = 0;   // live rows * dim * 4
+  int64_t state_bytes = 0;   // live rows * state floats * 4
+  int64_t meta_bytes = 0;    // RowInfo per allocated slot
+  int64_t index_bytes = 0;   // hash index capacity * (slot + control byte)
+  int64_t arena_bytes = 0;   // chunks held (live + free slots)
+  int64_t total() const { return arena_bytes + meta_bytes + index_bytes; }
+};
+
+// Rows copied out of a table (snapshot, mirror): ids, values (n*dim), state (n*state floats), infos.
+struct ExportedRows {
+  std::vector<uint64_t> ids;
+  std::vector<float> values;
+  std::vector<float> state;
+  std::vector<RowInfo> infos;
+  int64_t size() const { return static_cast<int64_t>(ids.size()); }
+};
+
+// Position of an export walk: stripe, then slot within it.
+struct ExportCursor {
+  int64_t stripe = 0;
+  int64_t slot = 0;
+  bool done = false;
+};
+
+class Table {
+ public:
+  static constexpr int kStripes = 16;
+  static constexpr int64_t kChunkRows = 512;
+
+  explicit Table(TableOptions options);
+  ~Table();
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
+
+  const TableOptions& options() const { return options_; }
+  int64_t dim() const { return options_.dim; }
+  int64_t state_size() const { return state_; }
+
+  // out[i*dim .. +dim) = row of ids[i]. Duplicates allowed.
+  void pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing = MissingRow::Create);
+  // Applies the optimiser to each row with grads[i*dim .. +dim). Rows are created first if absent.
+  // An id repeated in one call is updated once per occurrence, in order.
+  void push(const uint64_t* ids, int64_t n, const float* grads, int64_t step);
+  // Ensures every id has a row (initial value when new). Returns how many were created.
+  int64_t find_or_insert(const uint64_t* ids, int64_t n);
+  // Overwrites values (and state when `state` is non-null; else zero state for new rows) of each id,
+  // creating rows as needed. infos (optional) overwrite the metadata too.
+  void assign(const uint64_t* ids, int64_t n, const float* values, const float* state = nullptr,
+              const RowInfo* infos = nullptr);
+  // Frees every row whose info satisfies pred (under the stripe lock). Returns the count freed.
+  int64_t erase_if(const std::function<bool(const RowInfo&)>& pred);
+  int64_t erase(const uint64_t* ids, int64_t n);
+  // Moves live rows out of the tail chunks and releases empty chunks (and trims the heap, so the process
+  // RSS goes down too). Returns the bytes released (arena and per-slot metadata).
+  int64_t compact();
+  // Copies up to `max_rows` live rows from `cursor` on; advances it (cursor.done when the walk ends).
+  // Rows changed concurrently may be seen in either state, each row consistent.
+  void export_batch(ExportCursor& cursor, int64_t max_rows, ExportedRows& out) const;
+  // Deterministic initial value of `id` (what a first pull returns).
+  void initial_value(uint64_t id, float* out) const;
+
+  void set_push_observer(PushObserver observer);
+  bool contains(uint64_t id) const;
+  int64_t size() const;
+  TableBytes bytes() const;
+  void clear();
+
+ private:
+  struct Stripe;
+  Stripe& stripe_of(uint64_t id) const;
+  int stripe_index(uint64_t id) const;
+
+  TableOptions options_;
+  int64_t state_ = 0;
+  int64_t stride_ = 0;  // floats per slot: dim + state
+  std::vector<std::unique_ptr<Stripe>> stripes_;
+  PushObserver observer_;
+};
+
+struct StoreStats {
+  int64_t rows = 0;
+  int64_t bytes = 0;
+  std::map<std::string, TableBytes> tables;
+};
+
+// The tables one shard holds. Tables are created before use and never removed while the store lives.
+class EmbeddingStore {
+ public:
+  // Creates the table, or returns the existing one if its options match (dim, optimiser kind); differing
+  // options are an error naming both.
+  Table& ensure_table(const TableOptions& options);
+  Table* find(const std::string& name);
+  const Table* find(const std::string& name) const;
+  // Throws naming the table and the tables that exist.
+  Table& table(const std::string& name);
+  std::vector<std::string> table_names() const;
+  StoreStats stats() const;
+  // Takes every table of `other` in place of this store's (restore: built aside, swapped in whole).
+  void replace_tables(EmbeddingStore&& other);
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Table>> tables_;
+};
+
+// splitmix64 finaliser: the mixing every hash in ps/ builds on.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace ration::ps

@@ -1,0 +1,266 @@
+// The ctr model with parameter-server embeddings: whole-model gradients (dense parameters and every
+// field's pulled rows) vs libtorch autograd; synthetic click data (deterministic, click rate, Zipf skew,
+// drift, AUC); training learns and reports ps.* and eval.auc; embedded and two real server processes
+// give identical runs; kill -9 of the trainer or of a server, then restart and resume, continues the
+// uninterrupted run's loss curve exactly.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "ration/core/check.h"
+#include "ration/data/ctr_synthetic.h"
+#include "ration/models/ctr.h"
+#include "ration/train/trainer.h"
+#include "test_ps_util.h"
+#include "test_util.h"
+
+namespace ration {
+namespace {
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+data::CtrSyntheticOptions small_data() {
+  data::CtrSyntheticOptions o;
+  o.cardinalities = {50, 20, 10};
+  o.bag_min = {1, 0, 1};
+  o.bag_max = {1, 3, 4};
+  o.num_dense = 3;
+  o.train_samples = 64;
+  o.eval_samples = 16;
+  return o;
+}
+
+TEST(PsCtr, WholeModelGradientsMatchLibtorch) {
+  models::CtrOptions o;
+  o.num_dense = 3;
+  o.num_fields = 3;
+  o.embedding_dim = 4;
+  o.bottom = {5};
+  o.top = {6};
+  o.bag_mode = ops::EmbeddingBagMode::Mean;
+  o.table.init_scale = 0.5f;
+  models::Ctr model(o);
+  model.to(at::TensorOptions().dtype(at::kDouble));
+  data::CtrSynthetic ds(small_data(), data::CtrSynthetic::Split::Train);
+  const data::Batch batch = ds.get({0, 1, 2, 3, 4, 5, 6, 7});
+  const Value dense(batch.input.tensor().to(at::kDouble));
+  const Value labels = batch.target;
+
+  std::vector<models::FieldRows> fields = model.lookup(batch, ps::MissingRow::Create);
+  ASSERT_EQ(fields.size(), 3u);
+  models::binary_cross_entropy_with_logits(model.logits(dense, fields), labels).backward();
+  std::vector<at::Tensor> engine;
+  for (auto& p : model.parameters()) engine.push_back(p.grad().clone());
+  for (auto& f : fields) {
+    ASSERT_TRUE(f.rows.grad().is_sparse());
+    engine.push_back(f.rows.grad().to_dense());
+  }
+  for (auto& p : model.parameters()) p.grad() = at::Tensor();
+
+  std::vector<models::FieldRows> again = fields;
+  std::vector<Value> leaves = model.parameters();
+  for (auto& f : again) {
+    f.rows = Value(f.rows.tensor().clone(), true);
+    leaves.push_back(f.rows);
+  }
+  {
+    OracleScope oracle(leaves);
+    models::binary_cross_entropy_with_logits(model.logits(dense, again), labels).backward();
+  }
+  ASSERT_EQ(engine.size(), leaves.size());
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    ASSERT_TRUE(leaves[i].grad().defined()) << i;
+    const at::Tensor oracle = leaves[i].grad();
+    const double scale = std::max(1.0, oracle.abs().max().item<double>());
+    EXPECT_LE((engine[i] - oracle).abs().max().item<double>() / scale, 1e-10) << "leaf " << i;
+  }
+  // The bags really read several rows per sample (multi-hot) and the sums of row gradients are not zero.
+  EXPECT_GT(engine.back().abs().sum().item<double>(), 0);
+}
+
+TEST(PsCtr, SyntheticClicksAreDeterministicSkewedAndLearnable) {
+  data::CtrSyntheticOptions o;
+  o.cardinalities = {10000000, 1000};
+  o.bag_min = {1, 2};
+  o.bag_max = {1, 5};
+  o.num_dense = 2;
+  o.train_samples = 20000;
+  o.eval_samples = 4000;
+  o.click_rate = 0.2;
+  data::CtrSynthetic a(o, data::CtrSynthetic::Split::Train), b(o, data::CtrSynthetic::Split::Train);
+  std::vector<int64_t> idx(4000);
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i) * 5;
+  const data::Batch x = a.get(idx), y = b.get(idx);
+  EXPECT_TRUE(at::equal(x.sparse[0].ids, y.sparse[0].ids));
+  EXPECT_TRUE(at::equal(x.target.tensor(), y.target.tensor()));
+  // Click rate close to the request; ids within the cardinality; bag sizes within bounds.
+  EXPECT_NEAR(x.target.tensor().to(at::kDouble).mean().item<double>(), 0.2, 0.025);
+  EXPECT_LT(x.sparse[0].ids.max().item<int64_t>(), 10000000);
+  EXPECT_GE(x.sparse[0].ids.min().item<int64_t>(), 0);
+  const at::Tensor sizes = at::cat({x.sparse[1].offsets.slice(0, 1), at::full({1}, x.sparse[1].ids.size(0), at::kLong)}) -
+                           x.sparse[1].offsets;
+  EXPECT_GE(sizes.min().item<int64_t>(), 2);
+  EXPECT_LE(sizes.max().item<int64_t>(), 5);
+  // Zipf: the most frequent id of the 10^7 field takes a visible share; ids are scattered (not 0, 1, ...).
+  auto [uniq, inv, counts] = at::_unique2(x.sparse[0].ids, true, false, true);
+  EXPECT_GT(counts.max().item<int64_t>(), 4000 / 50);
+  EXPECT_GT(uniq[0].item<int64_t>() + uniq[1].item<int64_t>(), 2);
+  // The planted model separates clicks (its own AUC), and a higher weight scale separates them more.
+  data::CtrSynthetic ev(o, data::CtrSynthetic::Split::Eval);
+  std::vector<float> s, l;
+  std::vector<int64_t> all(4000);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  const data::Batch e = ev.get(all);
+  for (int64_t i = 0; i < 4000; ++i) {
+    s.push_back(static_cast<float>(ev.planted_probability(i)));
+    l.push_back(static_cast<float>(e.target.tensor()[i].item<int64_t>()));
+  }
+  EXPECT_GT(data::roc_auc(s, l), 0.7);
+  EXPECT_DOUBLE_EQ(data::roc_auc({0.1f, 0.4f, 0.35f, 0.8f}, {0, 0, 1, 1}), 0.75);
+  // Drift moves the hot set: late samples share fewer top ids with early ones.
+  o.drift = 0.5;
+  o.cardinalities = {1000, 1000};
+  data::CtrSynthetic d(o, data::CtrSynthetic::Split::Train), nd([&] { auto p = o; p.drift = 0; return p; }(),
+                                                                   data::CtrSynthetic::Split::Train);
+  auto top_id = [](const data::CtrSynthetic& ds, int64_t from) {
+    std::vector<int64_t> ix(2000);
+    for (size_t i = 0; i < ix.size(); ++i) ix[i] = from + static_cast<int64_t>(i);
+    auto [u, iv, c] = at::_unique2(ds.get(ix).sparse[0].ids, true, false, true);
+    return u[c.argmax()].item<int64_t>();
+  };
+  EXPECT_NE(top_id(d, 0), top_id(d, 18000));
+  EXPECT_EQ(top_id(nd, 0), top_id(nd, 18000));
+}
+
+std::string ctr_config(const std::string& ckpt_dir, const std::string& extra = "") {
+  return "[model]\ntype='ctr'\nembedding_dim=8\nbottom=[16]\ntop=[16]\nbag_mode='mean'\n"
+         "[data]\nkind='synthetic_ctr'\ncardinalities=[20000, 2000, 200]\nbag_min=[1, 1, 1]\nbag_max=[1, 3, 2]\n"
+         "num_dense=3\ntrain_samples=20000\neval_samples=2000\nclick_rate=0.3\nweight_scale=1.5\n"
+         "[ps]\nshards=2\nlr=0.1\n" + extra +
+         "[optim]\nname='adamw'\nlr=0.01\nweight_decay=0.0\nschedule='constant'\n"
+         "[train]\nbatch_size=128\nsteps=60\neval_every=30\nlog_every=1000\nthreads=1\ncheckpoint_every=10\n"
+         "keep_checkpoints=10\ncheckpoint_dir='" + ckpt_dir + "'\n";
+}
+
+nlohmann::json train_with(const std::string& cfg, std::vector<std::string> overrides = {}, const std::string& resume = "") {
+  train::TrainOptions t;
+  t.config_path = cfg;
+  t.json = true;
+  t.overrides = std::move(overrides);
+  t.resume = resume;
+  return train::run_training(t);
+}
+
+TEST(PsCtr, TrainingLearnsAndReportsAucAndPsFigures) {
+  TempDir dir("ps-ctr-train");
+  const auto r = train_with(dir.write("ctr.toml", ctr_config((dir.path / "run").string())));
+  ASSERT_EQ(r["eval"].size(), 2u);
+  const auto& last = r["eval"].back();
+  EXPECT_GT(last["auc"].get<double>(), 0.65);
+  EXPECT_GT(last["planted_auc"].get<double>(), last["auc"].get<double>() - 0.01);
+  EXPECT_LT(last["logloss"].get<double>(), r["eval"][0]["logloss"].get<double>() + 0.01);
+  EXPECT_GT(r["ps"]["rows"].get<double>(), 1000);
+  EXPECT_GT(r["ps"]["bytes"].get<double>(), r["ps"]["rows"].get<double>() * 8 * 4 * 2);
+  EXPECT_GE(r["ps"]["pull_ms"].get<double>(), 0);
+  EXPECT_GT(r["ps"]["rows_pushed"].get<double>(), 0);
+  EXPECT_TRUE(fs::exists(dir.path / "run" / "ps" / "shard-0-of-2" / "v60"));
+}
+
+TEST(PsCtr, EmbeddedAndTwoServerProcessesTrainIdentically) {
+  TempDir dir("ps-ctr-remote");
+  const std::string cfg = dir.write("ctr.toml", ctr_config(""));
+  const std::vector<std::string> fifty = {"train.steps=50", "train.eval_every=50"};
+  const auto embedded = train_with(cfg, fifty);
+  testing::ServerProcess s0, s1;
+  s0.start({"--listen", "127.0.0.1:0", "--shard", "0/2"});
+  s1.start({"--listen", "127.0.0.1:0", "--shard", "1/2"});
+  auto remote_over = fifty;
+  remote_over.push_back("ps.endpoints=" + s0.endpoint() + "," + s1.endpoint());
+  const auto remote = train_with(cfg, remote_over);
+  ASSERT_EQ(embedded["loss"].size(), 50u);
+  ASSERT_EQ(remote["loss"].size(), 50u);
+  for (size_t i = 0; i < 50; ++i) ASSERT_EQ(embedded["loss"][i].get<double>(), remote["loss"][i].get<double>()) << i;
+  EXPECT_EQ(embedded["eval"].back()["logloss"].get<double>(), remote["eval"].back()["logloss"].get<double>());
+  EXPECT_EQ(embedded["eval"].back()["auc"].get<double>(), remote["eval"].back()["auc"].get<double>());
+  EXPECT_EQ(embedded["ps"]["rows"].get<double>(), remote["ps"]["rows"].get<double>());
+  EXPECT_EQ(remote["ps"]["embedded"].get<double>(), 0.0);
+  EXPECT_EQ(s0.stop(SIGTERM), 0);
+  EXPECT_EQ(s1.stop(SIGTERM), 0);
+}
+
+// Waits until `path` exists (or the timeout passes).
+bool wait_for(const fs::path& path, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!fs::exists(path)) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+TEST(PsCtr, KillNineTrainerThenResumeContinuesTheCurve) {
+  TempDir dir("ps-ctr-kill-trainer");
+  const std::string cfg = dir.write("ctr.toml", ctr_config((dir.path / "ref").string()));
+  const auto reference = train_with(cfg);
+  const std::string run = (dir.path / "run").string();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string bin = testing::ration_binary();
+    const std::string set = "train.checkpoint_dir=" + run;
+    ::execl(bin.c_str(), bin.c_str(), "train", cfg.c_str(), "--set", set.c_str(), "--json",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_TRUE(wait_for(fs::path(run) / "ckpt-20", 120));
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the trainer finished before it was killed";
+  const auto resumed = train_with(cfg, {"train.checkpoint_dir=" + (dir.path / "run2").string()}, run);
+  const int64_t first = resumed["first_step"].get<int64_t>();
+  EXPECT_GE(first, 10);  // ckpt-20 may exist before `latest` names it: the resume takes the newest complete one
+  ASSERT_EQ(resumed["loss"].size(), static_cast<size_t>(60 - first));
+  for (int64_t i = first; i < 60; ++i)
+    ASSERT_EQ(resumed["loss"][static_cast<size_t>(i - first)].get<double>(),
+              reference["loss"][static_cast<size_t>(i)].get<double>())
+        << "step " << i;
+  EXPECT_EQ(resumed["eval"].back()["auc"].get<double>(), reference["eval"].back()["auc"].get<double>());
+}
+
+TEST(PsCtr, KillNineServerThenRestartAndResumeContinuesTheCurve) {
+  TempDir dir("ps-ctr-kill-server");
+  const std::string cfg = dir.write("ctr.toml", ctr_config((dir.path / "ref").string()));
+  const auto reference = train_with(cfg, {"ps.shards=1"});
+  const std::string snap = (dir.path / "snap").string();
+  const std::string run = (dir.path / "run").string();
+  testing::ServerProcess server;
+  server.start({"--listen", "127.0.0.1:0", "--shard", "0/1", "--snapshot-dir", snap});
+  const std::string endpoint = server.endpoint();
+  std::thread killer([&] {
+    if (wait_for(fs::path(run) / "ckpt-30", 120)) server.stop(SIGKILL);
+  });
+  const std::string msg = testing::error_of([&] {
+    train_with(cfg, {"ps.shards=1", "ps.endpoints=" + endpoint, "ps.retries=2", "ps.timeout_ms=2000",
+                     "train.checkpoint_dir=" + run});
+  });
+  killer.join();
+  ASSERT_NE(msg.find("at " + endpoint), std::string::npos) << "training did not fail naming the server: " << msg;
+  // Restart on a new port with the same snapshot directory; resume from the newest checkpoint.
+  testing::ServerProcess again;
+  again.start({"--listen", "127.0.0.1:0", "--shard", "0/1", "--snapshot-dir", snap});
+  const auto resumed = train_with(cfg, {"ps.shards=1", "ps.endpoints=" + again.endpoint(),
+                                        "train.checkpoint_dir=" + (dir.path / "run2").string()},
+                                  run);
+  const int64_t first = resumed["first_step"].get<int64_t>();
+  EXPECT_GE(first, 30);
+  for (int64_t i = first; i < 60; ++i)
+    ASSERT_EQ(resumed["loss"][static_cast<size_t>(i - first)].get<double>(),
+              reference["loss"][static_cast<size_t>(i)].get<double>())
+        << "step " << i;
+}
+
+}  // namespace
+}  // namespace ration

@@ -1,0 +1,242 @@
+// Embedding store: deterministic first touch, the optimisers against libtorch's torch::optim on the same
+// rows, thread safety (no lost updates), freed rows reused and memory returned by compact, accounted
+// bytes, export/assign, and RocksDB snapshots (round trip, malformed snapshot refused, store untouched).
+#include <gtest/gtest.h>
+#include <torch/optim.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "ration/core/check.h"
+#include "ration/ps/snapshot.h"
+#include "ration/ps/store.h"
+
+namespace ration::ps {
+namespace {
+
+TableOptions opts(const std::string& name, int64_t dim, OptimizerKind kind, float lr = 0.1f, uint64_t seed = 7) {
+  TableOptions o;
+  o.name = name;
+  o.dim = dim;
+  o.seed = seed;
+  o.init_scale = 0.5f;
+  o.optimizer.kind = kind;
+  o.optimizer.lr = lr;
+  return o;
+}
+
+std::vector<float> pull1(Table& t, uint64_t id, MissingRow m = MissingRow::Create) {
+  std::vector<float> out(static_cast<size_t>(t.dim()));
+  t.pull(&id, 1, out.data(), m);
+  return out;
+}
+
+TEST(PsStore, FirstTouchIsDeterministicFromSeedAndId) {
+  Table a(opts("a", 8, OptimizerKind::Sgd)), b(opts("b", 8, OptimizerKind::Adagrad));
+  Table c(opts("c", 8, OptimizerKind::Sgd, 0.1f, /*seed=*/8));
+  // Insertion order does not matter: b sees other ids first.
+  for (uint64_t id : {5ULL, 99ULL, 1ULL << 60}) (void)pull1(b, id);
+  EXPECT_EQ(pull1(a, 1ULL << 60), pull1(b, 1ULL << 60));
+  EXPECT_NE(pull1(a, 3), pull1(c, 3));
+  EXPECT_NE(pull1(a, 3), pull1(a, 4));
+  for (float v : pull1(a, 12345)) EXPECT_TRUE(v >= -0.5f && v < 0.5f);
+  // ReadDefault returns the same value without inserting.
+  EXPECT_EQ(pull1(a, 777, MissingRow::ReadDefault), pull1(a, 777));
+  EXPECT_FALSE(a.contains(778));
+  (void)pull1(a, 778, MissingRow::ReadDefault);
+  EXPECT_FALSE(a.contains(778));
+}
+
+// Runs `steps` pushes of fixed gradients through the store and through torch::optim on a (2, dim) tensor.
+template <typename TorchOpt, typename Options>
+void check_against_torch(OptimizerKind kind, Options torch_options, float lr, float tol) {
+  const int64_t dim = 5;
+  Table t(opts("t", dim, kind, lr));
+  std::vector<uint64_t> ids = {11, 42};
+  std::vector<float> start(2 * dim);
+  t.pull(ids.data(), 2, start.data());
+  at::Tensor w = at::tensor(start).view({2, dim}).clone().set_requires_grad(true);
+  TorchOpt opt({w}, torch_options);
+  for (int step = 0; step < 4; ++step) {
+    at::Tensor g = at::randn({2, dim});
+    t.push(ids.data(), 2, g.contiguous().data_ptr<float>(), step);
+    w.mutable_grad() = g.clone();
+    opt.step();
+  }
+  std::vector<float> got(2 * dim);
+  t.pull(ids.data(), 2, got.data());
+  const at::Tensor diff = (at::tensor(got).view({2, dim}) - w.detach()).abs().max();
+  EXPECT_LE(diff.item<float>(), tol) << optimizer_kind_name(kind);
+}
+
+TEST(PsStore, OptimisersMatchTorchOptim) {
+  check_against_torch<torch::optim::SGD>(OptimizerKind::Sgd, torch::optim::SGDOptions(0.1), 0.1f, 1e-7f);
+  check_against_torch<torch::optim::Adagrad>(OptimizerKind::Adagrad,
+                                             torch::optim::AdagradOptions(0.1).eps(1e-8), 0.1f, 1e-6f);
+  check_against_torch<torch::optim::Adam>(OptimizerKind::Adam, torch::optim::AdamOptions(0.1).eps(1e-8), 0.1f, 1e-5f);
+}
+
+TEST(PsStore, FtrlFirstStepFollowsTheClosedForm) {
+  // With l1 = l2 = 0 and z initialised from w0, one FTRL step from w0 with gradient g gives
+  // w = -(z + g - sigma w0) / (beta + |g|) * alpha, sigma = |g| / alpha, z = -w0 beta / alpha.
+  TableOptions o = opts("f", 3, OptimizerKind::Ftrl);
+  Table t(o);
+  const uint64_t id = 9;
+  const std::vector<float> w0 = pull1(t, id);
+  const std::vector<float> g = {0.5f, -2.0f, 0.0f};
+  t.push(&id, 1, g.data(), 0);
+  const std::vector<float> w = pull1(t, id);
+  const float a = o.optimizer.ftrl_alpha, b = o.optimizer.ftrl_beta;
+  for (int k = 0; k < 3; ++k) {
+    const float z = -w0[k] * b / a + g[k] - std::fabs(g[k]) / a * w0[k];
+    EXPECT_NEAR(w[k], -z / ((b + std::fabs(g[k])) / a), 1e-6f);
+  }
+  EXPECT_NEAR(w[2], w0[2], 1e-7f);  // a zero gradient leaves the weight where it was
+}
+
+TEST(PsStore, ConcurrentPushesLoseNoUpdate) {
+  // SGD with lr 1 and gradient 1 on overlapping ids: each row ends exactly at w0 - (number of pushes).
+  Table t(opts("t", 4, OptimizerKind::Sgd, 1.0f));
+  std::vector<uint64_t> ids(1000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i * 7919;
+  std::vector<float> w0(ids.size() * 4);
+  t.pull(ids.data(), static_cast<int64_t>(ids.size()), w0.data());
+  std::vector<float> ones(ids.size() * 4, 1.0f);
+  auto worker = [&] {
+    for (int r = 0; r < 50; ++r) t.push(ids.data(), static_cast<int64_t>(ids.size()), ones.data(), r);
+  };
+  std::thread a(worker), b(worker);
+  std::vector<float> scratch(ids.size() * 4);
+  for (int r = 0; r < 50; ++r) t.pull(ids.data(), static_cast<int64_t>(ids.size()), scratch.data());  // readers too
+  a.join();
+  b.join();
+  std::vector<float> w(ids.size() * 4);
+  t.pull(ids.data(), static_cast<int64_t>(ids.size()), w.data());
+  for (size_t k = 0; k < w.size(); ++k) ASSERT_FLOAT_EQ(w[k], w0[k] - 100.0f) << k;
+}
+
+TEST(PsStore, FreedRowsAreReusedAndCompactReturnsMemory) {
+  Table t(opts("t", 16, OptimizerKind::Adagrad));
+  const int64_t n = 100000;
+  std::vector<uint64_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<uint64_t>(i) * 1000003ULL;
+  std::vector<float> buf(static_cast<size_t>(n) * 16);
+  t.pull(ids.data(), n, buf.data());
+  const TableBytes full = t.bytes();
+  EXPECT_EQ(full.rows, n);
+  EXPECT_EQ(full.value_bytes, n * 16 * 4);
+  EXPECT_EQ(full.state_bytes, n * 16 * 4);  // Adagrad: one accumulator per value
+  EXPECT_GE(full.arena_bytes, n * 32 * 4);
+  EXPECT_GT(full.index_bytes, n * 12);
+  // Free every other row: the arena keeps its chunks; new ids reuse the freed slots (no growth).
+  EXPECT_EQ(t.erase_if([&](const RowInfo& r) { return (r.id / 1000003ULL) % 2 == 0; }), n / 2);
+  EXPECT_EQ(t.size(), n / 2);
+  EXPECT_FALSE(t.contains(ids[0]));
+  EXPECT_TRUE(t.contains(ids[1]));
+  std::vector<uint64_t> fresh(static_cast<size_t>(n / 4));
+  for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = 0xABCDEF0000000000ULL + i;
+  t.pull(fresh.data(), static_cast<int64_t>(fresh.size()), buf.data());
+  EXPECT_EQ(t.bytes().arena_bytes, full.arena_bytes) << "freed slots were not reused";
+  // Survivors keep their values through compaction; the released chunks leave the accounting.
+  std::vector<float> before(16), after(16);
+  t.pull(&ids[1], 1, before.data());
+  const int64_t released = t.compact();
+  const TableBytes small = t.bytes();
+  EXPECT_GT(released, 0);
+  EXPECT_LT(small.arena_bytes, full.arena_bytes);
+  EXPECT_GE(released, full.arena_bytes - small.arena_bytes);
+  EXPECT_LT(small.total(), full.total() * 0.85);
+  t.pull(&ids[1], 1, after.data());
+  EXPECT_EQ(before, after);
+  EXPECT_EQ(t.size(), n / 2 + n / 4);
+}
+
+TEST(PsStore, ExportAssignRoundTripAndObserver) {
+  Table a(opts("t", 4, OptimizerKind::Adam));
+  int observed = 0;
+  a.set_push_observer([&](RowInfo& info, const float*, const float* g, int64_t dim) {
+    info.score += std::fabs(g[0]);
+    ++observed;
+  });
+  std::vector<uint64_t> ids = {1, 2, 3, 1000000007};
+  std::vector<float> g(16, 0.25f);
+  a.push(ids.data(), 4, g.data(), 5);
+  EXPECT_EQ(observed, 4);
+  ExportCursor cur;
+  ExportedRows rows;
+  while (!cur.done) a.export_batch(cur, 3, rows);
+  ASSERT_EQ(rows.size(), 4);
+  Table b(opts("t", 4, OptimizerKind::Adam));
+  b.assign(rows.ids.data(), rows.size(), rows.values.data(), rows.state.data(), rows.infos.data());
+  for (uint64_t id : ids) EXPECT_EQ(pull1(a, id), pull1(b, id));
+  // Same state: one more identical push keeps them identical.
+  a.push(ids.data(), 4, g.data(), 6);
+  b.push(ids.data(), 4, g.data(), 6);
+  for (uint64_t id : ids) EXPECT_EQ(pull1(a, id), pull1(b, id));
+  for (const RowInfo& r : rows.infos) {
+    EXPECT_EQ(r.pushes, 1u);
+    EXPECT_EQ(r.last_step, 5);
+    EXPECT_FLOAT_EQ(r.score, 0.25f);
+  }
+}
+
+TEST(PsStore, StoreRejectsConflictingTablesAndUnknownNames) {
+  EmbeddingStore s;
+  s.ensure_table(opts("user", 8, OptimizerKind::Adagrad));
+  EXPECT_NO_THROW(s.ensure_table(opts("user", 8, OptimizerKind::Adagrad)));
+  EXPECT_THROW(s.ensure_table(opts("user", 16, OptimizerKind::Adagrad)), Error);
+  try {
+    s.table("movie");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown embedding table 'movie'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("user"), std::string::npos);
+  }
+}
+
+TEST(PsStore, SnapshotRoundTripAndMalformedSnapshotIsRefused) {
+  const std::string dir = ::testing::TempDir() + "ration_ps_snap_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  EmbeddingStore s;
+  Table& t = s.ensure_table(opts("user", 4, OptimizerKind::Adagrad));
+  std::vector<uint64_t> ids = {1, 5, 9, 1ULL << 63};
+  std::vector<float> g(16, 0.5f), vals(16);
+  t.push(ids.data(), 4, g.data(), 3);
+  t.pull(ids.data(), 4, vals.data());
+  const SnapshotInfo info = write_snapshot(s, dir, 10);
+  EXPECT_EQ(info.rows, 4);
+  EXPECT_EQ(latest_snapshot_version(dir), 10);
+  EmbeddingStore r;
+  read_snapshot(r, dir, 10);
+  std::vector<float> got(16);
+  r.table("user").pull(ids.data(), 4, got.data());
+  EXPECT_EQ(got, vals);
+  // Optimiser state came back too: the next identical push agrees.
+  t.push(ids.data(), 4, g.data(), 4);
+  r.table("user").push(ids.data(), 4, g.data(), 4);
+  t.pull(ids.data(), 4, vals.data());
+  r.table("user").pull(ids.data(), 4, got.data());
+  EXPECT_EQ(got, vals);
+  // Missing version, then a corrupted one: clear errors, the store keeps what it had.
+  EXPECT_THROW(read_snapshot(r, dir, 11), Error);
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/v10")) {
+    if (e.path().extension() == ".sst") {
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(20);
+      f.write("garbage-garbage-garbage", 23);
+    }
+  }
+  try {
+    read_snapshot(r, dir, 10);
+    FAIL() << "a corrupted snapshot was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/v10"), std::string::npos) << e.what();
+  }
+  r.table("user").pull(ids.data(), 4, got.data());
+  EXPECT_EQ(got, vals);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ration::ps
