@@ -31,6 +31,7 @@ class TCNLM : public LanguageModel, public seq::Streamable {
   explicit TCNLM(const TCNLMOptions& options);
   Value logits(const Value& tokens) override;
   std::string family() const override { return "tcn_lm"; }
+  int64_t vocab_size() const override { return options.vocab_size; }
   std::vector<seq::LayerDependency> sequence_layers() const override;
   Value stream_logits(const Value& tokens, seq::StreamBuffers& buffers) override;
   int64_t receptive_field() const;
