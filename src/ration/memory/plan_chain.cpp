@@ -177,11 +177,11 @@ std::string why_not_chain(const StepProfile& profile) {
   if (profile.nodes.empty()) return "the profile recorded no nodes";
   for (size_t k = 0; k < profile.nodes.size(); ++k) {
     for (const auto& in : profile.nodes[k].inputs) {
-      if (in.first < 0 || in.first == static_cast<int64_t>(k) - 1) continue;
+      if (in.is_leaf() || in.producer == static_cast<int64_t>(k) - 1) continue;
       const ProfiledNode& n = profile.nodes[k];
-      const ProfiledNode& from = profile.nodes[static_cast<size_t>(in.first)];
+      const ProfiledNode& from = profile.nodes[static_cast<size_t>(in.producer)];
       return detail::str("node ", k, " (", n.op, n.scope.empty() ? "" : " in " + n.scope, ") reads the output of node ",
-                         in.first, " (", from.op, from.scope.empty() ? "" : " in " + from.scope,
+                         in.producer, " (", from.op, from.scope.empty() ? "" : " in " + from.scope,
                          "), not of the node just before it");
     }
   }

@@ -21,7 +21,7 @@ double single_cost(const StepProfile& p, const std::vector<double>& forward_ms, 
   const ProfiledNode& n = p.nodes[static_cast<size_t>(producer)];
   double cost = forward_ms[static_cast<size_t>(producer)];
   for (const auto& in : n.inputs) {
-    if (in.first >= 0 && !saved.count(in)) cost += single_cost(p, forward_ms, saved, in.first, seen);
+    if (!in.is_leaf() && !saved.count(in)) cost += single_cost(p, forward_ms, saved, in.producer, seen);
   }
   return cost;
 }

@@ -214,7 +214,7 @@ IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>&
       if (id.count(key)) continue;
       id[key] = static_cast<int>(nk_++);
       key_storage_.push_back(static_cast<int>(p.storage_of(key)));
-      key_producer_.push_back(key.first);
+      key_producer_.push_back(key.producer);
     }
   }
   storage_keys_.assign(ns, {});
@@ -231,8 +231,8 @@ IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>&
     const ProfiledNode& n = p.nodes[o];
     for (const auto& in : n.inputs) {
       auto it = id.find(in);
-      node_inputs_[o].push_back(in.first < 0 ? kAlwaysUsable : it != id.end() ? it->second : kNeverUsable);
-      node_input_producers_[o].push_back(in.first);
+      node_inputs_[o].push_back(in.is_leaf() ? kAlwaysUsable : it != id.end() ? it->second : kNeverUsable);
+      node_input_producers_[o].push_back(in.producer);
     }
     for (const auto& key : n.saved) {
       node_saved_[o].push_back(id.at(key));
@@ -283,7 +283,7 @@ IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>&
       if (s >= 0 && saved_at[static_cast<size_t>(s)] < 0) saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
     }
   for (const auto& [key, s] : p.value_storage) {
-    if (s < 0 || key.first < 0) continue;
+    if (s < 0 || key.is_leaf()) continue;
     auto it = p.value_last_alive.find(key);
     const int64_t last = it == p.value_last_alive.end() ? static_cast<int64_t>(nn_) : it->second;
     last_alive[static_cast<size_t>(s)] = std::max(last_alive[static_cast<size_t>(s)], last);

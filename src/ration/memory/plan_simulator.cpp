@@ -32,7 +32,7 @@ Simulator::Simulator(const StepProfile& p, const std::vector<Decision>& decision
   last_alive_.assign(ns, -1);
   const int64_t past_forward = static_cast<int64_t>(p.nodes.size());
   for (const auto& [key, s] : p.value_storage) {
-    if (s < 0 || key.first < 0) continue;
+    if (s < 0 || key.is_leaf()) continue;
     auto it = p.value_last_alive.find(key);
     const int64_t last = it == p.value_last_alive.end() ? past_forward : it->second;
     last_alive_[static_cast<size_t>(s)] = std::max(last_alive_[static_cast<size_t>(s)], last);
@@ -166,7 +166,7 @@ void Simulator::hold(std::vector<int64_t>& holders, int64_t s, int delta) {
 }
 
 bool Simulator::usable(const ValueKey& key) const {
-  if (key.first < 0) return true;
+  if (key.is_leaf()) return true;
   auto it = state_.find(key);
   return it != state_.end() && (it->second == KeyState::Kept || it->second == KeyState::Restored);
 }
@@ -177,7 +177,7 @@ void Simulator::ensure(const ValueKey& key, Prediction& pred) {
     fetch(p_.storage_of(key));  // needed before its prefetch point: fetched on demand
     return;
   }
-  rerun(key.first, key.second, /*store_required=*/true, pred);
+  rerun(key.producer, key.output, /*store_required=*/true, pred);
 }
 
 // A re-run of `ord` made to feed another re-run during this backward step keeps nothing.
@@ -200,7 +200,7 @@ int64_t Simulator::rerun(int64_t ord, int out, bool store_required, Prediction& 
   std::vector<std::pair<int64_t, int64_t>> held;  // (storage, bytes) of inputs this re-run holds
   for (const auto& in : n.inputs) {
     if (usable(in)) continue;
-    const int64_t b = rerun(in.first, in.second, /*store_required=*/false, pred);
+    const int64_t b = rerun(in.producer, in.output, /*store_required=*/false, pred);
     if (b > 0) {
       held.emplace_back(p_.storage_of(in), b);
       frame_bytes_ += b;

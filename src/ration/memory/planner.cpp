@@ -116,7 +116,7 @@ std::set<ValueKey> Plan::dropped_keys(const StepProfile& profile) const {
   std::set<ValueKey> keys;
   for (const auto& n : profile.nodes)
     for (const auto& k : n.saved)
-      if (k.first >= 0 && dropped.count(profile.storage_of(k))) keys.insert(k);
+      if (!k.is_leaf() && dropped.count(profile.storage_of(k))) keys.insert(k);
   return keys;
 }
 
@@ -127,7 +127,7 @@ std::map<ValueKey, Plan::OffloadOrder> Plan::offloaded_keys(const StepProfile& p
   std::map<ValueKey, OffloadOrder> keys;
   for (const auto& n : profile.nodes)
     for (const auto& k : n.saved)
-      if (auto it = by_storage.find(profile.storage_of(k)); k.first >= 0 && it != by_storage.end()) keys[k] = it->second;
+      if (auto it = by_storage.find(profile.storage_of(k)); !k.is_leaf() && it != by_storage.end()) keys[k] = it->second;
   return keys;
 }
 

@@ -25,7 +25,17 @@
 
 namespace ration::memory {
 
-using ValueKey = std::pair<int64_t, int>;  // (producer ordinal, output index); producer -1 = leaf/constant
+// A graph value within a step: which node produced it and which of its outputs it is.
+struct ValueKey {
+  int64_t producer = -1;  // the producing node's position in the step; -1: a leaf or constant
+  int output = 0;         // index among that node's outputs
+  bool is_leaf() const { return producer < 0; }
+  friend bool operator<(const ValueKey& a, const ValueKey& b) {
+    return a.producer != b.producer ? a.producer < b.producer : a.output < b.output;
+  }
+  friend bool operator==(const ValueKey& a, const ValueKey& b) { return a.producer == b.producer && a.output == b.output; }
+  friend bool operator!=(const ValueKey& a, const ValueKey& b) { return !(a == b); }
+};
 
 struct ProfiledNode {
   std::string op;
