@@ -211,77 +211,66 @@ ByStripe group_by_stripe(const uint64_t* ids, int64_t n, int stripes, StripeOf s
 }
 }  // namespace
 
-void Table::pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing) {
+uint32_t Table::create_row(Stripe& st, uint64_t id) {
   const int64_t dim = options_.dim;
-  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
+  const uint32_t slot = st.allocate();
+  float* row = st.slot_ptr(slot);
+  initial_value(id, row);
+  init_state(options_.optimizer, dim, row, row + dim, state_);
+  st.info(slot) = fresh_info(id);
+  st.index.insert_or_assign(id, slot);
+  return slot;
+}
+
+template <class Fn>
+void Table::for_each_by_stripe(const uint64_t* ids, int64_t n, Fn&& fn) {
   const ByStripe g = group_by_stripe(ids, n, kStripes, [this](uint64_t id) { return stripe_index(id); });
   for (int s = 0; s < kStripes; ++s) {
     const int64_t b = g.begin[static_cast<size_t>(s)], e = g.begin[static_cast<size_t>(s) + 1];
     if (b == e) continue;
     Stripe& st = *stripes_[static_cast<size_t>(s)];
     std::lock_guard<std::mutex> lock(st.mu);
-    for (int64_t j = b; j < e; ++j) {
-      const int64_t i = g.order[static_cast<size_t>(j)];
-      float* dst = out + i * dim;
-      auto it = st.index.find(ids[i]);
-      if (it != st.index.end()) {
-        std::memcpy(dst, st.slot_ptr(it->second), row_bytes);
-      } else if (missing == MissingRow::ReadDefault) {
-        initial_value(ids[i], dst);
-      } else {
-        const uint32_t slot = st.allocate();
-        float* row = st.slot_ptr(slot);
-        initial_value(ids[i], row);
-        init_state(options_.optimizer, dim, row, row + dim, state_);
-        st.info(slot) = fresh_info(ids[i]);
-        st.index.emplace(ids[i], slot);
-        std::memcpy(dst, row, row_bytes);
-      }
-    }
+    for (int64_t j = b; j < e; ++j) fn(st, g.order[static_cast<size_t>(j)]);
   }
+}
+
+void Table::pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing) {
+  const int64_t dim = options_.dim;
+  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
+  for_each_by_stripe(ids, n, [&](Stripe& st, int64_t i) {
+    float* dst = out + i * dim;
+    auto it = st.index.find(ids[i]);
+    if (it != st.index.end()) {
+      std::memcpy(dst, st.slot_ptr(it->second), row_bytes);
+    } else if (missing == MissingRow::ReadDefault) {
+      initial_value(ids[i], dst);
+    } else {
+      std::memcpy(dst, st.slot_ptr(create_row(st, ids[i])), row_bytes);
+    }
+  });
 }
 
 void Table::push(const uint64_t* ids, int64_t n, const float* grads, int64_t step) {
   const int64_t dim = options_.dim;
-  const ByStripe g = group_by_stripe(ids, n, kStripes, [this](uint64_t id) { return stripe_index(id); });
-  for (int s = 0; s < kStripes; ++s) {
-    const int64_t b = g.begin[static_cast<size_t>(s)], e = g.begin[static_cast<size_t>(s) + 1];
-    if (b == e) continue;
-    Stripe& st = *stripes_[static_cast<size_t>(s)];
-    std::lock_guard<std::mutex> lock(st.mu);
-    for (int64_t j = b; j < e; ++j) {
-      const int64_t i = g.order[static_cast<size_t>(j)];
-      auto [it, inserted] = st.index.try_emplace(ids[i], 0);
-      if (inserted) {
-        it->second = st.allocate();
-        float* row = st.slot_ptr(it->second);
-        initial_value(ids[i], row);
-        init_state(options_.optimizer, dim, row, row + dim, state_);
-        st.info(it->second) = fresh_info(ids[i]);
-      }
-      float* row = st.slot_ptr(it->second);
-      RowInfo& info = st.info(it->second);
-      if (observer_) observer_(info, row, grads + i * dim, dim);
-      apply_update(options_.optimizer, dim, row, row + dim, grads + i * dim);
-      ++info.pushes;
-      info.last_step = step;
-    }
-  }
+  for_each_by_stripe(ids, n, [&](Stripe& st, int64_t i) {
+    auto it = st.index.find(ids[i]);
+    const uint32_t slot = it != st.index.end() ? it->second : create_row(st, ids[i]);
+    float* row = st.slot_ptr(slot);
+    RowInfo& info = st.info(slot);
+    if (observer_) observer_(info, row, grads + i * dim, dim);
+    apply_update(options_.optimizer, dim, row, row + dim, grads + i * dim);
+    ++info.pushes;
+    info.last_step = step;
+  });
 }
 
 int64_t Table::find_or_insert(const uint64_t* ids, int64_t n) {
   int64_t created = 0;
-  const int64_t dim = options_.dim;
   for (int64_t i = 0; i < n; ++i) {
     Stripe& st = stripe_of(ids[i]);
     std::lock_guard<std::mutex> lock(st.mu);
-    auto [it, inserted] = st.index.try_emplace(ids[i], 0);
-    if (!inserted) continue;
-    it->second = st.allocate();
-    float* row = st.slot_ptr(it->second);
-    initial_value(ids[i], row);
-    init_state(options_.optimizer, dim, row, row + dim, state_);
-    st.info(it->second) = fresh_info(ids[i]);
+    if (st.index.contains(ids[i])) continue;
+    create_row(st, ids[i]);
     ++created;
   }
   return created;

@@ -140,6 +140,12 @@ class Table {
   struct Stripe;
   Stripe& stripe_of(uint64_t id) const;
   int stripe_index(uint64_t id) const;
+  // A new row for `id` in `st` (whose lock the caller holds): first-touch value, fresh optimiser state
+  // and RowInfo, entered in the index. Returns its slot.
+  uint32_t create_row(Stripe& st, uint64_t id);
+  // Calls fn(stripe, i) for every i in [0, n), grouped by stripe, each group under its stripe's lock.
+  template <class Fn>
+  void for_each_by_stripe(const uint64_t* ids, int64_t n, Fn&& fn);
 
   TableOptions options_;
   int64_t state_ = 0;
