@@ -4,6 +4,7 @@
 #include <torch/csrc/api/include/torch/version.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +25,8 @@ namespace {
 
 std::mutex g_mu;
 Stats g_stats;
+// g_stats.current_bytes, mirrored for the machine-size check so that it takes no lock per allocation.
+std::atomic<int64_t> g_held_bytes{0};
 int64_t g_interval_peak = 0;  // device bytes high-water since the last take_interval_peak()
 bool g_installed = false;
 thread_local Category t_category = Category::Other;
@@ -32,6 +35,7 @@ void account(int64_t delta, Category c) {
   std::lock_guard<std::mutex> lock(g_mu);
   const int ci = static_cast<int>(c);
   g_stats.current_bytes += delta;
+  g_held_bytes.store(g_stats.current_bytes, std::memory_order_relaxed);
   g_stats.current[ci] += delta;
   if (delta > 0) {
     ++g_stats.allocations;
@@ -88,11 +92,7 @@ int64_t machine_memory_bytes() {
 void refuse_beyond_machine(int64_t n) {
   const int64_t machine = machine_memory_bytes();
   if (machine <= 0) return;
-  int64_t held = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    held = g_stats.current_bytes;
-  }
+  const int64_t held = g_held_bytes.load(std::memory_order_relaxed);
   RATION_CHECK(held + n <= machine, "allocating ", format_bytes(n), " (", to_string(t_category), ") on top of the ",
                format_bytes(held), " ration holds needs more than this machine's ", format_bytes(machine),
                " of memory; hint: lower the model sizes (model.n_embd, hidden sizes, n_layer) or train.batch_size");
