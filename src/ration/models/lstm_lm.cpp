@@ -2,6 +2,7 @@
 #include "ration/models/lstm_lm.h"
 
 #include "ration/core/check.h"
+#include "ration/data/batch.h"
 #include "ration/nn/sequence_layers.h"
 #include "ration/ops/ops.h"
 
@@ -15,6 +16,7 @@ LSTMLMOptions LSTMLMOptions::from_config(Config& cfg) {
   o.hidden_size = cfg.get_int("model.hidden_size", o.hidden_size);
   o.n_layer = cfg.get_int("model.n_layer", o.n_layer);
   o.dropout = cfg.get_double("model.dropout", o.dropout);
+  o.unroll = cfg.get_choice("model.unroll", "sequence", {"sequence", "step"}) == "step" ? Unroll::Step : Unroll::Sequence;
   return o;
 }
 
@@ -31,6 +33,42 @@ Value LSTMLM::logits(const Value& tokens) {
   Value x = embed->forward(tokens);  // (B, T, E)
   Value h = lstm->forward(x);        // (B, T, H)
   return head->forward(drop->forward(h));  // (B, T, V)
+}
+
+Value LSTMLM::loss(const data::Batch& batch) {
+  if (options.unroll == Unroll::Sequence) return LanguageModel::loss(batch);
+  ScopeGuard scope(name());
+  RATION_CHECK(batch.input.defined() && batch.input.dim() == 2 && batch.input.dtype() == at::kLong &&
+                   batch.target.defined() && batch.target.sizes() == batch.input.sizes() &&
+                   batch.target.dtype() == at::kLong,
+               "lstm_lm expects int64 tokens (B, T) and targets of the same shape; got ", batch.input.sizes(), " and ",
+               batch.target.sizes());
+  const at::Tensor tokens = to_model(batch.input, *this).tensor(), targets = to_model(batch.target, *this).tensor();
+  const int64_t B = tokens.size(0), T = tokens.size(1), H = options.hidden_size;
+  RATION_CHECK(T > 0, "lstm_lm needs at least one time step; got ", tokens.sizes());
+  const at::TensorOptions opts = parameter_options();
+  std::vector<Value> h, c;  // per layer (B, H)
+  for (int64_t l = 0; l < options.n_layer; ++l) {
+    h.emplace_back(at::zeros({B, H}, opts));
+    c.emplace_back(at::zeros({B, H}, opts));
+  }
+  Value total;
+  for (int64_t t = 0; t < T; ++t) {
+    Value x = embed->forward(Value(tokens.select(1, t).contiguous()));  // (B, E)
+    {
+      ScopeGuard cells(lstm->name());
+      for (int64_t l = 0; l < options.n_layer; ++l) {
+        if (l > 0 && lstm->is_training() && lstm->dropout > 0.0) x = ops::dropout(x, lstm->dropout, true);
+        Values hc = ops::lstm_cell(x, h[l], c[l], lstm->w_ih[l], lstm->w_hh[l], lstm->b_ih[l], lstm->b_hh[l]);
+        h[l] = hc[0];
+        c[l] = hc[1];
+        x = h[l];
+      }
+    }
+    Value step_loss = ops::cross_entropy(head->forward(drop->forward(x)), Value(targets.select(1, t).contiguous()));
+    total = t == 0 ? step_loss : ops::add(total, step_loss);
+  }
+  return ops::mul_scalar(total, 1.0 / static_cast<double>(T));  // the mean over all B T tokens
 }
 
 Value LSTMLM::stream_logits(const Value& tokens, seq::StreamBuffers& buffers) {

@@ -121,6 +121,17 @@ Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t 
   return out;
 }
 
+Value chunk_loss(StreamExecutor& executor, const at::Tensor& inputs, const at::Tensor& targets, int64_t start,
+                 int64_t n) {
+  const int64_t T = inputs.size(1);
+  Value logits = executor.feed_chunk(Value(inputs.narrow(1, start, n).contiguous()));  // (B, n, V)
+  Value flat = ops::reshape(logits, {-1, logits.size(-1)});                             // (B n, V)
+  Value loss = ops::cross_entropy(flat, Value(targets.narrow(1, start, n).reshape({-1})));
+  if (n == T) return loss;
+  // Chunk mean -> share of the whole sequence's mean.
+  return ops::mul_scalar(loss, static_cast<double>(n) / static_cast<double>(T));
+}
+
 double truncated_bptt(StreamExecutor& executor, const at::Tensor& inputs, const at::Tensor& targets) {
   RATION_CHECK(inputs.dim() == 2 && inputs.scalar_type() == at::kLong && targets.sizes() == inputs.sizes() &&
                    targets.scalar_type() == at::kLong,
@@ -129,12 +140,7 @@ double truncated_bptt(StreamExecutor& executor, const at::Tensor& inputs, const 
   const int64_t T = inputs.size(1), C = executor.chunk();
   double loss_sum = 0;
   for (int64_t s = 0; s < T; s += C) {
-    const int64_t n = std::min(C, T - s);
-    Value logits = executor.feed_chunk(Value(inputs.narrow(1, s, n).contiguous()));  // (B, n, V)
-    Value flat = ops::reshape(logits, {-1, logits.size(-1)});                         // (B n, V)
-    Value loss = ops::cross_entropy(flat, Value(targets.narrow(1, s, n).reshape({-1})));
-    // Chunk mean -> share of the whole sequence's mean (exactly 1 for a single chunk).
-    loss = ops::mul_scalar(loss, static_cast<double>(n) / static_cast<double>(T));
+    Value loss = chunk_loss(executor, inputs, targets, s, std::min(C, T - s));
     loss_sum += loss.item();
     loss.backward();
   }

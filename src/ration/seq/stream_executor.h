@@ -64,6 +64,12 @@ struct Generated {
 Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t n_tokens, double temperature,
                    uint64_t seed);
 
+// The loss of steps [start, start + n) of inputs/targets (B, T), fed as the executor's next chunk: mean
+// cross entropy over the chunk's B n tokens times n / T, so that the chunks of one sequence sum to its
+// mean (the factor is left out when n = T: one chunk is exactly the full-sequence loss).
+Value chunk_loss(StreamExecutor& executor, const at::Tensor& inputs, const at::Tensor& targets, int64_t start,
+                 int64_t n);
+
 // Truncated backpropagation through time over targets (B, T) for inputs (B, T): chunk by chunk, each chunk's
 // mean-weighted cross entropy is backpropagated before the next chunk runs, so the graph never spans more
 // than one chunk; state and the last L inputs carry across chunks as data (gradients stop at chunk

@@ -247,18 +247,25 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
     memory::CategoryGuard workspace(memory::Category::Workspace);
     Scope step(*this);
     if (options.seed) manual_seed(*options.seed);
-    Value loss = model.loss(batch);
-    st.loss = loss.item();
-    st.forward_end_bytes = memory::device_current_bytes(memory::stats());
-    for (StepHook* h : hooks) h->after_forward(st.step, loss);
-    hooks_->in_backward = true;
-    try {
-      loss.backward();
-    } catch (...) {
+    const int64_t n_pieces = options.pieces ? options.pieces->begin(model, batch) : 1;
+    RATION_CHECK(n_pieces >= 1, "a piecewise step needs at least one piece; got ", n_pieces);
+    for (int64_t piece = 0; piece < n_pieces; ++piece) {
+      Value loss = options.pieces ? options.pieces->piece_loss(piece) : model.loss(batch);
+      st.loss += loss.item();
+      const bool last = piece + 1 == n_pieces;
+      if (last) {
+        st.forward_end_bytes = memory::device_current_bytes(memory::stats());
+        for (StepHook* h : hooks) h->after_forward(st.step, loss);
+      }
+      hooks_->in_backward = last;
+      try {
+        loss.backward();
+      } catch (...) {
+        hooks_->in_backward = false;
+        throw;
+      }
       hooks_->in_backward = false;
-      throw;
     }
-    hooks_->in_backward = false;
     if (budget_policy_ && active_ == budget_policy_) {
       st.dropped_values = budget_policy_->dropped_values();
       st.offloaded_values = budget_policy_->offloaded_values();

@@ -97,6 +97,20 @@ enum class GradientsAfter { Kept, Collected, Cleared };
 // as they were before it (profiling, gradient checks).
 enum class BuffersAfter { Updated, Restored };
 
+// A step whose forward and backward run in pieces (truncated backpropagation through time: one piece
+// per chunk of the sequence, docs/METHODS.md, "Temporal-dependency buffers for sequence models"). Each
+// piece's loss is backpropagated before the next piece's forward runs, so the graph never spans more than
+// one piece; the gradients of all pieces accumulate and the step then updates once. The pieces' losses
+// are weighted so that they sum to the step's loss.
+class PiecewiseLoss {
+ public:
+  virtual ~PiecewiseLoss() = default;
+  // Starts a step on `batch`; returns the number of pieces (>= 1).
+  virtual int64_t begin(models::Model& model, const data::Batch& batch) = 0;
+  // The loss of piece `piece` (0 .. begin()-1, called in order), as a graph value to backpropagate.
+  virtual Value piece_loss(int64_t piece) = 0;
+};
+
 struct StepOptions {
   std::optional<int64_t> step;     // the step's number for hooks and stats (unset: one more than the last)
   std::optional<uint64_t> seed;    // manual_seed before forward (dropout masks); unset: the stream as is
@@ -104,6 +118,10 @@ struct StepOptions {
   double clip_grad_norm = 0;       // > 0: clip to this norm before the update (with an optimizer)
   GradientsAfter gradients = GradientsAfter::Kept;
   BuffersAfter buffers = BuffersAfter::Updated;
+  // Set: the step runs in the pieces it defines (see PiecewiseLoss); unset: one piece, model.loss(batch).
+  // Hooks see one step: after_forward and gradient_ready come with the last piece (when the gradients
+  // of every piece have accumulated).
+  PiecewiseLoss* pieces = nullptr;
 
   // A step to compare with another (tests, benchmarks): seeded, gradients collected and cleared.
   static StepOptions collecting(uint64_t seed) {

@@ -31,6 +31,7 @@
 #include "ration/train/checkpoint.h"
 #include "ration/train/progress.h"
 #include "ration/train/signals.h"
+#include "ration/seq/tbptt.h"
 #include "ration/train/step_runtime.h"
 
 namespace ration::train {
@@ -191,6 +192,11 @@ RunSettings read_run_settings(Config& cfg) {
   RATION_CHECK(r.checkpoint_every >= 0, cfg.origin(), ": train.checkpoint_every must be >= 0 (0: only at the end), got ",
                r.checkpoint_every);
   RATION_CHECK(r.log_every >= 1, cfg.origin(), ": train.log_every must be >= 1, got ", r.log_every);
+  if (cfg.has("train.tbptt")) {
+    r.tbptt = cfg.get_int("train.tbptt", 0);
+    RATION_CHECK(r.tbptt >= 1, cfg.origin(), ": train.tbptt must be a chunk length >= 1 (time steps per ",
+                 "truncated-BPTT chunk; leave it out for full backpropagation through time); got ", r.tbptt);
+  }
   return r;
 }
 
@@ -403,6 +409,12 @@ class TrainingRun {
     schedule_ = std::make_unique<optim::WarmupCosine>(run_.lr, run_.schedule == "constant" ? run_.lr : run_.min_lr,
                                                       std::min(run_.warmup_steps, total_steps_), total_steps_);
     fingerprint_ = c.fingerprint(kWeightNeutralKeys) + "-" + std::to_string(total_steps_);
+    if (run_.tbptt > 0) {  // each step: one sequence batch, run chunk by chunk (seq/tbptt.h)
+      seq::check_tbptt(model_, run_.tbptt, c.origin());
+      RATION_CHECK(!runtime_.settings().budget.budget_bytes, c.origin(), ": train.tbptt and a memory budget do ",
+                   "not combine yet (the plan is made for the full-sequence step); remove one of them");
+      tbptt_ = std::make_unique<seq::ChunkedLoss>(model_, run_.tbptt);
+    }
   }
 
   // run() with the data-parallel failure rules: a failed collective names the lost rank (every survivor
@@ -575,6 +587,7 @@ class TrainingRun {
              static_cast<uint64_t>(world_.rank()) * 0x632BE59BD9B4E019ULL + micro * 0xD6E8FEB86659FD93ULL;
     o.optimizer = optimizer_.get();
     o.clip_grad_norm = run_.clip_grad_norm;
+    o.pieces = tbptt_.get();
     return o;
   }
 
@@ -850,6 +863,7 @@ class TrainingRun {
   RunSettings run_;
   DataParallelKeys keys_;
   StepRuntime runtime_;
+  std::unique_ptr<seq::ChunkedLoss> tbptt_;  // train.tbptt: the steps' chunks
   dist::World world_;
   data::Loader loader_;
   Progress progress_;

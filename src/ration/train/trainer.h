@@ -58,6 +58,7 @@ struct RunSettings {
   int64_t epochs = 1, steps = 0, eval_every = 0, eval_batches = 0, log_every = 10;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0, keep_checkpoints = 2;
+  int64_t tbptt = 0;  // train.tbptt: truncated-BPTT chunk length (0: not set, full backpropagation)
 };
 RunSettings read_run_settings(Config& cfg);
 
