@@ -14,7 +14,7 @@ namespace ration::testing {
 namespace {
 
 std::unique_ptr<models::Model> lstm(const std::string& unroll) {
-  Config cfg = Config::from_string("[model]\ntype='lstm_lm'\nvocab_size=32\nn_embd=16\nhidden_size=32\nn_layer=2\n"
+  Config cfg = Config::from_string("[model]\ntype='lstm_lm'\nvocab_size=32\nn_embd=8\nhidden_size=32\nn_layer=2\n"
                                    "unroll='" + unroll + "'\n",
                                    "test_seq_bptt_budget");
   at::manual_seed(5);  // the same initial weights for both unrolls
@@ -56,7 +56,7 @@ TEST(SeqBpttBudget, StepUnrollIsTheSameModel) {
 TEST(SeqBpttBudget, TenPercentOfActivationsAtT512BitwiseGradients) {
   memory::install_counting_allocator();
   auto model = lstm("step");
-  const data::Batch batch = tokens(4, 512);
+  const data::Batch batch = tokens(8, 512);
   train::StepRuntime plain, planned;
   const train::StepStats ref = plain.measure_step(*model, batch, train::StepOptions::collecting(3));
   const int64_t activation = ref.peak_above_baseline();
