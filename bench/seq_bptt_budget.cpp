@@ -50,6 +50,7 @@ Row run_one(const std::string& config, std::vector<std::string> overrides, int64
             const std::string& strategy) {
   overrides.push_back("model.unroll=step");
   overrides.push_back("data.seq_len=" + std::to_string(T));
+  overrides.push_back("data.val_fraction=0.5");  // both halves of the text hold a window of T = 4096
   train::Setup setup = train::build_setup(train::load_config(config, overrides));
   (void)train::read_run_settings(setup.config);
   (void)train::read_budget_settings(setup.config);
