@@ -98,7 +98,7 @@ TEST(TraceTrain, TracedStepsAreWellFormedAndTheirPeakIsTheReports) {
   ASSERT_EQ(updates.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(steps[i].name, "step " + std::to_string(i));
-    EXPECT_EQ(updates[i].name, "adamw update");
+    EXPECT_EQ(updates[i].name, "AdamW update");
     EXPECT_TRUE(inside(updates[i], steps[i])) << "update of step " << i;
   }
   for (const Span& s : compute)
@@ -164,7 +164,7 @@ TEST(TraceTrain, CollectivesAndParameterServerCallsHaveSpans) {
       "[model]\ntype='ctr'\nembedding_dim=8\nbottom=[16]\ntop=[16]\nbag_mode='mean'\n"
       "[data]\nkind='synthetic_ctr'\ncardinalities=[2000, 200, 20]\nbag_min=[1, 1, 1]\nbag_max=[1, 3, 2]\n"
       "num_dense=3\ntrain_samples=4000\neval_samples=500\nclick_rate=0.3\nweight_scale=1.5\n"
-      "[ps]\nshards=2\nlr=0.1\n[dist]\nsync_every=2\nbucket_bytes=1KiB\nfirst_bucket_bytes=1KiB\n"
+      "[ps]\nshards=2\nlr=0.1\n[dist]\nsync_every=2\nbucket_bytes='1KiB'\nfirst_bucket_bytes='1KiB'\n"
       "[optim]\nname='sgd'\nlr=0.01\nschedule='constant'\n"
       "[train]\nbatch_size=64\nsteps=3\neval_every=0\nlog_every=1000\nthreads=1\ncheckpoint_dir=''\n";
   const TracedRun r = traced_run(ctr, {0, 3});
