@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include <ATen/Parallel.h>
+
 #include "bench_util.h"
 #include "ration/core/check.h"
 #include "ration/core/trace.h"
