@@ -155,7 +155,8 @@ void Reducer::comm_loop() {
     std::exception_ptr error;
     const auto t0 = Clock::now();
     if (!failed) {
-      TraceRegion span("collectives", "collective", [&] { return std::string(hook_->name()) + " all-reduce, bucket " + std::to_string(b); });
+      TraceRegion span("collectives", "collective",
+                       [&] { return std::string(hook_->name()) + " all-reduce, bucket " + std::to_string(b); });
       try {
         traffic = hook_->reduce(world_, static_cast<int>(b), buckets_[b].flat);
       } catch (...) {

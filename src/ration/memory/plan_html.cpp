@@ -178,13 +178,15 @@ void write_chart(std::ostringstream& os, const StepProfile& profile, const Plan&
   predicted.bytes.insert(predicted.bytes.end(), plan.prediction.backward_peaks.begin(),
                          plan.prediction.backward_peaks.end());
 
-  Series train_step{"trained", "training step " + std::to_string(trained ? trained->step : 0) + ", measured under the plan", {}};
+  Series train_step{"trained",
+                    "training step " + std::to_string(trained ? trained->step : 0) + ", measured under the plan", {}};
   if (trained) train_step.bytes = trained->bytes;
   std::vector<const Series*> series{&measured, &predicted};
   if (trained) series.push_back(&train_step);
 
   Frame f;
-  f.slots = static_cast<double>(std::max<size_t>({measured.bytes.size(), predicted.bytes.size(), train_step.bytes.size(), 1}));
+  f.slots = static_cast<double>(
+      std::max<size_t>({measured.bytes.size(), predicted.bytes.size(), train_step.bytes.size(), 1}));
   int64_t top_bytes = plan.budget_bytes;
   for (const Series* s : series)
     for (int64_t b : s->bytes) top_bytes = std::max(top_bytes, b);
@@ -265,7 +267,9 @@ void write_chart(std::ostringstream& os, const StepProfile& profile, const Plan&
   };
   std::vector<Entry> legend{{"measured", measured.label + ": peak " + format_bytes(profile.measured_peak_bytes)},
                             {"plan", predicted.label + ": peak " + format_bytes(plan.prediction.peak_bytes)}};
-  if (trained) legend.push_back({"trained", "training step " + std::to_string(trained->step) + ": peak " + format_bytes(trained->peak_bytes)});
+  if (trained)
+    legend.push_back(
+        {"trained", "training step " + std::to_string(trained->step) + ": peak " + format_bytes(trained->peak_bytes)});
   legend.push_back({"budget", "budget " + format_bytes(plan.budget_bytes)});
   double lx = f.left, ly = 22;  // a second row when the first is full
   for (const auto& e : legend) {
