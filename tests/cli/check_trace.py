@@ -48,7 +48,7 @@ def main():
         ss.sort(key=lambda s: (s[0], -s[1]))
         stack = []
         for start, end, name, _ in ss:
-            while stack and stack[-1][1] <= start:
+            while stack and stack[-1][1] <= start + 1e-3:  # ts and dur are printed to 1 ns: adjacent spans
                 stack.pop()
             if stack and end > stack[-1][1] + 1e-3:
                 sys.exit(f"{args.trace}: span {name} overlaps {stack[-1][2]} on track {tracks.get(tid, tid)}")
