@@ -17,6 +17,7 @@
 
 #include "op_check.h"
 #include "test_util.h"
+#include "trace_parse.h"
 
 #include "ration/config/config.h"
 #include "ration/core/trace.h"
@@ -27,63 +28,6 @@
 
 namespace ration::testing {
 namespace {
-
-struct Span {
-  std::string name, cat;
-  double ts = 0, end = 0;
-};
-
-struct Parsed {
-  std::map<int, std::string> track_names;
-  std::map<int, std::vector<Span>> spans;  // by tid, in ts order
-  std::vector<std::pair<double, int64_t>> memory;  // (ts, device bytes) per sample
-  std::vector<int64_t> budget;
-  int64_t max_peak = -1;  // highest "device memory peak" sample
-};
-
-// Parses a trace and checks the rules every trace must keep: spans closed (complete events with a
-// non-negative duration) and properly nested per track, counters non-negative.
-Parsed parse(const std::string& text) {
-  Parsed p;
-  const nlohmann::json j = nlohmann::json::parse(text);
-  for (const auto& e : j.at("traceEvents")) {
-    const std::string ph = e.at("ph");
-    if (ph == "M" && e.at("name") == "thread_name") p.track_names[e.at("tid")] = e.at("args").at("name");
-    if (ph == "X") {
-      const double dur = e.at("dur");
-      EXPECT_GE(dur, 0.0) << e.dump();
-      p.spans[e.at("tid")].push_back({e.at("name"), e.at("cat"), e.at("ts"), double(e.at("ts")) + dur});
-    }
-    if (ph == "C") {
-      int64_t total = 0;
-      for (const auto& [series, v] : e.at("args").items()) {
-        EXPECT_GE(v.get<int64_t>(), 0) << series;
-        total += v.get<int64_t>();
-      }
-      if (e.at("name") == "device memory (bytes)") p.memory.emplace_back(e.at("ts"), total);
-      if (e.at("name") == "budget (bytes)") p.budget.push_back(total);
-      if (e.at("name") == "device memory peak (bytes)") p.max_peak = std::max(p.max_peak, total);
-    }
-    EXPECT_TRUE(ph == "M" || ph == "X" || ph == "C") << "unexpected event " << e.dump();
-  }
-  for (auto& [tid, spans] : p.spans) {
-    std::stable_sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-      return a.ts < b.ts || (a.ts == b.ts && a.end > b.end);
-    });
-    std::vector<const Span*> open;
-    for (const Span& s : spans) {
-      while (!open.empty() && open.back()->end <= s.ts) open.pop_back();
-      if (!open.empty())
-        EXPECT_LE(s.end, open.back()->end + 1e-3) << s.name << " overlaps " << open.back()->name << " on track " << tid;
-      open.push_back(&s);
-    }
-  }
-  return p;
-}
-
-int count_cat(const std::vector<Span>& spans, const std::string& cat) {
-  return static_cast<int>(std::count_if(spans.begin(), spans.end(), [&](const Span& s) { return s.cat == cat; }));
-}
 
 TEST(Trace, ProfiledStepMatchesTheProfile) {
   Config cfg = Config::from_string("[model]\ntype='cnn'\nchannels=[4,8]\nfc_hidden=16\ndropout=0.25\n", "cnn.toml");

@@ -4,9 +4,12 @@
 Owns: the command-line check of a Chrome Trace Event file written by `ration ... --trace`: valid JSON,
 only metadata / complete-span / counter events, every span closed (non-negative duration) and nested per
 track, counters non-negative, the compute track present with forward and backward spans, memory counters
-present. Does not own the in-process checks against the profile (tests/test_trace.cpp).
+present; with --report (a `ration train --report` file) the peak counter's maximum equal to the report's
+trace.peak_bytes (the traced steps' measured peak) and, when the traced steps are the whole run, to
+memory.peak_bytes; with --expect-tracks, those tracks present with spans. Does not own the in-process
+checks against the profile and the report (tests/test_trace.cpp, tests/test_trace_train.cpp).
 
-usage: check_trace.py FILE.json [--expect-budget BYTES]
+usage: check_trace.py FILE.json [--expect-budget BYTES] [--report REPORT.json] [--expect-tracks a,b]
 """
 import argparse
 import json
@@ -17,6 +20,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--expect-budget", type=int)
+    ap.add_argument("--report")
+    ap.add_argument("--expect-tracks", default="")
     args = ap.parse_args()
     events = json.load(open(args.trace))["traceEvents"]
     tracks, spans, counters = {}, {}, {}
@@ -34,13 +39,16 @@ def main():
                 if v < 0:
                     sys.exit(f"{args.trace}: counter {e['name']}/{series} is negative ({v})")
             counters.setdefault(e["name"], []).append(e)
+        elif ph == "i":
+            if e.get("tid") is None:
+                sys.exit(f"{args.trace}: instant event {e['name']} names no track")
         else:
             sys.exit(f"{args.trace}: unexpected event phase {ph!r}")
     for tid, ss in spans.items():
         ss.sort(key=lambda s: (s[0], -s[1]))
         stack = []
         for start, end, name, _ in ss:
-            while stack and stack[-1][1] <= start:
+            while stack and stack[-1][1] <= start + 1e-3:  # ts and dur are printed to 1 ns: adjacent spans
                 stack.pop()
             if stack and end > stack[-1][1] + 1e-3:
                 sys.exit(f"{args.trace}: span {name} overlaps {stack[-1][2]} on track {tracks.get(tid, tid)}")
@@ -61,6 +69,19 @@ def main():
         if budgets != {args.expect_budget}:
             sys.exit(f"{args.trace}: budget line {budgets}, expected {args.expect_budget}")
     peak = max(sum(e["args"].values()) for e in counters["device memory peak (bytes)"])
+    for name in filter(None, args.expect_tracks.split(",")):
+        tids = [t for t, n in tracks.items() if n == name]
+        if not tids or not spans.get(tids[0]):
+            sys.exit(f"{args.trace}: no spans on track {name!r} (tracks: {sorted(tracks.values())})")
+    if args.report:
+        report = json.load(open(args.report))
+        traced = report["trace"]["peak_bytes"]
+        if peak != traced:
+            sys.exit(f"{args.trace}: peak counter maximum {peak} != report trace.peak_bytes {traced}")
+        first, end = report["trace"]["steps"]
+        if first == report["first_step"] and end == report["steps"] and peak != report["memory"]["peak_bytes"]:
+            sys.exit(f"{args.trace}: the whole run is traced but the peak counter's maximum {peak} != "
+                     f"memory.peak_bytes {report['memory']['peak_bytes']}")
     print(f"{args.trace}: {len(events)} events, spans {cats}, tracks {sorted(tracks.values())}, "
           f"peak {peak / 2**20:.2f} MiB")
     return 0

@@ -10,6 +10,7 @@
 
 #include "ration/cli/seq_commands.h"
 #include "ps_command.h"
+#include "train_views.h"
 #include "ration/core/check.h"
 #include "ration/core/trace.h"
 #include "ration/dist/launch.h"
@@ -94,7 +95,7 @@ struct OffloadFlags {
 // --trace FILE.json [--trace-max-mb N]: a Chrome Trace Event file of everything the command runs.
 struct TraceFlags {
   std::string path;
-  int64_t max_mb = 256;
+  double max_mb = 256;
   void add_to(CLI::App* cmd) {
     cmd->add_option("--trace", path, "write a timeline of the run to FILE.json (Chrome Trace Event format: "
                                      "open in ui.perfetto.dev or chrome://tracing)");
@@ -106,7 +107,7 @@ struct TraceFlags {
 // Runs `command` under a trace when --trace was given, and writes the trace once it returns.
 int with_trace(const TraceFlags& flags, const std::function<int()>& command) {
   if (flags.path.empty()) return command();
-  ration::Trace trace(flags.max_mb << 20);
+  ration::Trace trace(static_cast<int64_t>(flags.max_mb * 1024 * 1024));
   int rc = 0;
   {
     ration::TraceScope scope(trace);
@@ -298,6 +299,8 @@ int main(int argc, char** argv) {
   train->add_option("--report", topt.report_path, "write the JSON report here");
   train->add_option("--resume", topt.resume, "resume from a checkpoint dir (or a run dir: follows 'latest')");
   train->add_flag("--json", topt.json, "no progress output; print the JSON report to stdout");
+  ration::cli::TrainViewFlags train_views;
+  train_views.add_to(train);
 
   std::string gc_config;
   std::vector<std::string> gc_overrides;
@@ -352,7 +355,10 @@ int main(int argc, char** argv) {
     if (*train) {
       if (steps > 0) topt.steps = steps;
       if (epochs > 0) topt.epochs = epochs;
+      ration::cli::TrainViews views(train_views, topt.config_path);
+      if (views.active()) topt.observer = &views;
       const auto report = ration::train::run_training(topt);
+      views.finish(report);
       if (topt.json && report["dist"]["rank"].get<int>() == 0) std::cout << report.dump(2) << "\n";
       return report.value("exit_status", 0);  // 130 / 143 when stopped by SIGINT / SIGTERM
     }

@@ -103,18 +103,34 @@ void Trace::counter(const std::string& name, const std::vector<std::pair<std::st
       ts_us);
 }
 
+void Trace::instant(const std::string& track, const std::string& name, const std::string& category, double ts_us) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int tid = tid_of(track);
+  add("{\"name\":" + quoted(name) + ",\"cat\":" + quoted(category) + ",\"ph\":\"i\",\"s\":\"t\",\"ts\":" +
+          micros(ts_us) + ",\"pid\":1,\"tid\":" + std::to_string(tid) + "}",
+      ts_us);
+}
+
 void Trace::set_budget(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   budget_bytes_ = bytes;
 }
 
-void Trace::sample_memory(double ts_us) {
+void Trace::sample_memory(double ts_us, SamplePoint at) {
   const memory::Stats s = memory::stats();
   std::vector<std::pair<std::string, int64_t>> values;
+  const MemorySample sample{ts_us, at, memory::device_current_bytes(s), memory::take_interval_peak()};
   for (memory::Category c : kDeviceCategories)
     values.emplace_back(memory::to_string(c), s.current[static_cast<size_t>(c)]);
   counter("device memory (bytes)", values, ts_us);
-  counter("device memory peak (bytes)", {{"peak since previous sample", memory::take_interval_peak()}}, ts_us);
+  counter("device memory peak (bytes)", {{"peak since previous sample", sample.peak_bytes}}, ts_us);
+  std::lock_guard<std::mutex> lock(mu_);
+  samples_.push_back(sample);
+}
+
+std::vector<MemorySample> Trace::memory_samples() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return samples_;
 }
 
 int64_t Trace::events() const {
@@ -195,7 +211,19 @@ TraceSpan::~TraceSpan() {
   if (trace_ == nullptr) return;
   const double end = trace_->now_us();
   trace_->span("compute", name_, to_string(kind_), start_us_, end);
-  if (kind_ != SpanKind::Recompute) trace_->sample_memory(end);
+  if (kind_ != SpanKind::Recompute)
+    trace_->sample_memory(end, kind_ == SpanKind::Forward ? SamplePoint::Forward : SamplePoint::Backward);
+}
+
+void TraceRegion::begin(const char* track, const char* category, std::string name) {
+  track_ = track;
+  category_ = category;
+  name_ = std::move(name);
+  start_us_ = trace_->now_us();
+}
+
+TraceRegion::~TraceRegion() {
+  if (trace_ != nullptr) trace_->span(track_, name_, category_, start_us_, trace_->now_us());
 }
 
 }  // namespace ration

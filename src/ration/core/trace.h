@@ -1,23 +1,38 @@
 // trace.h — a timeline of a run in Chrome Trace Event format (opens in Perfetto and chrome://tracing).
 // Owns: Trace (events kept in memory against one steady clock, a size bound, the JSON written
 //       atomically), TraceScope (installs a Trace for the whole process while alive, so copy threads see
-//       it too; scopes nest), TraceSpan (an RAII span on a named track), and the memory counters (the
-//       counting allocator's current device bytes by category and its high-water mark between samples,
-//       plus the budget line when one is set).
+//       it too; scopes nest), TraceSpan (the compute track's node spans), TraceRegion and trace_instant
+//       (the one-line trace points other layers use: an RAII span / a mark on a named track), and the
+//       memory counters (the counting allocator's current device bytes by category and its high-water
+//       mark between samples, kept as structured samples too, plus the budget line when one is set).
 // Does not own: what is traced. core records a span per node forward, backward and recompute on the
-//       "compute" track and samples memory as each forward or backward node ends; other layers (the
-//       offload engine's copy queues, optimisers, collectives) add spans on tracks of their own through
-//       the same API.
+//       "compute" track and samples memory as each forward or backward node ends; other layers add spans
+//       on tracks of their own through TraceRegion (the offload engine's "copy-out" and "copy-in" queues
+//       and its "stalls", the step runtime's "optimizer", the reducer's "collectives", the parameter-server
+//       client's "ps"); which steps of a training run are traced is train/step_trace.h.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace ration {
+
+// Where a memory sample was taken: at the end of a forward or backward node (core), or at a traced
+// training step's begin or end (train/step_trace.h).
+enum class SamplePoint { Forward, Backward, StepBegin, StepEnd };
+
+// One memory sample as numbers (the same values the counters carry).
+struct MemorySample {
+  double ts_us = 0;
+  SamplePoint at = SamplePoint::Forward;
+  int64_t device_bytes = 0;  // device bytes now (every category but the host-side dataset)
+  int64_t peak_bytes = 0;    // device bytes' high-water mark since the previous sample
+};
 
 class Trace {
  public:
@@ -34,10 +49,14 @@ class Trace {
             double end_us);
   // One sample of the counter track `name`: each (series, value) pair is one stacked series.
   void counter(const std::string& name, const std::vector<std::pair<std::string, int64_t>>& values, double ts_us);
+  // A mark at `ts_us` on `track` (an instant event: a decision, not a span of time).
+  void instant(const std::string& track, const std::string& name, const std::string& category, double ts_us);
   // Samples the counting allocator's device bytes by category (counter "device memory (bytes)") and the
   // high-water mark since the previous sample (counter "device memory peak (bytes)"), so the peak
   // counter's maximum is the traced run's measured peak, peaks inside a node included.
-  void sample_memory(double ts_us);
+  void sample_memory(double ts_us, SamplePoint at = SamplePoint::Forward);
+  // Every memory sample so far, in the order taken.
+  std::vector<MemorySample> memory_samples() const;
   // Draws the budget as a flat counter "budget (bytes)" across the whole trace (may be set at any time).
   void set_budget(int64_t bytes);
 
@@ -62,6 +81,7 @@ class Trace {
   int64_t budget_bytes_ = -1;
   double last_us_ = 0;
   std::vector<std::string> events_;
+  std::vector<MemorySample> samples_;
   std::vector<std::pair<int, std::string>> tracks_;  // tid -> track name, in order of first use
   std::unordered_map<std::string, int> tids_;
 };
@@ -98,5 +118,37 @@ class TraceSpan {
   std::string name_;
   double start_us_ = 0;
 };
+
+// A span on `track` (e.g. "copy-out", "stalls", "optimizer") from construction to destruction, on the
+// trace installed when it was constructed. With tracing off it costs one atomic load: the name is a
+// literal, or a callable that builds it only when tracing is on:
+//   TraceRegion span("copy-out", "copy", [&] { return "write " + format_bytes(bytes); });
+class TraceRegion {
+ public:
+  TraceRegion(const char* track, const char* category, const char* name) : trace_(current_trace()) {
+    if (trace_ != nullptr) begin(track, category, name);
+  }
+  template <typename NameFn, typename = std::enable_if_t<std::is_invocable_r_v<std::string, NameFn&>>>
+  TraceRegion(const char* track, const char* category, NameFn&& name) : trace_(current_trace()) {
+    if (trace_ != nullptr) begin(track, category, name());
+  }
+  ~TraceRegion();
+  TraceRegion(const TraceRegion&) = delete;
+  TraceRegion& operator=(const TraceRegion&) = delete;
+
+ private:
+  void begin(const char* track, const char* category, std::string name);
+  Trace* trace_;
+  const char* track_ = nullptr;
+  const char* category_ = nullptr;
+  std::string name_;
+  double start_us_ = 0;
+};
+
+// A mark now on `track` of the installed trace; nothing when tracing is off (`name` is then never called).
+template <typename NameFn>
+void trace_instant(const char* track, const char* category, NameFn&& name) {
+  if (Trace* t = current_trace()) t->instant(track, name(), category, t->now_us());
+}
 
 }  // namespace ration

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "ration/core/check.h"
+#include "ration/core/trace.h"
 #include "ration/memory/allocator.h"
 
 namespace ration::dist {
@@ -154,6 +155,8 @@ void Reducer::comm_loop() {
     std::exception_ptr error;
     const auto t0 = Clock::now();
     if (!failed) {
+      TraceRegion span("collectives", "collective",
+                       [&] { return std::string(hook_->name()) + " all-reduce, bucket " + std::to_string(b); });
       try {
         traffic = hook_->reduce(world_, static_cast<int>(b), buckets_[b].flat);
       } catch (...) {
@@ -180,6 +183,7 @@ void Reducer::finalize() {
     if (buckets_[b].state == BucketState::Filling) mark_ready(b);
   }
   launch_ready_in_order();
+  TraceRegion wait_span("stalls", "stall", "wait for all-reduce");
   cv_.wait(lock, [&] { return reduced_ == buckets_.size(); });
   const double waited = ms_between(t0, Clock::now());
   stats_.comm_ms += window_comm_ms_;

@@ -13,6 +13,7 @@
 
 #include "ration/core/check.h"
 #include "ration/core/node.h"
+#include "ration/core/trace.h"
 #include "ration/memory/allocator.h"
 
 #ifdef RATION_CUDA
@@ -380,6 +381,7 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
     e->written = promise->get_future().share();
     const int64_t bytes = source.numel();
     copy_out_->submit([this, e, source, promise, bytes, order = copy_order(streams_, t, /*out=*/true)]() mutable {
+      TraceRegion span("copy-out", "copy", [&] { return "write " + format_bytes(bytes); });
       const auto t0 = Clock::now();
       try {
         CopyGuard on_copy_stream(order);  // Q2 starts after Q1 produced the value
@@ -434,6 +436,7 @@ void OffloadEngine::end_forward_node(int64_t ordinal) {
     e->deadline = -1;  // met (now or below)
     if (!ready(e->written)) {
       count(&OffloadStats::deadline_waits);
+      TraceRegion stall("stalls", "stall", "deadline: wait for copy-out");
       wait_written(*e);
     }
   }
@@ -446,6 +449,7 @@ bool OffloadEngine::wait_oldest_copy_out() {
   for (auto& e : entries_) {
     if (ready(e->written)) continue;
     count(&OffloadStats::forward_pauses);
+    TraceRegion stall("stalls", "stall", "T2 pause: wait for copy-out");
     wait_written(*e);
     return true;
   }
@@ -468,6 +472,7 @@ void OffloadEngine::issue_read(const std::shared_ptr<Entry>& e, bool demand) {
   e->loaded = promise->get_future().share();
   copy_in_->submit([this, e, promise, dst = e->buffer, order = copy_order(streams_, e->buffer, /*out=*/false)]() mutable {
     e->written.wait();  // Q4 reads only what Q2 finished writing
+    TraceRegion span("copy-in", "copy", [&] { return "read " + format_bytes(dst.numel()); });
     const auto t0 = Clock::now();
     if (e->fault == Entry::Fault::None) {
       try {
@@ -502,6 +507,7 @@ void OffloadEngine::before_backward_node(int64_t pos, const std::function<bool(i
       if (e->phase != Entry::Phase::Deferred) {
         e->phase = Entry::Phase::Deferred;
         count(&OffloadStats::deferred_prefetches);
+        trace_instant("stalls", "stall", [&] { return "T3 hold: prefetch of " + format_bytes(e->storage_bytes); });
       }
       continue;
     }
@@ -516,6 +522,7 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
   std::shared_ptr<Entry> e = found->second;
   if (e->phase != Entry::Phase::CopyingIn) issue_read(e, /*demand=*/true);
   if (!ready(e->loaded)) {
+    TraceRegion stall("stalls", "stall", "wait for copy-in");
     const auto t0 = Clock::now();
     e->loaded.wait();
     std::lock_guard<std::mutex> lock(stats_mu_);

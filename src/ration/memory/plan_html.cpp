@@ -109,6 +109,7 @@ const char* kStyle = R"(
   svg .phase { stroke: #777; stroke-width: 1; stroke-dasharray: 2 3; }
   .measured { fill: none; stroke: #e08a00; stroke-width: 2.5; }
   .plan { fill: none; stroke: #123a7a; stroke-width: 2; stroke-dasharray: 9 5; }
+  .trained { fill: none; stroke: #b8002e; stroke-width: 3; stroke-dasharray: 1 4; stroke-linecap: round; }
   .budget { fill: none; stroke: #000; stroke-width: 1.5; stroke-dasharray: 2 4 10 4; }
   .peak { fill: #123a7a; }
   svg text.halo { paint-order: stroke; stroke: #fff; stroke-width: 4px; stroke-linejoin: round; }
@@ -166,7 +167,7 @@ const char* kScript = R"(
 })();
 )";
 
-void write_chart(std::ostringstream& os, const StepProfile& profile, const Plan& plan) {
+void write_chart(std::ostringstream& os, const StepProfile& profile, const Plan& plan, const MeasuredCurve* trained) {
   const size_t n_forward = profile.nodes.size();
   const size_t n_backward = profile.backward_peak_bytes.size();
   Series measured{"measured", "unconstrained, measured (everything kept)", {}};
@@ -177,10 +178,17 @@ void write_chart(std::ostringstream& os, const StepProfile& profile, const Plan&
   predicted.bytes.insert(predicted.bytes.end(), plan.prediction.backward_peaks.begin(),
                          plan.prediction.backward_peaks.end());
 
+  Series train_step{"trained",
+                    "training step " + std::to_string(trained ? trained->step : 0) + ", measured under the plan", {}};
+  if (trained) train_step.bytes = trained->bytes;
+  std::vector<const Series*> series{&measured, &predicted};
+  if (trained) series.push_back(&train_step);
+
   Frame f;
-  f.slots = static_cast<double>(std::max<size_t>({measured.bytes.size(), predicted.bytes.size(), 1}));
+  f.slots = static_cast<double>(
+      std::max<size_t>({measured.bytes.size(), predicted.bytes.size(), train_step.bytes.size(), 1}));
   int64_t top_bytes = plan.budget_bytes;
-  for (const Series* s : {&measured, &predicted})
+  for (const Series* s : series)
     for (int64_t b : s->bytes) top_bytes = std::max(top_bytes, b);
   const double y_step = nice_step(static_cast<double>(top_bytes) / kMiB * 1.06, 6);
   f.y_max = y_step * std::ceil(static_cast<double>(top_bytes) / kMiB * 1.06 / y_step);
@@ -232,7 +240,7 @@ void write_chart(std::ostringstream& os, const StepProfile& profile, const Plan&
   const double y_budget = f.y(static_cast<double>(plan.budget_bytes) / kMiB);
   os << "<line id=\"budget-line\" class=\"budget\" x1=\"" << f.left << "\" x2=\"" << f.width - f.right << "\" y1=\""
      << fixed(y_budget, 1) << "\" y2=\"" << fixed(y_budget, 1) << "\"/>\n";
-  for (const Series* s : {&measured, &predicted}) {
+  for (const Series* s : series) {
     os << "<path id=\"series-" << s->css_class << "\" class=\"" << s->css_class << "\" data-points=\""
        << s->bytes.size() << "\" d=\"" << step_path(f, s->bytes) << "\"><title>" << escape(s->label)
        << "</title></path>\n";
@@ -257,15 +265,23 @@ void write_chart(std::ostringstream& os, const StepProfile& profile, const Plan&
     const char* css_class;
     std::string label;
   };
-  const std::vector<Entry> legend{{"measured", measured.label + ": peak " + format_bytes(profile.measured_peak_bytes)},
-                                  {"plan", predicted.label + ": peak " + format_bytes(plan.prediction.peak_bytes)},
-                                  {"budget", "budget " + format_bytes(plan.budget_bytes)}};
-  double lx = f.left;
+  std::vector<Entry> legend{{"measured", measured.label + ": peak " + format_bytes(profile.measured_peak_bytes)},
+                            {"plan", predicted.label + ": peak " + format_bytes(plan.prediction.peak_bytes)}};
+  if (trained)
+    legend.push_back(
+        {"trained", "training step " + std::to_string(trained->step) + ": peak " + format_bytes(trained->peak_bytes)});
+  legend.push_back({"budget", "budget " + format_bytes(plan.budget_bytes)});
+  double lx = f.left, ly = 22;  // a second row when the first is full
   for (const auto& e : legend) {
+    const double w = 52 + 6.6 * static_cast<double>(e.label.size());
+    if (lx > f.left && lx + w > f.width - f.right) {
+      lx = f.left;
+      ly += 18;
+    }
     os << "<line class=\"" << e.css_class << "\" x1=\"" << fixed(lx, 1) << "\" x2=\"" << fixed(lx + 34, 1)
-       << "\" y1=\"22\" y2=\"22\"/><text x=\"" << fixed(lx + 40, 1) << "\" y=\"26\">" << escape(e.label)
-       << "</text>\n";
-    lx += 52 + 6.6 * static_cast<double>(e.label.size());
+       << "\" y1=\"" << ly << "\" y2=\"" << ly << "\"/><text x=\"" << fixed(lx + 40, 1) << "\" y=\"" << ly + 4
+       << "\">" << escape(e.label) << "</text>\n";
+    lx += w;
   }
   os << "</svg>\n";
 }
@@ -335,7 +351,8 @@ void write_table(std::ostringstream& os, const StepProfile& profile, const Plan&
 
 }  // namespace
 
-std::string plan_html(const StepProfile& profile, const Plan& plan, const std::string& title) {
+std::string plan_html(const StepProfile& profile, const Plan& plan, const std::string& title,
+                      const MeasuredCurve* trained) {
   std::ostringstream os;
   os << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
      << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
@@ -344,20 +361,25 @@ std::string plan_html(const StepProfile& profile, const Plan& plan, const std::s
      << "<p class=\"sub\">Device memory (everything the counting allocator sees except the dataset held in "
         "host memory) at every node boundary of one training step: each node's peak drawn across its slot.</p>\n";
   write_summary(os, profile, plan);
-  write_chart(os, profile, plan);
+  write_chart(os, profile, plan, trained);
   os << "<p class=\"note\">The measured curve is the profiling step, which runs before the optimiser's first "
         "step; the plan's prediction also holds the optimiser state created at that step (its unconstrained "
         "prediction peaks at "
      << escape(format_bytes(plan.unconstrained_peak_bytes)) << ", the measurement at "
      << escape(format_bytes(profile.measured_peak_bytes)) << ").</p>\n";
+  if (trained)
+    os << "<p class=\"note\" id=\"trained-note\">The training step curve is step " << trained->step
+       << " as it ran under the plan (recomputes inside the backward nodes that needed them). Its peak, "
+       << escape(format_bytes(trained->peak_bytes)) << ", includes the optimiser update after backward, which "
+       << "peaked at " << escape(format_bytes(trained->update_peak)) << ".</p>\n";
   write_table(os, profile, plan);
   os << "<script>" << kScript << "</script>\n</body></html>\n";
   return os.str();
 }
 
 void write_plan_html(const std::string& path, const std::string& what, const StepProfile& profile, const Plan& plan,
-                     const std::string& title) {
-  const std::string page = plan_html(profile, plan, title);
+                     const std::string& title, const MeasuredCurve* trained) {
+  const std::string page = plan_html(profile, plan, title, trained);
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

@@ -14,6 +14,7 @@
 
 #include "proto/ps.grpc.pb.h"
 #include "ration/core/check.h"
+#include "ration/core/trace.h"
 #include "ration/ps/partition.h"
 
 namespace ration::ps {
@@ -250,6 +251,7 @@ void PsClient::declare_tables(const std::vector<TableOptions>& tables) {
 }
 
 PulledRows PsClient::pull(const std::string& table, const int64_t* ids, int64_t n, MissingRow missing) {
+  TraceRegion span("ps", "ps", [&] { return "pull " + table + " (" + std::to_string(n) + " ids)"; });
   const auto t0 = Clock::now();
   PulledRows out;
   // Deduplicate: first-seen order.
@@ -319,6 +321,7 @@ PulledRows PsClient::pull(const std::string& table, const int64_t* ids, int64_t 
 
 void PsClient::push(const std::string& table, const uint64_t* ids, int64_t n, const float* grads, int64_t dim,
                     int64_t step) {
+  TraceRegion span("ps", "ps", [&] { return "push " + table + " (" + std::to_string(n) + " rows)"; });
   const auto t0 = Clock::now();
   const uint32_t shards = static_cast<uint32_t>(num_shards());
   std::vector<std::vector<int64_t>> positions(shards);

@@ -6,6 +6,7 @@
 
 #include "ration/core/check.h"
 #include "ration/core/node.h"
+#include "ration/core/trace.h"
 #include "ration/memory/budget_policy.h"
 #include "ration/optim/clip.h"
 
@@ -276,6 +277,7 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
   for (StepHook* h : hooks) h->after_backward(st.step);
   if (options.optimizer) {
     for (StepHook* h : hooks) h->before_optimizer(st.step);
+    TraceRegion update("optimizer", "optimizer", [&] { return std::string(options.optimizer->name()) + " update"; });
     if (options.clip_grad_norm > 0) st.grad_norm = optim::clip_grad_norm(options.optimizer->params(), options.clip_grad_norm);
     options.optimizer->step();
     options.optimizer->zero_grad();

@@ -451,6 +451,7 @@ class TrainingRun {
     first_step_ = step_;
     plan_memory();
     attach_reducer();
+    if (options_.observer) options_.observer->before_steps(runtime_, first_step_, total_steps_);
     for (; step_ < total_steps_; ++step_) {
       train_one_step();
       after_step_duties();
@@ -476,6 +477,7 @@ class TrainingRun {
     if (!final_ckpt.empty()) progress_.note("checkpoint " + final_ckpt);
     nlohmann::json report = build_report(final_ckpt);
     if (!checkpoint_error.empty()) report["checkpoint_error"] = checkpoint_error;
+    if (options_.observer) options_.observer->after_run(runtime_, report);
     write_report(report, checkpoint_error);
     RATION_CHECK(checkpoint_error.empty(), "the final checkpoint was not saved: ", checkpoint_error,
                  options_.report_path.empty() ? "" : "; the report was written to " + options_.report_path);

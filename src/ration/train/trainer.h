@@ -21,6 +21,18 @@
 
 namespace ration::train {
 
+class StepRuntime;
+
+// What the caller attaches to a run (the command line's --trace and --html, train/step_trace.h): called
+// with the run's step runtime once before the first step, and once the report is built (before it is
+// written, so entries added to it are saved too).
+class RunObserver {
+ public:
+  virtual ~RunObserver() = default;
+  virtual void before_steps(StepRuntime& runtime, int64_t first_step, int64_t total_steps) {}
+  virtual void after_run(StepRuntime& runtime, nlohmann::json& report) {}
+};
+
 struct TrainOptions {
   std::string config_path;
   std::vector<std::string> overrides;  // "section.key=value"
@@ -32,6 +44,7 @@ struct TrainOptions {
   // Data parallel: the world to train in. Undefined (the default): joined from the environment when
   // WORLD_SIZE is set (torchrun-style variables, as `ration launch` sets them), else one process.
   dist::World world;
+  RunObserver* observer = nullptr;     // optional; outlives the run
 };
 
 // Everything a run is built from, shared by train, gradcheck and bench.
