@@ -5,8 +5,12 @@
 // of saved groups; there is no peer (PyTorch has no budget planner), the measurements of the
 // previous planner are the comparison.
 //
+// Every plan is timed in wall time (Plan::plan_ms) and in this thread's CPU time.
+//
 // usage: bench_plan_scaling [--layers 4,12,...] [--reps N] [--out FILE.json] [CONFIG.toml] [--set k=v ...]
 #include <nlohmann/json.hpp>
+
+#include <time.h>
 
 #include <chrono>
 #include <cmath>
@@ -29,6 +33,26 @@ using namespace ration;
 namespace {
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+// CPU time of this thread: on a machine shared with other jobs, wall time also counts the time the
+// planner waited for a core; CPU time is what its algorithm costs.
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+// One plan, timed in wall (Plan::plan_ms) and CPU time.
+struct Timed {
+  memory::Plan plan;
+  double wall_ms = 0, cpu_ms = 0;
+};
+Timed timed_plan(const memory::StepProfile& profile, const memory::PlanOptions& o) {
+  const double c0 = thread_cpu_ms();
+  Timed t;
+  t.plan = memory::make_plan(profile, o);
+  t.cpu_ms = thread_cpu_ms() - c0;
+  t.wall_ms = t.plan.plan_ms;
+  return t;
 }
 }  // namespace
 
@@ -57,8 +81,9 @@ int main(int argc, char** argv) {
   try {
     memory::install_counting_allocator();
     std::printf("gpt, %s, plan time (make_plan only; median of %d) vs depth\n", config.c_str(), reps);
-    std::printf("%8s %8s %8s %11s %11s %11s %11s %11s %11s\n", "n_layer", "groups", "nodes", "profile_ms",
-                "minimum_ms", "plan@0.1_ms", "plan@0.5_ms", "plan@0.9_ms", "minimum");
+    std::printf("%8s %8s %8s %11s %17s %17s %17s %17s %17s %17s %11s\n", "n_layer", "groups", "nodes", "profile_ms",
+                "minimum wall/cpu", "knap@0.1 w/c", "knap@0.5 w/c", "knap@0.9 w/c", "ord-sets@0.5 w/c", "uniform w/c",
+                "minimum");
     nlohmann::json rows = nlohmann::json::array();
     for (int L : layers) {
       std::vector<std::string> o = overrides;
@@ -74,46 +99,73 @@ int main(int argc, char** argv) {
       memory::PlanOptions loose;
       loose.budget_bytes = int64_t{1} << 50;
       loose.extra_fixed_bytes = train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *setup.model);
-      std::vector<double> minimum_ms;
-      memory::Plan lp;
-      for (int r = 0; r < reps; ++r) {
-        lp = memory::make_plan(profile, loose);
-        minimum_ms.push_back(lp.plan_ms);
-      }
-      const int64_t lo = lp.minimum_peak_bytes, hi = lp.unconstrained_peak_bytes;
+      // Columns: the loose plan (finds the minimum), the knapsack at three budgets, ordered-sets and
+      // uniform; each the median of `reps` in wall and in CPU time.
+      struct Column {
+        std::string name;
+        memory::Strategy strategy;
+        double fraction;  // < 0: the loose budget
+      };
+      const std::vector<Column> columns = {{"minimum", memory::Strategy::Knapsack, -1},
+                                           {"knapsack@0.1", memory::Strategy::Knapsack, fractions[0]},
+                                           {"knapsack@0.5", memory::Strategy::Knapsack, fractions[1]},
+                                           {"knapsack@0.9", memory::Strategy::Knapsack, fractions[2]},
+                                           {"ordered-sets@0.5", memory::Strategy::OrderedSets, fractions[1]},
+                                           {"uniform", memory::Strategy::Uniform, -1}};
+      int64_t lo = 0, hi = 0;
+      size_t groups = 0;
       nlohmann::json plans = nlohmann::json::array();
-      std::vector<double> plan_ms;
-      for (double f : fractions) {
+      std::string line;
+      for (const Column& col : columns) {
         memory::PlanOptions po = loose;
-        po.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
-        std::vector<double> ms;
-        memory::Plan p;
+        po.strategy = col.strategy;
+        if (col.fraction >= 0) po.budget_bytes = lo + static_cast<int64_t>(col.fraction * static_cast<double>(hi - lo));
+        std::vector<double> wall, cpu;
+        Timed t;
         for (int r = 0; r < reps; ++r) {
-          p = memory::make_plan(profile, po);
-          ms.push_back(p.plan_ms);
+          t = timed_plan(profile, po);
+          wall.push_back(t.wall_ms);
+          cpu.push_back(t.cpu_ms);
         }
-        plan_ms.push_back(bench::median(ms));
-        plans.push_back({{"budget_fraction", f}, {"budget_bytes", po.budget_bytes}, {"plan_ms", plan_ms.back()},
-                         {"predicted_peak_bytes", p.prediction.peak_bytes}, {"kept_groups", p.kept_groups},
-                         {"predicted_recompute_ms", p.prediction.recompute_ms}});
+        if (col.fraction < 0 && col.strategy == memory::Strategy::Knapsack) {
+          lo = t.plan.minimum_peak_bytes;
+          hi = t.plan.unconstrained_peak_bytes;
+          groups = t.plan.groups.size();
+        }
+        char cell[64];
+        std::snprintf(cell, sizeof cell, " %8.1f/%-8.1f", bench::median(wall), bench::median(cpu));
+        line += cell;
+        plans.push_back({{"name", col.name}, {"budget_fraction", col.fraction}, {"budget_bytes", po.budget_bytes},
+                         {"plan_ms", bench::median(wall)}, {"plan_cpu_ms", bench::median(cpu)},
+                         {"predicted_peak_bytes", t.plan.prediction.peak_bytes}, {"kept_groups", t.plan.kept_groups},
+                         {"predicted_recompute_ms", t.plan.prediction.recompute_ms}});
       }
-      std::printf("%8d %8zu %8zu %11.0f %11.1f %11.1f %11.1f %11.1f %11s\n", L, lp.groups.size(), profile.nodes.size(),
-                  profile_ms, bench::median(minimum_ms), plan_ms[0], plan_ms[1], plan_ms[2],
-                  memory::format_bytes(lo).c_str());
+      std::printf("%8d %8zu %8zu %11.0f%s %11s\n", L, groups, profile.nodes.size(), profile_ms,
+                  line.c_str(), memory::format_bytes(lo).c_str());
       std::fflush(stdout);
-      rows.push_back({{"n_layer", L}, {"groups", lp.groups.size()}, {"nodes", profile.nodes.size()},
-                      {"profile_ms", profile_ms}, {"minimum_plan_ms", bench::median(minimum_ms)},
-                      {"unconstrained_peak_bytes", hi}, {"minimum_peak_bytes", lo}, {"plans", plans}});
+      rows.push_back({{"n_layer", L}, {"groups", groups}, {"nodes", profile.nodes.size()},
+                      {"profile_ms", profile_ms}, {"unconstrained_peak_bytes", hi}, {"minimum_peak_bytes", lo},
+                      {"plans", plans}});
     }
-    // Growth between consecutive rows: exponent of plan time in the number of groups.
-    std::printf("growth (plan@0.5): ");
-    for (size_t i = 1; i < rows.size(); ++i) {
-      const double g0 = rows[i - 1]["groups"].get<double>(), g1 = rows[i]["groups"].get<double>();
-      const double t0 = rows[i - 1]["plans"][1]["plan_ms"].get<double>(), t1 = rows[i]["plans"][1]["plan_ms"].get<double>();
-      std::printf("%d->%d: n^%.2f  ", rows[i - 1]["n_layer"].get<int>(), rows[i]["n_layer"].get<int>(),
-                  std::log(t1 / t0) / std::log(g1 / g0));
+    // Growth from the first row with n_layer >= 96 to the last: the exponent of plan time in the number
+    // of groups, next to what n log n allows over the same range.
+    size_t from = 0;
+    while (from + 1 < rows.size() && rows[from]["n_layer"].get<int>() < 96) ++from;
+    if (from + 1 < rows.size()) {
+      const size_t to = rows.size() - 1;
+      const double g0 = rows[from]["groups"].get<double>(), g1 = rows[to]["groups"].get<double>();
+      const double nlogn = g1 * std::log(g1) / (g0 * std::log(g0));
+      std::printf("growth n_layer %d -> %d (groups x%.2f; n log n allows x%.2f = n^%.2f):\n", rows[from]["n_layer"].get<int>(),
+                  rows[to]["n_layer"].get<int>(), g1 / g0, nlogn, std::log(nlogn) / std::log(g1 / g0));
+      for (size_t c = 0; c < rows[to]["plans"].size(); ++c) {
+        const auto& a = rows[from]["plans"][c];
+        const auto& b = rows[to]["plans"][c];
+        const double w = b["plan_ms"].get<double>() / a["plan_ms"].get<double>();
+        const double u = b["plan_cpu_ms"].get<double>() / a["plan_cpu_ms"].get<double>();
+        std::printf("  %-18s wall x%5.2f (n^%.2f)  cpu x%5.2f (n^%.2f)%s\n", a["name"].get<std::string>().c_str(), w,
+                    std::log(w) / std::log(g1 / g0), u, std::log(u) / std::log(g1 / g0), u <= nlogn ? "" : "  > n log n");
+      }
     }
-    std::printf("\n");
     nlohmann::json j = {{"bench", "plan_scaling"}, {"config", config}, {"overrides", overrides}, {"reps", reps},
                         {"machine", "2 vCPU Xeon KVM guest, Debian 12"}, {"rows", rows}};
     std::ofstream(out) << j.dump(2) << "\n";

@@ -3,6 +3,8 @@
 // user-override rule and the below-minimum error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "test_util.h"
@@ -332,6 +334,77 @@ TEST(Planner, IncrementalPeakEqualsTheSimulator) {
         ASSERT_EQ(inc.peak(), expected) << "walk " << walk << " step " << step;
       }
     }
+  }
+}
+
+// Ordered sets prices each kept count incrementally; the oracle is the rule itself with a whole-step
+// simulation per kept count G (largest G first; shares of G by node-set size, largest remainders).
+TEST(Planner, OrderedSetsEqualsTheWholeStepSearch) {
+  for (const auto& c : cases()) {
+    SCOPED_TRACE(c.name);
+    Config cfg = Config::from_string(c.toml, c.name + ".toml");
+    at::manual_seed(3);
+    auto model = models::build_model(cfg);
+    model->train();
+    const memory::StepProfile profile = train::profile_step(*model, batch_for(c.name), 11);
+    memory::PlanOptions o;
+    o.budget_bytes = int64_t{1} << 40;
+    const memory::Plan loose = memory::make_plan(profile, o);
+    const std::vector<memory::Group>& groups = loose.groups;
+    const size_t n = groups.size();
+    std::vector<std::string> names;
+    std::vector<std::vector<size_t>> sets;
+    for (size_t i = 0; i < n; ++i) {
+      const auto it = std::find(names.begin(), names.end(), groups[i].node_set);
+      if (it == names.end()) {
+        names.push_back(groups[i].node_set);
+        sets.push_back({i});
+      } else {
+        sets[static_cast<size_t>(it - names.begin())].push_back(i);
+      }
+    }
+    auto simulated = [&](const std::vector<memory::Decision>& d) {
+      std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
+      for (size_t i = 0; i < n; ++i) by_storage[static_cast<size_t>(groups[i].storage)] = d[i];
+      return memory::simulate(profile, by_storage, 0).peak_bytes;
+    };
+    int planned = 0;
+    for (double f : {0.2, 0.5, 0.8}) {
+      o.strategy = memory::Strategy::OrderedSets;
+      o.budget_bytes = loose.minimum_peak_bytes +
+                       static_cast<int64_t>(f * static_cast<double>(loose.unconstrained_peak_bytes - loose.minimum_peak_bytes));
+      std::vector<memory::Decision> expected;
+      for (int64_t target = static_cast<int64_t>(n); target >= 0 && expected.empty(); --target) {
+        std::vector<int64_t> per(sets.size());
+        std::vector<std::pair<double, size_t>> rem;
+        int64_t assigned = 0;
+        for (size_t k = 0; k < sets.size(); ++k) {
+          const double exact = static_cast<double>(target) * static_cast<double>(sets[k].size()) / static_cast<double>(n);
+          per[k] = static_cast<int64_t>(std::floor(exact));
+          assigned += per[k];
+          rem.emplace_back(exact - std::floor(exact), k);
+        }
+        std::stable_sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first > b.first; });
+        for (size_t r = 0; assigned < target && r < rem.size(); ++r, ++assigned) per[rem[r].second] += 1;
+        std::vector<memory::Decision> d(n, memory::Decision::Keep);
+        for (size_t k = 0; k < sets.size(); ++k)
+          for (size_t m = 0; m < sets[k].size(); ++m)
+            if (static_cast<int64_t>(m) < static_cast<int64_t>(sets[k].size()) - per[k]) d[sets[k][m]] = memory::Decision::Recompute;
+        if (simulated(d) <= o.budget_bytes) expected = d;
+      }
+      memory::Plan plan;
+      try {
+        plan = memory::make_plan(profile, o);
+      } catch (const Error&) {
+        EXPECT_TRUE(expected.empty()) << "f " << f << ": the whole-step search found a plan that fits";
+        continue;
+      }
+      ASSERT_FALSE(expected.empty()) << "f " << f;
+      ++planned;
+      for (size_t i = 0; i < n; ++i) EXPECT_EQ(plan.groups[i].decision, expected[i]) << "f " << f << " group " << i;
+      EXPECT_EQ(plan.prediction.peak_bytes, simulated(expected)) << "f " << f;
+    }
+    EXPECT_GT(planned, 0);
   }
 }
 
