@@ -298,6 +298,13 @@ int main(int argc, char** argv) {
   train->add_option("--report", topt.report_path, "write the JSON report here");
   train->add_option("--resume", topt.resume, "resume from a checkpoint dir (or a run dir: follows 'latest')");
   train->add_flag("--json", topt.json, "no progress output; print the JSON report to stdout");
+  bool profile_ops = false;
+  int64_t profile_steps = 5;
+  train->add_flag("--profile-ops", profile_ops,
+                  "time steps per op and per node, forward and backward (after the first step); prints the table "
+                  "and adds \"op_profile\" to the report");
+  train->add_option("--profile-steps", profile_steps, "steps --profile-ops averages over (default 5)")
+      ->check(integer_at_least(1, "steps to profile"));
 
   std::string gc_config;
   std::vector<std::string> gc_overrides;
@@ -351,6 +358,7 @@ int main(int argc, char** argv) {
   try {
     if (*train) {
       if (steps > 0) topt.steps = steps;
+      if (profile_ops) topt.profile_ops = profile_steps;
       if (epochs > 0) topt.epochs = epochs;
       const auto report = ration::train::run_training(topt);
       if (topt.json && report["dist"]["rank"].get<int>() == 0) std::cout << report.dump(2) << "\n";

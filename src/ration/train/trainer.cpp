@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "ration/core/check.h"
+#include "ration/core/compute_threads.h"
+#include "ration/train/op_profile.h"
 #include "ration/core/node.h"
 #include "ration/data/ctr_data.h"
 #include "ration/data/ctr_synthetic.h"
@@ -209,7 +211,7 @@ Setup build_setup(Config config) {
   RATION_CHECK(s.batch_size > 0, cfg.origin(), ": train.batch_size must be a positive integer, got ", s.batch_size);
   const int64_t threads = cfg.get_int("train.threads", std::max(1u, std::thread::hardware_concurrency()));
   RATION_CHECK(threads > 0, cfg.origin(), ": train.threads must be >= 1");
-  at::set_num_threads(static_cast<int>(threads));
+  set_compute_threads(static_cast<int>(threads));  // ATen and OpenBLAS together
   at::manual_seed(s.seed);
   manual_seed(s.seed);
 
@@ -439,6 +441,10 @@ class TrainingRun {
     first_step_ = step_;
     plan_memory();
     attach_reducer();
+    if (options_.profile_ops > 0) {
+      op_profile_ = std::make_unique<OpProfile>(1, options_.profile_ops);
+      runtime_.add_hook(op_profile_.get());
+    }
     for (; step_ < total_steps_; ++step_) {
       train_one_step();
       after_step_duties();
@@ -463,6 +469,10 @@ class TrainingRun {
     }
     if (!final_ckpt.empty()) progress_.note("checkpoint " + final_ckpt);
     nlohmann::json report = build_report(final_ckpt);
+    if (op_profile_) {
+      report["op_profile"] = op_profile_->to_json();
+      std::fprintf(options_.json ? stderr : stdout, "%s", op_profile_->table().c_str());
+    }
     if (!checkpoint_error.empty()) report["checkpoint_error"] = checkpoint_error;
     write_report(report, checkpoint_error);
     RATION_CHECK(checkpoint_error.empty(), "the final checkpoint was not saved: ", checkpoint_error,
@@ -481,6 +491,7 @@ class TrainingRun {
     o.sampling = keys_.sampling;
     o.shard_rank = world_.rank();
     o.shard_count = world_.size();
+    o.prefetch = true;  // the next batch is prepared on a thread while the step runs (data/dataset.h)
     return o;
   }
   bool synchronizes() const { return world_.size() > 1 || keys_.dp.reducer.sync_every > 1; }
@@ -856,6 +867,7 @@ class TrainingRun {
   std::unique_ptr<dist::Liveness> liveness_;
   std::unique_ptr<dist::Reducer> reducer_;
   std::unique_ptr<ReducerHook> reducer_hook_;
+  std::unique_ptr<OpProfile> op_profile_;  // --profile-ops
   int64_t step_items_ = 0;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::WarmupCosine> schedule_;
