@@ -64,8 +64,8 @@ class Loader {
  public:
   Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
   ~Loader();
-  Loader(const Loader&) = delete;
-  Loader& operator=(const Loader&) = delete;
+  Loader(Loader&&) = default;
+  Loader& operator=(Loader&&) = default;
 
   // The next batch; when the current epoch is exhausted, moves to the next epoch first.
   Batch next();

@@ -19,6 +19,7 @@ void OpProfile::before_forward(int64_t, data::Batch&) {
   trace_ = std::make_unique<Trace>(int64_t{512} << 20);
   scope_ = std::make_unique<TraceScope>(*trace_);
   optimizer_start_us_ = -1;
+  step_start_us_ = trace_->now_us();
 }
 
 void OpProfile::before_optimizer(int64_t) {
@@ -27,8 +28,10 @@ void OpProfile::before_optimizer(int64_t) {
 
 void OpProfile::after_step(int64_t, const StepStats& stats) {
   if (!active_) return;
-  const double end = trace_->now_us();
-  if (optimizer_start_us_ >= 0) optimizer_ms_ += (end - optimizer_start_us_) / 1e3;
+  // The optimiser's share: the step's own wall time less what ran before before_optimizer (hooks that
+  // run after the step, before this one's after_step, are not counted).
+  if (optimizer_start_us_ >= 0)
+    optimizer_ms_ += std::max(0.0, stats.ms - (optimizer_start_us_ - step_start_us_) / 1e3);
   scope_.reset();
   add_trace(trace_->json());
   trace_.reset();

@@ -54,7 +54,7 @@ class OpProfile : public StepHook {
   int64_t skip_, steps_;
   int64_t seen_ = 0, profiled_ = 0;
   bool active_ = false;
-  double optimizer_start_us_ = -1;
+  double optimizer_start_us_ = -1, step_start_us_ = 0;
   std::unique_ptr<Trace> trace_;
   std::unique_ptr<TraceScope> scope_;
   std::map<std::string, Totals> ops_, nodes_;
