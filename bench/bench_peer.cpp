@@ -17,7 +17,7 @@
 // pre-step baseline measured by the same counting allocator (libration_memprobe.so in the peer).
 //
 // usage: bench_peer [--reps 3] [--steps 20] [--warmup 3] [--threads N] [--families mlp,cnn,gpt,lstm_lm]
-//                   [--no-budgets] [--json FILE]
+//                   [--no-budgets] [--fractions 0.75,0.5,0.25,0] [--json FILE]
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -240,7 +240,7 @@ int orchestrate(const Args& a) {
   const std::string exe = self_exe();
   const std::string peer = "/usr/bin/python3 " + std::string(RATION_SOURCE_DIR) + "/bench/peer_models.py";
   const std::string probe = RATION_PROBE_PATH;
-  const std::vector<double> fractions = {0.75, 0.5, 0.25, 0.0};
+  const std::vector<double> fractions = a.fractions.empty() ? std::vector<double>{0.75, 0.5, 0.25, 0.0} : a.fractions;
   std::string fr;
   for (double f : fractions) fr += (fr.empty() ? "" : ",") + std::to_string(f);
 
@@ -274,6 +274,9 @@ int orchestrate(const Args& a) {
         json r = last_json_line(run_command(cmd), cmd);
         r["rep"] = rep + 1;
         r["run"] = side;
+        if (r.contains("step_ms_median"))
+          std::fprintf(stderr, "         wall %.1f ms, cpu %.1f ms\n", r["step_ms_median"].get<double>(),
+                       r["step_cpu_ms_median"].get<double>());
         runs.push_back(r);
       }
     }
@@ -430,7 +433,8 @@ int main(int argc, char** argv) {
         for (const auto& f : split(next(), ',')) a.fractions.push_back(std::stod(f));
       } else
         throw Error("bench_peer: unknown argument " + s +
-                    " (expected --reps N --steps N --warmup N --threads N --families a,b --no-budgets --json FILE)");
+                    " (expected --reps N --steps N --warmup N --threads N --families a,b --no-budgets "
+                    "--fractions f,g --json FILE)");
     }
     return a.worker.empty() ? orchestrate(a) : worker(a);
   } catch (const std::exception& e) {
