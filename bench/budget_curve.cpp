@@ -178,10 +178,13 @@ int main(int argc, char** argv) {
   nlohmann::json peers = nlohmann::json::array();
   if (peer) {
     char cmd[1024];
+    // The peer runs with ration's thread settings: ATen (--threads) and OpenBLAS/OpenMP (environment; ration's
+    // train.threads sets its OpenBLAS pool too, see core/compute_threads.h).
     std::snprintf(cmd, sizeof cmd,
+                  "env OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d "
                   "/usr/bin/python3 %s/bench/peer_checkpoint.py --probe %s --n-layer %lld --n-head %lld --n-embd %lld "
                   "--block-size %lld --batch %lld --dropout %g --steps %d --threads %d",
-                  RATION_SOURCE_DIR, RATION_PROBE_PATH, static_cast<long long>(n_layer), static_cast<long long>(n_head),
+                  threads, threads, RATION_SOURCE_DIR, RATION_PROBE_PATH, static_cast<long long>(n_layer), static_cast<long long>(n_head),
                   static_cast<long long>(n_embd), static_cast<long long>(block),
                   static_cast<long long>(setup.batch_size), dropout, steps, threads);
     std::string text = run_command(cmd);

@@ -11,6 +11,7 @@ import argparse
 import ctypes
 import json
 import math
+import os
 import statistics
 import time
 
@@ -116,6 +117,12 @@ for mode in ("none", "per-block"):
             times.append(ms)
             cpus.append(cpu_ms)
             peaks.append(peak)
+    # Wall and CPU (process) time both: OpenBLAS keeps its own pool (OPENBLAS_NUM_THREADS, default: every
+    # core) whatever torch.set_num_threads says, so CPU time can be a multiple of wall time; the caller
+    # must set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS as for ration (bench_peer does).
     print(json.dumps({"peer": "pytorch " + torch.__version__, "mode": mode, "step_ms_median": statistics.median(times),
-                      "step_cpu_ms_median": statistics.median(cpus), "step_ms": times,
+                      "step_cpu_ms_median": statistics.median(cpus), "step_ms": times, "step_cpu_ms": cpus,
+                      "threads": {"torch.get_num_threads": torch.get_num_threads(),
+                                  "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "(unset)"),
+                                  "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "(unset: every core)")},
                       "peak_above_baseline_bytes": max(peaks)}))

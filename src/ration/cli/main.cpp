@@ -301,6 +301,13 @@ int main(int argc, char** argv) {
   train->add_flag("--json", topt.json, "no progress output; print the JSON report to stdout");
   ration::cli::TrainViewFlags train_views;
   train_views.add_to(train);
+  bool profile_ops = false;
+  int64_t profile_steps = 5;
+  train->add_flag("--profile-ops", profile_ops,
+                  "time steps per op and per node, forward and backward (after the first step); prints the table "
+                  "and adds \"op_profile\" to the report");
+  train->add_option("--profile-steps", profile_steps, "steps --profile-ops averages over (default 5)")
+      ->check(integer_at_least(1, "steps to profile"));
 
   std::string gc_config;
   std::vector<std::string> gc_overrides;
@@ -354,6 +361,7 @@ int main(int argc, char** argv) {
   try {
     if (*train) {
       if (steps > 0) topt.steps = steps;
+      if (profile_ops) topt.profile_ops = profile_steps;
       if (epochs > 0) topt.epochs = epochs;
       ration::cli::TrainViews views(train_views, topt.config_path);
       if (views.active()) topt.observer = &views;

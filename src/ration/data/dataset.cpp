@@ -80,7 +80,10 @@ int64_t Loader::batches_per_epoch() const {
 
 bool Loader::has_next_in_epoch() const { return position_.index < epoch_items(); }
 
+Loader::~Loader() { discard_prefetch(); }
+
 void Loader::set_position(LoaderPosition position) {
+  discard_prefetch();
   RATION_CHECK(position.epoch >= 0 && position.index >= 0 && position.index <= epoch_items(),
                "loader position (epoch ", position.epoch, ", index ", position.index, ") is outside an epoch of ",
                epoch_items(), " items; hint: was it saved with another dataset or batch size?");
@@ -103,6 +106,7 @@ const std::vector<int64_t>& Loader::order() {
 }
 
 std::vector<int64_t> Loader::next_indices() {
+  discard_prefetch();
   if (!has_next_in_epoch()) position_ = {position_.epoch + 1, 0};
   const std::vector<int64_t>& ord = order();
   const int64_t n = options_.shard_count, r = options_.shard_rank;
@@ -117,6 +121,43 @@ std::vector<int64_t> Loader::next_indices() {
   return indices;
 }
 
-Batch Loader::next() { return dataset_->get(next_indices()); }
+Batch Loader::next() {
+  Batch batch;
+  if (pending_ && pending_->before == position_) {
+    batch = pending_->batch.get();  // rethrows the dataset's error, if any
+    position_ = pending_->after;
+    last_global_items_ = pending_->global_items;
+    pending_.reset();
+    ++prefetched_;
+  } else {
+    batch = dataset_->get(next_indices());
+  }
+  if (options_.prefetch) start_prefetch();
+  return batch;
+}
+
+void Loader::start_prefetch() {
+  discard_prefetch();
+  Prefetch p;
+  p.before = position_;
+  const int64_t items = last_global_items_;
+  std::vector<int64_t> indices = next_indices();  // advances position_ as next() would
+  p.after = position_;
+  p.global_items = last_global_items_;
+  position_ = p.before;
+  last_global_items_ = items;
+  std::shared_ptr<const Dataset> dataset = dataset_;
+  p.batch = std::async(std::launch::async, [dataset, indices = std::move(indices)] { return dataset->get(indices); });
+  pending_ = std::move(p);
+}
+
+void Loader::discard_prefetch() {
+  if (!pending_) return;
+  try {
+    pending_->batch.wait();
+  } catch (...) {
+  }
+  pending_.reset();  // its error, if any, resurfaces when next() fetches the batch itself
+}
 
 }  // namespace ration::data

@@ -10,9 +10,16 @@
 // possible, so a short last batch gives some ranks one item fewer). The position counts global items,
 // so the ranks' shards together are exactly the one-process batch of N * batch_size, and a checkpoint
 // resumes with any N.
+// Prefetch (LoaderOptions::prefetch): after next() hands out a batch, the following one is prepared on a
+// background thread while the caller's step runs. Datasets make batches as Category::Data (host data,
+// outside the device budget) either way, so measured device peaks and memory plans do not change.
+// Orders and positions are the same with and without prefetch; set_position, start_epoch and
+// next_indices discard a prepared batch.
 #pragma once
 #include <cstdint>
+#include <future>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ration/data/batch.h"
@@ -50,11 +57,15 @@ struct LoaderOptions {
   Sampling sampling = Sampling::Shuffle;  // used when shuffle is true
   int shard_rank = 0;                     // this rank, in [0, shard_count)
   int shard_count = 1;                    // ranks sharing each global batch
+  bool prefetch = false;                  // prepare the next batch on a thread while the step runs
 };
 
 class Loader {
  public:
   Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
+  ~Loader();
+  Loader(Loader&&) = default;
+  Loader& operator=(Loader&&) = default;
 
   // The next batch; when the current epoch is exhausted, moves to the next epoch first.
   Batch next();
@@ -73,6 +84,8 @@ class Loader {
   void set_position(LoaderPosition position);
   // Move to the start of `epoch` (e.g. for an evaluation pass).
   void start_epoch(int64_t epoch) { set_position({epoch, 0}); }
+  // Batches next() took from the background thread (prefetch), for tests and reports.
+  int64_t prefetched_batches() const { return prefetched_; }
 
   const Dataset& dataset() const { return *dataset_; }
   const LoaderOptions& options() const { return options_; }
@@ -87,6 +100,17 @@ class Loader {
   int64_t cached_epoch_ = -1;
   std::vector<int64_t> order_;  // (size) permutation (or bootstrap draws) for cached_epoch_
   int64_t last_global_items_ = 0;
+
+  // The batch being prepared in the background: where the loader stood before it and after it.
+  struct Prefetch {
+    LoaderPosition before, after;
+    int64_t global_items = 0;
+    std::future<Batch> batch;
+  };
+  void start_prefetch();
+  void discard_prefetch();
+  std::optional<Prefetch> pending_;
+  int64_t prefetched_ = 0;
 };
 
 }  // namespace ration::data

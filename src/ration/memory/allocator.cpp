@@ -23,56 +23,90 @@
 namespace ration::memory {
 namespace {
 
-std::mutex g_mu;
-Stats g_stats;
-// g_stats.current_bytes, mirrored for the machine-size check so that it takes no lock per allocation.
-std::atomic<int64_t> g_held_bytes{0};
-int64_t g_interval_peak = 0;  // device bytes high-water since the last take_interval_peak()
+// The counters. The hot path (every allocation and free) takes no global lock: one atomic add on the
+// total, one on the category, one on the device total (everything but Category::Data), and a
+// compare-exchange maximum on each's peak. The totals are exact: each fetch_add returns one point of a
+// single sequence of totals, and the peak is the maximum over that sequence. The breakdown at the peak
+// (Stats::at_peak) is copied under g_peak_mu only when an allocation sets a new peak.
+struct Counters {
+  std::atomic<int64_t> current{0}, peak{0}, allocations{0};
+  std::atomic<int64_t> device_current{0}, device_peak{0}, interval_peak{0};  // device: all but Category::Data
+  std::array<std::atomic<int64_t>, kNumCategories> cat_current{}, cat_peak{}, at_peak{};
+};
+Counters g_counters;
+std::mutex g_peak_mu;  // the at_peak copy and reset_peak
 bool g_installed = false;
 thread_local Category t_category = Category::Other;
 
-void account(int64_t delta, Category c) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  const int ci = static_cast<int>(c);
-  g_stats.current_bytes += delta;
-  g_held_bytes.store(g_stats.current_bytes, std::memory_order_relaxed);
-  g_stats.current[ci] += delta;
-  if (delta > 0) {
-    ++g_stats.allocations;
-    if (g_stats.current[ci] > g_stats.peak[ci]) g_stats.peak[ci] = g_stats.current[ci];
-    if (g_stats.current_bytes > g_stats.peak_bytes) {
-      g_stats.peak_bytes = g_stats.current_bytes;
-      g_stats.at_peak = g_stats.current;
-    }
-    g_interval_peak = std::max(g_interval_peak, device_current_bytes(g_stats));
+void raise_to(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t seen = peak.load(std::memory_order_relaxed);
+  while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
 }
 
-// Live allocations by address. ATen's raw_allocate() requires DataPtr context == data pointer, so
-// the per-allocation record lives here rather than in the context.
+// Raises the total's peak to `now`; true when this call set a new peak.
+bool raise_total(int64_t now) {
+  int64_t seen = g_counters.peak.load(std::memory_order_relaxed);
+  while (now > seen) {
+    if (g_counters.peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) return true;
+  }
+  return false;
+}
+
+void account(int64_t delta, Category c) {
+  Counters& k = g_counters;
+  const int ci = static_cast<int>(c);
+  const int64_t now = k.current.fetch_add(delta, std::memory_order_relaxed) + delta;
+  const int64_t cat_now = k.cat_current[ci].fetch_add(delta, std::memory_order_relaxed) + delta;
+  const int64_t dev_now = c == Category::Data ? k.device_current.load(std::memory_order_relaxed)
+                                              : k.device_current.fetch_add(delta, std::memory_order_relaxed) + delta;
+  if (delta <= 0) return;
+  k.allocations.fetch_add(1, std::memory_order_relaxed);
+  raise_to(k.cat_peak[ci], cat_now);
+  raise_to(k.interval_peak, dev_now);
+  raise_to(k.device_peak, dev_now);
+  if (raise_total(now)) {
+    std::lock_guard<std::mutex> lock(g_peak_mu);
+    if (k.peak.load(std::memory_order_relaxed) == now)
+      for (int i = 0; i < kNumCategories; ++i)
+        k.at_peak[i].store(k.cat_current[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+}
+
+// Live allocations by address, in shards with a lock each (so frees and allocations on different
+// threads rarely meet). ATen's raw_allocate() requires DataPtr context == data pointer, so the
+// per-allocation record lives here rather than in the context.
 struct Block {
   c10::DataPtr inner;  // the base allocator's pointer; destroying it frees the memory
   int64_t size;
   Category category;
 };
-std::unordered_map<void*, Block>& blocks() {
-  static auto* map = new std::unordered_map<void*, Block>();
-  return *map;
+struct Shard {
+  std::mutex mu;
+  std::unordered_map<void*, Block> blocks;
+};
+constexpr int kShards = 64;
+Shard& shard_of(const void* ptr) {
+  static auto* shards = new std::array<Shard, kShards>();
+  const auto h = (reinterpret_cast<uintptr_t>(ptr) >> 6) * 0x9E3779B97F4A7C15ull;
+  return (*shards)[h >> 58];
 }
 
 void delete_block(void* ptr) {
   c10::DataPtr inner;
+  int64_t size = 0;
+  Category c = Category::Other;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto it = blocks().find(ptr);
-    if (it == blocks().end()) return;
+    Shard& shard = shard_of(ptr);
+    std::lock_guard<std::mutex> lock(shard.mu);
+    auto it = shard.blocks.find(ptr);
+    if (it == shard.blocks.end()) return;
     inner = std::move(it->second.inner);
-    const int64_t size = it->second.size;
-    const Category c = it->second.category;
-    blocks().erase(it);
-    g_stats.current_bytes -= size;
-    g_stats.current[static_cast<int>(c)] -= size;
+    size = it->second.size;
+    c = it->second.category;
+    shard.blocks.erase(it);
   }
+  account(-size, c);
   // `inner` frees the memory here, outside the lock.
 }
 
@@ -92,7 +126,7 @@ int64_t machine_memory_bytes() {
 void refuse_beyond_machine(int64_t n) {
   const int64_t machine = machine_memory_bytes();
   if (machine <= 0) return;
-  const int64_t held = g_held_bytes.load(std::memory_order_relaxed);
+  const int64_t held = g_counters.current.load(std::memory_order_relaxed);
   RATION_CHECK(held + n <= machine, "allocating ", format_bytes(n), " (", to_string(t_category), ") on top of the ",
                format_bytes(held), " ration holds needs more than this machine's ", format_bytes(machine),
                " of memory; hint: lower the model sizes (model.n_embd, hidden sizes, n_layer) or train.batch_size");
@@ -118,8 +152,9 @@ class CountingAllocator final : public c10::Allocator {
     if (ptr == nullptr) return inner;  // zero-size allocation
     const Category c = t_category;
     {
-      std::lock_guard<std::mutex> lock(g_mu);
-      blocks().emplace(ptr, Block{std::move(inner), static_cast<int64_t>(n), c});
+      Shard& shard = shard_of(ptr);
+      std::lock_guard<std::mutex> lock(shard.mu);
+      shard.blocks.emplace(ptr, Block{std::move(inner), static_cast<int64_t>(n), c});
     }
     account(static_cast<int64_t>(n), c);
     return {ptr, ptr, &delete_block, device};
@@ -151,7 +186,8 @@ const char* to_string(Category c) {
 
 void install_counting_allocator() {
   static CountingAllocator* allocator = nullptr;
-  std::lock_guard<std::mutex> lock(g_mu);
+  static std::mutex install_mu;
+  std::lock_guard<std::mutex> lock(install_mu);
   if (allocator == nullptr) {
     allocator = new CountingAllocator(c10::GetDefaultCPUAllocator());
     // Priority above the default so later default registrations do not replace it.
@@ -163,31 +199,41 @@ void install_counting_allocator() {
 bool counting_allocator_installed() { return g_installed; }
 
 Stats stats() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_stats;
+  const Counters& k = g_counters;
+  Stats s;
+  std::lock_guard<std::mutex> lock(g_peak_mu);  // at_peak consistent with peak
+  s.current_bytes = k.current.load(std::memory_order_relaxed);
+  s.peak_bytes = k.peak.load(std::memory_order_relaxed);
+  s.allocations = k.allocations.load(std::memory_order_relaxed);
+  s.device_peak = k.device_peak.load(std::memory_order_relaxed);
+  for (int i = 0; i < kNumCategories; ++i) {
+    s.current[i] = k.cat_current[i].load(std::memory_order_relaxed);
+    s.peak[i] = k.cat_peak[i].load(std::memory_order_relaxed);
+    s.at_peak[i] = k.at_peak[i].load(std::memory_order_relaxed);
+  }
+  return s;
 }
 
-int64_t device_peak_bytes(const Stats& s) { return s.peak_bytes - s.at_peak[static_cast<int>(Category::Data)]; }
+int64_t device_peak_bytes(const Stats& s) { return s.device_peak; }
 int64_t device_current_bytes(const Stats& s) { return s.current_bytes - s.current[static_cast<int>(Category::Data)]; }
 
 int64_t take_interval_peak() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  const int64_t now = device_current_bytes(g_stats);
-  const int64_t peak = std::max(g_interval_peak, now);
-  g_interval_peak = now;
-  return peak;
+  const int64_t now = g_counters.device_current.load(std::memory_order_relaxed);
+  return std::max(g_counters.interval_peak.exchange(now, std::memory_order_relaxed), now);
 }
 
-int64_t current_bytes() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_stats.current_bytes;
-}
+int64_t current_bytes() { return g_counters.current.load(std::memory_order_relaxed); }
 
 void reset_peak() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_stats.peak_bytes = g_stats.current_bytes;
-  g_stats.at_peak = g_stats.current;
-  g_stats.peak = g_stats.current;
+  Counters& k = g_counters;
+  std::lock_guard<std::mutex> lock(g_peak_mu);
+  k.peak.store(k.current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  k.device_peak.store(k.device_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  for (int i = 0; i < kNumCategories; ++i) {
+    const int64_t c = k.cat_current[i].load(std::memory_order_relaxed);
+    k.at_peak[i].store(c, std::memory_order_relaxed);
+    k.cat_peak[i].store(c, std::memory_order_relaxed);
+  }
 }
 
 Stats device_stats(const at::Device& device) {
@@ -199,6 +245,7 @@ Stats device_stats(const at::Device& device) {
     constexpr size_t agg = 0;  // StatType::AGGREGATE in every version (the enum moved namespaces in 2.5)
     out.current_bytes = s.allocated_bytes[agg].current;
     out.peak_bytes = s.allocated_bytes[agg].peak;
+    out.device_peak = out.peak_bytes;
     out.allocations = s.allocation[agg].allocated;
     return out;
   }
@@ -214,24 +261,37 @@ Category category_of(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return Category::Other;
   const c10::DataPtr& dp = t.storage().data_ptr();
   if (dp.get_deleter() != &delete_block) return Category::Other;
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = blocks().find(dp.get());
-  return it == blocks().end() ? Category::Other : it->second.category;
+  Shard& shard = shard_of(dp.get());
+  std::lock_guard<std::mutex> lock(shard.mu);
+  auto it = shard.blocks.find(dp.get());
+  return it == shard.blocks.end() ? Category::Other : it->second.category;
 }
 
 void retag(const at::Tensor& t, Category c) {
   if (!t.defined() || !t.has_storage()) return;
   const c10::DataPtr& dp = t.storage().data_ptr();
   if (dp.get_deleter() != &delete_block) return;
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = blocks().find(dp.get());
-  if (it == blocks().end() || it->second.category == c) return;
-  Block& block = it->second;
-  g_stats.current[static_cast<int>(block.category)] -= block.size;
-  g_stats.current[static_cast<int>(c)] += block.size;
-  const int ci = static_cast<int>(c);
-  if (g_stats.current[ci] > g_stats.peak[ci]) g_stats.peak[ci] = g_stats.current[ci];
-  block.category = c;
+  int64_t size = 0;
+  Category from = c;
+  {
+    Shard& shard = shard_of(dp.get());
+    std::lock_guard<std::mutex> lock(shard.mu);
+    auto it = shard.blocks.find(dp.get());
+    if (it == shard.blocks.end() || it->second.category == c) return;
+    size = it->second.size;
+    from = it->second.category;
+    it->second.category = c;
+  }
+  Counters& k = g_counters;
+  k.cat_current[static_cast<int>(from)].fetch_sub(size, std::memory_order_relaxed);
+  raise_to(k.cat_peak[static_cast<int>(c)],
+           k.cat_current[static_cast<int>(c)].fetch_add(size, std::memory_order_relaxed) + size);
+  if (from == Category::Data) {
+    const int64_t dev_now = k.device_current.fetch_add(size, std::memory_order_relaxed) + size;
+    raise_to(k.interval_peak, dev_now);
+    raise_to(k.device_peak, dev_now);
+  }
+  if (c == Category::Data) k.device_current.fetch_sub(size, std::memory_order_relaxed);
 }
 
 std::string format_bytes(int64_t bytes) {

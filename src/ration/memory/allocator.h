@@ -2,6 +2,8 @@
 // Owns: byte counters per category, current and peak, and the breakdown at the moment of the peak.
 // Every allocation is tagged with the category active on its thread (CategoryGuard); retag() moves an
 // existing storage to another category (a gradient stolen from backward, a value saved for backward).
+// Cost: no global lock per allocation — atomic counters (exact totals and peaks) and a sharded map of
+// live blocks; the breakdown at the peak is copied under a lock only when an allocation sets a new peak.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -31,6 +33,7 @@ struct Stats {
   std::array<int64_t, kNumCategories> current{};  // by category, now
   std::array<int64_t, kNumCategories> at_peak{};  // by category, when the peak was reached
   std::array<int64_t, kNumCategories> peak{};     // each category's own peak
+  int64_t device_peak = 0;  // peak of everything but Category::Data (its own maximum, not read off the total's)
 };
 
 // Replace ATen's CPU allocator with the counting one (idempotent). Tensors allocated before this
@@ -40,7 +43,7 @@ bool counting_allocator_installed();
 
 Stats stats();
 // Device memory in the budget's sense: everything counted except Category::Data, the dataset a loader
-// keeps in host memory (batches cut from it are workspace and do count).
+// keeps in host memory and the batches it cuts from it (a batch prefetched during a step included).
 int64_t device_peak_bytes(const Stats& s);
 int64_t device_current_bytes(const Stats& s);
 void reset_peak();  // peak := current (per category too)

@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "ration/core/check.h"
+#include "ration/core/compute_threads.h"
+#include "ration/train/op_profile.h"
 #include "ration/core/node.h"
 #include "ration/data/ctr_data.h"
 #include "ration/data/ctr_synthetic.h"
@@ -215,7 +217,7 @@ Setup build_setup(Config config) {
   RATION_CHECK(s.batch_size > 0, cfg.origin(), ": train.batch_size must be a positive integer, got ", s.batch_size);
   const int64_t threads = cfg.get_int("train.threads", std::max(1u, std::thread::hardware_concurrency()));
   RATION_CHECK(threads > 0, cfg.origin(), ": train.threads must be >= 1");
-  at::set_num_threads(static_cast<int>(threads));
+  set_compute_threads(static_cast<int>(threads));  // ATen and OpenBLAS together
   at::manual_seed(s.seed);
   manual_seed(s.seed);
 
@@ -452,6 +454,10 @@ class TrainingRun {
     plan_memory();
     attach_reducer();
     if (options_.observer) options_.observer->before_steps(runtime_, first_step_, total_steps_);
+    if (options_.profile_ops > 0) {
+      op_profile_ = std::make_unique<OpProfile>(1, options_.profile_ops);
+      runtime_.add_hook(op_profile_.get());
+    }
     for (; step_ < total_steps_; ++step_) {
       train_one_step();
       after_step_duties();
@@ -476,6 +482,10 @@ class TrainingRun {
     }
     if (!final_ckpt.empty()) progress_.note("checkpoint " + final_ckpt);
     nlohmann::json report = build_report(final_ckpt);
+    if (op_profile_) {
+      report["op_profile"] = op_profile_->to_json();
+      std::fprintf(options_.json ? stderr : stdout, "%s", op_profile_->table().c_str());
+    }
     if (!checkpoint_error.empty()) report["checkpoint_error"] = checkpoint_error;
     if (options_.observer) options_.observer->after_run(runtime_, report);
     write_report(report, checkpoint_error);
@@ -495,6 +505,7 @@ class TrainingRun {
     o.sampling = keys_.sampling;
     o.shard_rank = world_.rank();
     o.shard_count = world_.size();
+    o.prefetch = true;  // the next batch is prepared on a thread while the step runs (data/dataset.h)
     return o;
   }
   bool synchronizes() const { return world_.size() > 1 || keys_.dp.reducer.sync_every > 1; }
@@ -872,6 +883,7 @@ class TrainingRun {
   std::unique_ptr<dist::Liveness> liveness_;
   std::unique_ptr<dist::Reducer> reducer_;
   std::unique_ptr<ReducerHook> reducer_hook_;
+  std::unique_ptr<OpProfile> op_profile_;  // --profile-ops
   int64_t step_items_ = 0;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::WarmupCosine> schedule_;

@@ -41,6 +41,9 @@ struct TrainOptions {
   std::string report_path;             // empty: no file
   std::string resume;                  // checkpoint dir, or a run dir (follows latest)
   bool json = false;                   // quiet; the report goes to stdout
+  // > 0: profile this many steps (after the first) per op and per node (train/op_profile.h): the table is
+  // printed at the end (stderr with --json) and the report gets "op_profile".
+  int64_t profile_ops = 0;
   // Data parallel: the world to train in. Undefined (the default): joined from the environment when
   // WORLD_SIZE is set (torchrun-style variables, as `ration launch` sets them), else one process.
   dist::World world;

@@ -1,0 +1,444 @@
+// bench_peer.cpp — ration vs the model a PyTorch user would write, per model family, in one run.
+// Owns: the orchestration (repetitions interleaved ration / PyTorch, alternating which side goes first;
+//       identical thread settings: OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and the intra-op count given to
+//       both processes), the ration worker (one family's training steps through train::StepRuntime on a
+//       fixed batch: forward + backward + clip + optimiser, or forward + backward under a memory plan for
+//       the gpt budget curve), the table and the JSON.
+// Does not own: the PyTorch models (bench/peer_models.py, run by Debian's /usr/bin/python3), the
+//       planner, the model code.
+//
+// Each side runs in its own process (so each has its own counting allocator, thread pools and warm-up):
+//   bench_peer --worker ration --family F ...  (this binary again)
+//   /usr/bin/python3 bench/peer_models.py --family F ...
+// Medians over --steps steps after --warmup; the verdict per family is the ratio of the medians over the
+// repetitions (wall; CPU shown too). gpt budgets: ration's plan (knapsack) at fractions of the way from
+// the feasible minimum to the unconstrained peak, forward + backward only, against PyTorch plain and
+// per-block torch.utils.checkpoint (bench/peer_models.py --mode fwd-bwd / per-block), peaks above the
+// pre-step baseline measured by the same counting allocator (libration_memprobe.so in the peer).
+//
+// usage: bench_peer [--reps 3] [--steps 20] [--warmup 3] [--threads N] [--families mlp,cnn,gpt,lstm_lm]
+//                   [--no-budgets] [--fractions 0.75,0.5,0.25,0] [--json FILE]
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "ration/core/check.h"
+#include "ration/core/compute_threads.h"
+#include "ration/memory/allocator.h"
+#include "ration/memory/planner.h"
+#include "ration/optim/adamw.h"
+#include "ration/optim/sgd.h"
+#include "ration/train/step_runtime.h"
+#include "ration/train/trainer.h"
+
+using namespace ration;
+using nlohmann::json;
+
+namespace {
+using bench::median;
+
+struct Args {
+  int reps = 3, steps = 20, warmup = 3, threads = 0;  // threads 0: each family's train.threads
+  std::vector<std::string> families = {"mlp", "cnn", "gpt", "lstm_lm"};
+  bool budgets = true;
+  std::string json_path = "bench/results/bench_peer.json";
+  // worker
+  std::string worker, family, mode = "plain";
+  bool counting_allocator = true;  // worker: false measures the counting allocator's own cost
+  std::vector<double> fractions;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::string config_path(const std::string& family) { return std::string(RATION_SOURCE_DIR) + "/configs/" + family + ".toml"; }
+
+// The sizes bench/peer_models.py must use, read from the same config ration builds from.
+json peer_config(const std::string& family, int64_t batch, Config& cfg, const train::RunSettings& r) {
+  json c = {{"batch", batch}, {"optim", r.optimizer}, {"lr", r.lr}, {"weight_decay", r.weight_decay},
+            {"clip", r.clip_grad_norm}, {"dropout", cfg.get_double("model.dropout", 0.0)}};
+  if (r.optimizer == "sgd") {
+    c["momentum"] = r.momentum;
+    c["nesterov"] = r.nesterov;
+  }
+  if (family == "mlp") c["hidden"] = cfg.get_int_list("model.hidden", {});
+  if (family == "cnn") {
+    c["channels"] = cfg.get_int_list("model.channels", {});
+    c["fc_hidden"] = cfg.get_int("model.fc_hidden", 128);
+    c["kernel_size"] = cfg.get_int("model.kernel_size", 3);
+  }
+  if (family == "gpt") {
+    for (const char* k : {"n_layer", "n_head", "n_embd", "block_size"}) c[k] = cfg.get_int(std::string("model.") + k, 0);
+  }
+  if (family == "lstm_lm") {
+    for (const char* k : {"n_embd", "hidden_size", "n_layer"}) c[k] = cfg.get_int(std::string("model.") + k, 0);
+    c["seq_len"] = cfg.get_int("data.seq_len", 64);
+  }
+  return c;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const train::RunSettings& r, const optim::NamedParams& params) {
+  if (r.optimizer == "sgd") {
+    optim::SGDOptions o;
+    o.lr = r.lr;
+    o.momentum = r.momentum;
+    o.dampening = r.dampening;
+    o.weight_decay = r.weight_decay;
+    o.nesterov = r.nesterov;
+    return std::make_unique<optim::SGD>(params, o);
+  }
+  optim::AdamWOptions o;
+  o.lr = r.lr;
+  o.beta1 = r.beta1;
+  o.beta2 = r.beta2;
+  o.eps = r.eps;
+  o.weight_decay = r.weight_decay;
+  return std::make_unique<optim::AdamW>(params, o);
+}
+
+json threads_json() {
+  const ComputeThreads t = compute_threads();
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
+  return {{"aten", t.aten}, {"blas", t.blas}, {"blas_library", t.blas_library}, {"OMP_NUM_THREADS", omp ? omp : ""},
+          {"OPENBLAS_NUM_THREADS", blas ? blas : ""}};
+}
+
+struct Series {
+  std::vector<double> ms, cpu;
+  int64_t peak_above = 0;
+};
+
+Series run_steps(train::StepRuntime& rt, models::Model& model, const data::Batch& batch, train::StepOptions o, int warmup,
+                 int steps) {
+  Series s;
+  for (int i = 0; i < warmup + steps; ++i) {
+    o.seed = 100 + static_cast<uint64_t>(i);
+    const train::StepStats st = rt.measure_step(model, batch, o);
+    if (i < warmup) continue;
+    s.ms.push_back(st.ms);
+    s.cpu.push_back(st.cpu_ms);
+    s.peak_above = std::max(s.peak_above, st.peak_above_baseline());
+  }
+  return s;
+}
+
+// One ration process: plain training steps, or (mode "budgets") the gpt budget points.
+int worker(const Args& a) {
+  if (a.counting_allocator) memory::install_counting_allocator();
+  std::vector<std::string> overrides;
+  if (a.threads > 0) overrides.push_back("train.threads=" + std::to_string(a.threads));
+  train::Setup setup = train::build_setup(train::load_config(config_path(a.family), overrides));
+  Config& cfg = setup.config;
+  const train::RunSettings r = train::read_run_settings(cfg);
+  models::Model& model = *setup.model;
+  model.train();
+  const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
+  json out = {{"side", "ration"}, {"family", a.family}, {"mode", a.mode}, {"steps", a.steps}, {"warmup", a.warmup},
+              {"threads", threads_json()},
+              {"allocator", a.counting_allocator ? "counting" : "default"}};
+  if (a.mode == "plain") {
+    std::unique_ptr<optim::Optimizer> opt = make_optimizer(r, model.named_parameters());
+    train::StepRuntime rt;
+    train::StepOptions o;
+    o.optimizer = opt.get();
+    o.clip_grad_norm = r.clip_grad_norm;
+    const Series s = run_steps(rt, model, batch, o, a.warmup, a.steps);
+    out["step_ms_median"] = median(s.ms);
+    out["step_cpu_ms_median"] = median(s.cpu);
+    out["step_ms"] = s.ms;
+    out["peak_above_baseline_bytes"] = s.peak_above;
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  // budgets: forward + backward (gradients cleared), as the peer's fwd-bwd / per-block modes
+  train::StepRuntime planned;
+  const memory::StepProfile& profile = planned.profile(model, batch, 100);
+  memory::PlanOptions loose;
+  loose.budget_bytes = int64_t{1} << 40;
+  const memory::Plan full = memory::make_plan(profile, loose);
+  const int64_t hi = full.unconstrained_peak_bytes, lo = full.minimum_peak_bytes;
+  json points = json::array();
+  train::StepOptions o;
+  o.gradients = train::GradientsAfter::Cleared;
+  {
+    train::StepRuntime plain;
+    const Series s = run_steps(plain, model, batch, o, a.warmup, a.steps);
+    points.push_back({{"budget", "unconstrained"}, {"budget_bytes", hi}, {"predicted_peak_bytes", hi},
+                      {"step_ms_median", median(s.ms)}, {"step_cpu_ms_median", median(s.cpu)},
+                      {"peak_above_baseline_bytes", s.peak_above}});
+  }
+  for (double f : a.fractions) {
+    memory::PlanOptions po;
+    po.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
+    const memory::Plan& plan = planned.use_plan(memory::make_plan(profile, po));
+    const Series s = run_steps(planned, model, batch, o, a.warmup, a.steps);
+    char label[32];
+    std::snprintf(label, sizeof label, "%.2f", f);
+    points.push_back({{"budget", label}, {"budget_bytes", po.budget_bytes}, {"predicted_peak_bytes", plan.prediction.peak_bytes},
+                      {"step_ms_median", median(s.ms)}, {"step_cpu_ms_median", median(s.cpu)},
+                      {"peak_above_baseline_bytes", s.peak_above}});
+  }
+  out["baseline_bytes"] = profile.baseline_bytes;
+  out["points"] = points;
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  RATION_CHECK(f != nullptr, "bench_peer: cannot run ", cmd);
+  char buf[1 << 16];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  pclose(f);
+  return out;
+}
+
+json last_json_line(const std::string& text, const std::string& cmd) {
+  const size_t pos = text.rfind("\n{");
+  const size_t start = text.rfind('{', 0) == 0 && pos == std::string::npos ? 0 : pos + 1;
+  try {
+    return json::parse(text.substr(start));
+  } catch (const std::exception&) {
+    throw Error("bench_peer: no JSON result from: " + cmd + "\noutput:\n" + text);
+  }
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  RATION_CHECK(n > 0, "bench_peer: cannot read /proc/self/exe");
+  buf[n] = 0;
+  return buf;
+}
+
+int family_threads(const std::string& family, int forced) {
+  if (forced > 0) return forced;
+  Config cfg = Config::from_file(config_path(family));
+  return static_cast<int>(cfg.get_int("train.threads", 2));
+}
+
+int orchestrate(const Args& a) {
+  const std::string exe = self_exe();
+  const std::string peer = "/usr/bin/python3 " + std::string(RATION_SOURCE_DIR) + "/bench/peer_models.py";
+  const std::string probe = RATION_PROBE_PATH;
+  const std::vector<double> fractions = a.fractions.empty() ? std::vector<double>{0.75, 0.5, 0.25, 0.0} : a.fractions;
+  std::string fr;
+  for (double f : fractions) fr += (fr.empty() ? "" : ",") + std::to_string(f);
+
+  json runs = json::array();
+  for (int rep = 0; rep < a.reps; ++rep) {
+    for (const std::string& fam : a.families) {
+      const int t = family_threads(fam, a.threads);
+      const std::string env = "env OMP_NUM_THREADS=" + std::to_string(t) + " OPENBLAS_NUM_THREADS=" + std::to_string(t) + " ";
+      const std::string common = " --family " + fam + " --steps " + std::to_string(a.steps) + " --warmup " +
+                                 std::to_string(a.warmup) + " --threads " + std::to_string(t);
+      // The peer's sizes come from the same config (read here, passed as JSON).
+      train::Setup probe_setup;
+      json pc;
+      {
+        Config cfg = train::load_config(config_path(fam), {});
+        const train::RunSettings r = train::read_run_settings(cfg);
+        pc = peer_config(fam, cfg.get_int("train.batch_size", 64), cfg, r);
+      }
+      const std::string pconf = " --config '" + pc.dump() + "'";
+      std::vector<std::pair<std::string, std::string>> cmds = {
+          {"ration", env + exe + " --worker ration" + common},
+          {"pytorch", env + peer + common + pconf + " --probe " + probe}};
+      if (fam == "gpt" && a.budgets) {
+        cmds.push_back({"ration-budgets", env + exe + " --worker ration --mode budgets --fractions " + fr + common});
+        cmds.push_back({"pytorch-fwd-bwd", env + peer + common + pconf + " --mode fwd-bwd --probe " + probe});
+        cmds.push_back({"pytorch-per-block", env + peer + common + pconf + " --mode per-block --probe " + probe});
+      }
+      if (rep % 2 == 1) std::reverse(cmds.begin(), cmds.end());  // alternate who goes first
+      for (const auto& [side, cmd] : cmds) {
+        std::fprintf(stderr, "[rep %d] %s %s ...\n", rep + 1, fam.c_str(), side.c_str());
+        json r = last_json_line(run_command(cmd), cmd);
+        r["rep"] = rep + 1;
+        r["run"] = side;
+        if (r.contains("step_ms_median"))
+          std::fprintf(stderr, "         wall %.1f ms, cpu %.1f ms\n", r["step_ms_median"].get<double>(),
+                       r["step_cpu_ms_median"].get<double>());
+        runs.push_back(r);
+      }
+    }
+  }
+
+  // Summary: per family, medians over repetitions of each side's median.
+  json summary = json::object();
+  std::printf("\n%-8s %-28s %8s %8s %12s %12s   (threads: ATen = OpenBLAS = OMP)\n", "family", "side", "wall ms",
+              "cpu ms", "reps wall", "peak above");
+  auto pick = [&](const std::string& fam, const std::string& run) {
+    std::vector<const json*> v;
+    for (const auto& r : runs)
+      if (r["family"] == fam && r["run"] == run) v.push_back(&r);
+    return v;
+  };
+  bool all_ok = true;
+  for (const std::string& fam : a.families) {
+    json fs;
+    for (const char* run : {"ration", "pytorch"}) {
+      std::vector<double> w, c;
+      std::string reps;
+      int64_t peak = 0;
+      for (const json* r : pick(fam, run)) {
+        w.push_back((*r)["step_ms_median"].get<double>());
+        c.push_back((*r)["step_cpu_ms_median"].get<double>());
+        peak = std::max<int64_t>(peak, r->value("peak_above_baseline_bytes", int64_t{0}));
+        char b[16];
+        std::snprintf(b, sizeof b, "%s%.0f", reps.empty() ? "" : "/", w.back());
+        reps += b;
+      }
+      fs[run] = {{"wall_ms_median", median(w)}, {"cpu_ms_median", median(c)}, {"wall_ms_reps", w}, {"cpu_ms_reps", c},
+                 {"peak_above_baseline_bytes", peak}};
+      std::printf("%-8s %-28s %8.1f %8.1f %12s %12s\n", fam.c_str(), run, median(w), median(c), reps.c_str(),
+                  memory::format_bytes(peak).c_str());
+    }
+    const double ratio = fs["ration"]["wall_ms_median"].get<double>() / fs["pytorch"]["wall_ms_median"].get<double>();
+    const double cratio = fs["ration"]["cpu_ms_median"].get<double>() / fs["pytorch"]["cpu_ms_median"].get<double>();
+    fs["ratio_wall"] = ratio;
+    fs["ratio_cpu"] = cratio;
+    fs["threads"] = family_threads(fam, a.threads);
+    fs["met"] = ratio <= 1.0;
+    all_ok = all_ok && ratio <= 1.0;
+    std::printf("%-8s ration / pytorch: wall %.3fx, cpu %.3fx  (threads %d)  %s\n", fam.c_str(), ratio, cratio,
+                family_threads(fam, a.threads), ratio <= 1.0 ? "ok" : "SLOWER");
+    summary[fam] = fs;
+  }
+
+  // gpt budgets: each ration point against the fastest PyTorch mode whose peak is at or below its own.
+  json budget_rows = json::array();
+  if (a.budgets && std::find(a.families.begin(), a.families.end(), "gpt") != a.families.end()) {
+    std::map<std::string, std::vector<double>> w, c;
+    std::map<std::string, int64_t> peak, predicted, budget;
+    std::vector<std::string> order;
+    for (const json* r : pick("gpt", "ration-budgets"))
+      for (const auto& p : (*r)["points"]) {
+        const std::string b = p["budget"];
+        if (!w.count(b)) order.push_back(b);
+        w[b].push_back(p["step_ms_median"]);
+        c[b].push_back(p["step_cpu_ms_median"]);
+        peak[b] = std::max<int64_t>(peak[b], p["peak_above_baseline_bytes"].get<int64_t>());
+        predicted[b] = p["predicted_peak_bytes"];
+        budget[b] = p["budget_bytes"];
+      }
+    struct PeerMode {
+      std::string name;
+      double wall, cpu;
+      int64_t peak;
+    };
+    std::vector<PeerMode> modes;
+    for (const char* m : {"pytorch-fwd-bwd", "pytorch-per-block"}) {
+      std::vector<double> pw, pcpu;
+      int64_t pk = 0;
+      for (const json* r : pick("gpt", m)) {
+        pw.push_back((*r)["step_ms_median"]);
+        pcpu.push_back((*r)["step_cpu_ms_median"]);
+        pk = std::max<int64_t>(pk, (*r)["peak_above_baseline_bytes"].get<int64_t>());
+      }
+      if (!pw.empty()) modes.push_back({m, median(pw), median(pcpu), pk});
+    }
+    std::printf("\ngpt forward+backward under a budget (knapsack plan; fraction of the way from the feasible minimum "
+                "to the unconstrained peak)\n%-13s %11s %11s %12s %8s %8s   %-18s %12s %8s %8s %s\n",
+                "budget", "bytes", "predicted", "peak above", "wall ms", "cpu ms", "pytorch peer", "peak above",
+                "wall ms", "cpu ms", "verdict");
+    for (const auto& pm : modes)
+      std::printf("%-13s %11s %11s %12s %8s %8s   %-18s %12s %8.1f %8.1f\n", "", "", "", "", "", "", pm.name.c_str(),
+                  memory::format_bytes(pm.peak).c_str(), pm.wall, pm.cpu);
+    for (const std::string& b : order) {
+      // The PyTorch option a user would pick at this memory: the fastest mode whose peak fits under ours.
+      const PeerMode* best = nullptr;
+      for (const auto& pm : modes)
+        if (pm.peak <= peak[b] && (!best || pm.wall < best->wall)) best = &pm;
+      const double rw = median(w[b]), rc = median(c[b]);
+      std::string verdict = "PyTorch has no mode this small: ration only";
+      bool ok = true;
+      if (best) {
+        ok = rw <= best->wall;
+        char v[96];
+        std::snprintf(v, sizeof v, "%.3fx wall %s", rw / best->wall, ok ? "ok" : "SLOWER");
+        verdict = v;
+      }
+      all_ok = all_ok && ok;
+      std::printf("%-13s %11s %11s %12s %8.1f %8.1f   %-18s %12s %8s %8s %s\n", b.c_str(),
+                  memory::format_bytes(budget[b]).c_str(), memory::format_bytes(predicted[b]).c_str(),
+                  memory::format_bytes(peak[b]).c_str(), rw, rc, best ? best->name.c_str() : "-",
+                  best ? memory::format_bytes(best->peak).c_str() : "-", "", "", verdict.c_str());
+      budget_rows.push_back({{"budget", b}, {"budget_bytes", budget[b]}, {"predicted_peak_bytes", predicted[b]},
+                             {"peak_above_baseline_bytes", peak[b]}, {"wall_ms_median", rw}, {"cpu_ms_median", rc},
+                             {"wall_ms_reps", w[b]}, {"peer", best ? json(best->name) : json(nullptr)},
+                             {"peer_wall_ms_median", best ? json(best->wall) : json(nullptr)},
+                             {"peer_peak_above_baseline_bytes", best ? json(best->peak) : json(nullptr)}, {"met", ok}});
+    }
+    json peer_modes = json::array();
+    for (const auto& pm : modes)
+      peer_modes.push_back({{"mode", pm.name}, {"wall_ms_median", pm.wall}, {"cpu_ms_median", pm.cpu},
+                            {"peak_above_baseline_bytes", pm.peak}});
+    summary["gpt_budgets"] = {{"points", budget_rows}, {"peer_modes", peer_modes}};
+  }
+  std::printf("\nall targets met: %s\n", all_ok ? "yes" : "no");
+  summary["all_met"] = all_ok;
+
+  const auto slash = a.json_path.find_last_of('/');
+  if (slash != std::string::npos) std::system(("mkdir -p " + a.json_path.substr(0, slash)).c_str());
+  std::ofstream(a.json_path) << json{{"benchmark", "bench_peer"}, {"reps", a.reps}, {"steps", a.steps},
+                                     {"warmup", a.warmup}, {"summary", summary}, {"runs", runs}}
+                                    .dump(2)
+                             << "\n";
+  std::printf("wrote %s\n", a.json_path.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string s = argv[i];
+      auto next = [&]() -> std::string {
+        RATION_CHECK(i + 1 < argc, "bench_peer: ", s, " needs a value");
+        return argv[++i];
+      };
+      if (s == "--reps") a.reps = std::stoi(next());
+      else if (s == "--steps") a.steps = std::stoi(next());
+      else if (s == "--warmup") a.warmup = std::stoi(next());
+      else if (s == "--threads") a.threads = std::stoi(next());
+      else if (s == "--families") a.families = split(next(), ',');
+      else if (s == "--no-budgets") a.budgets = false;
+      else if (s == "--default-allocator") a.counting_allocator = false;
+      else if (s == "--json") a.json_path = next();
+      else if (s == "--worker") a.worker = next();
+      else if (s == "--family") a.family = next();
+      else if (s == "--mode") a.mode = next();
+      else if (s == "--fractions") {
+        for (const auto& f : split(next(), ',')) a.fractions.push_back(std::stod(f));
+      } else
+        throw Error("bench_peer: unknown argument " + s +
+                    " (expected --reps N --steps N --warmup N --threads N --families a,b --no-budgets "
+                    "--fractions f,g --json FILE)");
+    }
+    return a.worker.empty() ? orchestrate(a) : worker(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
