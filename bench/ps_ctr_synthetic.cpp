@@ -58,8 +58,8 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
   }
   std::vector<Variant> variants = {
-      {"first (ps.lr 0.05, 1 epoch)", {"ps.lr=0.05"}},
-      {"config (configs/ctr.toml)", {}},
+      {"1 epoch", {"train.steps=0", "train.epochs=1", "train.eval_every=0"}},
+      {"2 epochs", {"train.steps=0", "train.epochs=2", "train.eval_every=0"}},
   };
   if (!extra.empty()) variants = {{"--set", {}}};
   nlohmann::json rows = nlohmann::json::array();

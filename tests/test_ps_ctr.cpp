@@ -154,6 +154,7 @@ std::unique_ptr<models::Ctr> train_fifty(const ps::ClientOptions& client, bool p
   o.table.optimizer.kind = ps::OptimizerKind::Adagrad;
   o.table.optimizer.lr = 0.1f;
   o.table.seed = 7;
+  at::manual_seed(11);  // the dense layers' initial values
   manual_seed(11);
   auto model = std::make_unique<models::Ctr>(o);
   optim::AdamWOptions ao;

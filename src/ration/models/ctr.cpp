@@ -129,6 +129,12 @@ void Ctr::prefetch(const data::Batch& next) {
     tables.push_back(table_name(f));
   }
   p->pushed.resize(static_cast<size_t>(options.num_fields));
+  // At most two in flight (this step's and the next one's): an older one was for a batch never trained.
+  while (prefetches_.size() >= 2) {
+    if (prefetches_.front()->rows.valid()) prefetches_.front()->rows.wait();
+    prefetches_.pop_front();
+    ++counts_.discarded;
+  }
   // The thread reads only its own copies (the ids tensors are never written) and the client, whose
   // pull is safe beside pushes; rows a push of this step changes are pulled again on collection.
   p->rows = std::async(std::launch::async, [client = client_, ids = p->ids, tables] {
@@ -159,13 +165,16 @@ std::vector<ps::PulledRows> Ctr::take_prefetch(const data::Batch& batch) {
       if (!same_ids(p.ids[f], batch.sparse[f].ids)) return false;
     return true;
   };
-  // Prefetches for batches that were not trained (the oldest first) are dropped.
-  while (!prefetches_.empty() && !matches(*prefetches_.front())) {
+  // The first step has no prefetch of its own (the pending one is for the next batch): pull as usual.
+  size_t k = 0;
+  while (k < prefetches_.size() && !matches(*prefetches_[k])) ++k;
+  if (k == prefetches_.size()) return {};
+  // Prefetches before the match were for batches that were not trained: dropped.
+  for (size_t i = 0; i < k; ++i) {
     if (prefetches_.front()->rows.valid()) prefetches_.front()->rows.wait();
     prefetches_.pop_front();
     ++counts_.discarded;
   }
-  if (prefetches_.empty()) return {};
   std::unique_ptr<Prefetch> p = std::move(prefetches_.front());
   prefetches_.pop_front();
   std::vector<ps::PulledRows> pulled = p->rows.get();  // rethrows a failed pull (naming the endpoint)
