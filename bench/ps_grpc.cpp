@@ -1,6 +1,7 @@
 // bench_ps_grpc — the parameter server over gRPC on loopback: rows/s and p50/p99 latency of 4096-id
 // pulls and pushes (dim 16 and 64) against the embedded shard (same requests, no network) in the same
-// run; then trainer steps/s of configs/ctr.toml embedded vs 1 and 2 remote shards (servers in this
+// run; then trainer steps/s of configs/ctr.toml embedded vs 1 and 2 remote shards, each with and without
+// the next batch's pull overlapped with the step (ps.prefetch), 3 interleaved repetitions (servers in this
 // process on 127.0.0.1, so they share its 2 cores with the trainer, as they would on one machine).
 // Usage: bench_ps_grpc [--quick] [--json OUT] [--config configs/ctr.toml]
 #include <nlohmann/json.hpp>
@@ -98,33 +99,64 @@ int main(int argc, char** argv) {
   }
   report["rpc"] = rpc;
 
-  // Trainer steps/s: embedded vs 1 and 2 remote shards (the same run otherwise).
+  // Trainer steps/s: embedded vs 1 and 2 remote shards, each with the next batch's pull overlapped with
+  // the step (ps.prefetch, the default) and without; repetitions interleaved, medians reported.
   const int64_t steps = quick ? 20 : 60;
-  nlohmann::json trainer = nlohmann::json::array();
-  std::printf("\n%-22s %12s %12s %12s\n", "trainer", "step ms", "samples/s", "pull ms");
-  for (int shards : {0, 1, 2}) {
-    std::vector<std::unique_ptr<ration::ps::PsServer>> servers;
-    std::string endpoints;
-    for (int s = 0; s < shards; ++s) {
-      ration::ps::ServeOptions so;
-      so.listen = "127.0.0.1:0";
-      so.shard = {static_cast<uint32_t>(s), static_cast<uint32_t>(shards)};
-      servers.push_back(std::make_unique<ration::ps::PsServer>(so));
-      endpoints += (s ? "," : "") + std::string("127.0.0.1:") + std::to_string(servers.back()->port());
+  const int reps = quick ? 1 : 3;
+  struct Setup {
+    int shards;
+    bool prefetch;
+    std::vector<double> step_ms, samples_per_s, pull_ms, wait_ms;
+    nlohmann::json last_ps;
+  };
+  std::vector<Setup> setups;
+  for (int shards : {0, 1, 2})
+    for (bool prefetch : {false, true}) setups.push_back({shards, prefetch, {}, {}, {}, {}, {}});
+  for (int rep = 0; rep < reps; ++rep) {
+    for (Setup& su : setups) {
+      std::vector<std::unique_ptr<ration::ps::PsServer>> servers;
+      std::string endpoints;
+      for (int s = 0; s < su.shards; ++s) {
+        ration::ps::ServeOptions so;
+        so.listen = "127.0.0.1:0";
+        so.shard = {static_cast<uint32_t>(s), static_cast<uint32_t>(su.shards)};
+        servers.push_back(std::make_unique<ration::ps::PsServer>(so));
+        endpoints += (s ? "," : "") + std::string("127.0.0.1:") + std::to_string(servers.back()->port());
+      }
+      ration::train::TrainOptions t;
+      t.config_path = config;
+      t.json = true;
+      t.steps = steps;
+      t.overrides = {"train.checkpoint_dir=", "train.eval_every=0", "train.threads=1", "data.eval_samples=2000",
+                     std::string("ps.prefetch=") + (su.prefetch ? "true" : "false")};
+      if (su.shards > 0) t.overrides.push_back("ps.endpoints=" + endpoints);
+      const auto r = ration::train::run_training(t);
+      su.step_ms.push_back(r["time"]["step_ms_median"].get<double>());
+      su.samples_per_s.push_back(r["time"]["items_per_second"].get<double>());
+      su.pull_ms.push_back(r["ps"]["pull_ms"].get<double>());
+      su.wait_ms.push_back(r["ps"]["pull_wait_ms"].get<double>());
+      su.last_ps = r["ps"];
     }
-    ration::train::TrainOptions t;
-    t.config_path = config;
-    t.json = true;
-    t.steps = steps;
-    t.overrides = {"train.checkpoint_dir=", "train.eval_every=0", "train.threads=1", "data.eval_samples=2000"};
-    if (shards > 0) t.overrides.push_back("ps.endpoints=" + endpoints);
-    const auto r = ration::train::run_training(t);
-    const std::string name = shards == 0 ? "embedded (2 shards)" : std::to_string(shards) + " remote shard(s)";
-    const double step_ms = r["time"]["step_ms_median"].get<double>();
-    std::printf("%-22s %12.2f %12.0f %12.3f\n", name.c_str(), step_ms, r["time"]["items_per_second"].get<double>(),
-                r["ps"]["pull_ms"].get<double>());
-    trainer.push_back({{"setup", name}, {"step_ms_median", step_ms},
-                       {"samples_per_s", r["time"]["items_per_second"]}, {"ps", r["ps"]}});
+  }
+  nlohmann::json trainer = nlohmann::json::array();
+  std::printf("\n%-22s %-9s %12s %12s %12s %14s\n", "trainer", "prefetch", "step ms", "samples/s", "pull ms",
+              "pull wait ms");
+  for (const Setup& su : setups) {
+    const std::string name = su.shards == 0 ? "embedded (2 shards)" : std::to_string(su.shards) + " remote shard(s)";
+    const double step_ms = percentile(su.step_ms, 0.5);
+    std::printf("%-22s %-9s %12.2f %12.0f %12.3f %14.3f\n", name.c_str(), su.prefetch ? "on" : "off", step_ms,
+                percentile(su.samples_per_s, 0.5), percentile(su.pull_ms, 0.5),
+                su.prefetch ? percentile(su.wait_ms, 0.5) : percentile(su.pull_ms, 0.5));
+    trainer.push_back({{"setup", name}, {"prefetch", su.prefetch}, {"step_ms_median", step_ms},
+                       {"step_ms_reps", su.step_ms}, {"samples_per_s", percentile(su.samples_per_s, 0.5)},
+                       {"ps", su.last_ps}});
+  }
+  for (int shards : {0, 1, 2}) {
+    const double off = percentile(setups[static_cast<size_t>(shards * 2)].step_ms, 0.5);
+    const double on = percentile(setups[static_cast<size_t>(shards * 2 + 1)].step_ms, 0.5);
+    std::printf("%s: prefetch step time %.2f -> %.2f ms (%.1f%% less)\n",
+                shards == 0 ? "embedded" : (std::to_string(shards) + " remote").c_str(), off, on,
+                100.0 * (off - on) / off);
   }
   report["trainer"] = trainer;
   std::ofstream(out) << report.dump(2) << "\n";

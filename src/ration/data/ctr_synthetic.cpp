@@ -109,7 +109,7 @@ CtrSynthetic::Sample CtrSynthetic::sample(int64_t g) const {
       const int64_t rank = std::min<int64_t>(n, std::max<int64_t>(1, static_cast<int64_t>(r)));
       const int64_t id = permute(static_cast<int64_t>(f), (rank - 1 + shift) % n);
       s.bags[f].push_back(id);
-      wsum += options_.weight_scale * normal(key(seed, kWeight, f, static_cast<uint64_t>(id)));
+      wsum += weight(static_cast<int64_t>(f), id);
     }
     if (k > 0) s.logit += wsum / static_cast<double>(k);
   }
@@ -119,6 +119,30 @@ CtrSynthetic::Sample CtrSynthetic::sample(int64_t g) const {
     s.logit += 0.5 * normal(key(seed, kDenseWeight, static_cast<uint64_t>(d))) * x;
   }
   return s;
+}
+
+double CtrSynthetic::weight(int64_t field, int64_t id) const {
+  return options_.weight_scale * normal(key(options_.seed, kWeight, static_cast<uint64_t>(field), static_cast<uint64_t>(id)));
+}
+
+double CtrSynthetic::planted_probability_knowing(int64_t index,
+                                                 const std::function<bool(int64_t, int64_t)>& known) const {
+  const Sample s = sample(global_index(index));
+  double logit = s.logit;
+  for (size_t f = 0; f < s.bags.size(); ++f) {
+    const auto& bag = s.bags[f];
+    double unknown = 0;
+    for (int64_t id : bag)
+      if (!known(static_cast<int64_t>(f), id)) unknown += weight(static_cast<int64_t>(f), id);
+    if (!bag.empty()) logit -= unknown / static_cast<double>(bag.size());
+  }
+  return 1.0 / (1.0 + std::exp(-(logit + bias_)));
+}
+
+std::vector<int64_t> CtrSynthetic::ids_of(int64_t index, int64_t field) const {
+  RATION_CHECK(index >= 0 && index < size() && field >= 0 && field < num_fields(), "synthetic_ctr: sample ", index,
+               " field ", field, " out of range");
+  return sample(global_index(index)).bags[static_cast<size_t>(field)];
 }
 
 double CtrSynthetic::planted_probability(int64_t index) const {

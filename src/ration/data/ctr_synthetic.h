@@ -15,6 +15,7 @@
 // the mean click probability over the training samples' first 20000 is click_rate.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,11 @@ class CtrSynthetic : public Dataset {
 
   // The planted model's click probability of sample `index` of this split (for its AUC).
   double planted_probability(int64_t index) const;
+  // The same when only the ids `known(field, id)` keep their planted weight and every other id counts
+  // 0 (the weights' mean): the ceiling of a learner that knows exactly the weights of the ids it saw.
+  double planted_probability_knowing(int64_t index, const std::function<bool(int64_t, int64_t)>& known) const;
+  // Every id of `field` in sample `index` of this split (all its bags' ids, repeats included).
+  std::vector<int64_t> ids_of(int64_t index, int64_t field) const;
   int64_t num_fields() const { return static_cast<int64_t>(options_.cardinalities.size()); }
   const CtrSyntheticOptions& options() const { return options_; }
   double bias() const { return bias_; }
@@ -60,6 +66,7 @@ class CtrSynthetic : public Dataset {
   Sample sample(int64_t global_index) const;  // without the bias
   int64_t global_index(int64_t index) const;
   int64_t permute(int64_t field, int64_t x) const;
+  double weight(int64_t field, int64_t id) const;  // the planted weight of (field, id)
 
   CtrSyntheticOptions options_;
   Split split_;

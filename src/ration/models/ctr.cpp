@@ -1,12 +1,17 @@
 // ctr.cpp — the "ctr" family (see ctr.h): config, layers, PS lookups, forward, loss, evaluation.
 #include "ration/models/ctr.h"
 
+#include <absl/container/flat_hash_set.h>
+
+#include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <future>
 
 #include "ration/core/check.h"
 #include "ration/models/families.h"
 #include "ration/ps/server.h"
+#include "ration/train/step_runtime.h"
 
 namespace ration::models {
 
@@ -53,6 +58,7 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
   o.table.optimizer.initial_accumulator =
       static_cast<float>(cfg.get_double("ps.initial_accumulator", o.table.optimizer.initial_accumulator));
   RATION_CHECK(o.table.optimizer.lr > 0, cfg.origin(), ": ps.lr must be > 0");
+  o.prefetch = cfg.get_bool("ps.prefetch", o.prefetch);
   return o;
 }
 
@@ -83,6 +89,135 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
     tables.push_back(t);
   }
   client_->declare_tables(tables);
+  hook_ = std::make_unique<PsHook>(*this);
+}
+
+Ctr::~Ctr() {
+  // A prefetch in flight reads the client: let it land before the members go.
+  settle_prefetches();
+}
+
+// ---- the step: pull (or collect a prefetch), push after backward ---------------------------------------
+
+// The model's attachment to every step a StepRuntime runs it in.
+class Ctr::PsHook final : public train::StepHook {
+ public:
+  explicit PsHook(Ctr& model) : model_(model) {}
+  void after_backward(int64_t step) override { model_.push_gradients(step); }
+
+ private:
+  Ctr& model_;
+};
+
+// One batch's rows, pulled on another thread while the step before it runs.
+struct Ctr::Prefetch {
+  std::vector<at::Tensor> ids;                         // per field (n_f) int64: the batch's ids
+  std::future<std::vector<ps::PulledRows>> rows;       // per field, as PsClient::pull returns them
+  std::vector<absl::flat_hash_set<uint64_t>> pushed;   // per field: ids pushed since the pull began
+};
+
+std::vector<train::StepHook*> Ctr::step_hooks() { return {hook_.get()}; }
+
+void Ctr::prefetch(const data::Batch& next) {
+  if (!options.prefetch) return;
+  RATION_CHECK(static_cast<int64_t>(next.sparse.size()) == options.num_fields, "ctr expects ", options.num_fields,
+               " sparse fields (model.num_fields); the batch to prefetch has ", next.sparse.size());
+  auto p = std::make_unique<Prefetch>();
+  std::vector<std::string> tables;
+  for (int64_t f = 0; f < options.num_fields; ++f) {
+    p->ids.push_back(next.sparse[static_cast<size_t>(f)].ids.contiguous());
+    tables.push_back(table_name(f));
+  }
+  p->pushed.resize(static_cast<size_t>(options.num_fields));
+  // At most two in flight (this step's and the next one's): an older one was for a batch never trained.
+  while (prefetches_.size() >= 2) {
+    if (prefetches_.front()->rows.valid()) prefetches_.front()->rows.wait();
+    prefetches_.pop_front();
+    ++counts_.discarded;
+  }
+  // The thread reads only its own copies (the ids tensors are never written) and the client, whose
+  // pull is safe beside pushes; rows a push of this step changes are pulled again on collection.
+  p->rows = std::async(std::launch::async, [client = client_, ids = p->ids, tables] {
+    std::vector<ps::PulledRows> out;
+    for (size_t f = 0; f < ids.size(); ++f)
+      out.push_back(client->pull(tables[f], ids[f].data_ptr<int64_t>(), ids[f].numel(), ps::MissingRow::Create));
+    return out;
+  });
+  prefetches_.push_back(std::move(p));
+  ++counts_.started;
+}
+
+void Ctr::settle_prefetches() {
+  for (auto& p : prefetches_)
+    if (p->rows.valid()) p->rows.wait();
+}
+
+namespace {
+bool same_ids(const at::Tensor& a, const at::Tensor& b) {
+  return a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl() || (a.sizes() == b.sizes() && at::equal(a, b));
+}
+}  // namespace
+
+std::vector<ps::PulledRows> Ctr::take_prefetch(const data::Batch& batch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto matches = [&](const Prefetch& p) {
+    for (size_t f = 0; f < p.ids.size(); ++f)
+      if (!same_ids(p.ids[f], batch.sparse[f].ids)) return false;
+    return true;
+  };
+  // The first step has no prefetch of its own (the pending one is for the next batch): pull as usual.
+  size_t k = 0;
+  while (k < prefetches_.size() && !matches(*prefetches_[k])) ++k;
+  if (k == prefetches_.size()) return {};
+  // Prefetches before the match were for batches that were not trained: dropped.
+  for (size_t i = 0; i < k; ++i) {
+    if (prefetches_.front()->rows.valid()) prefetches_.front()->rows.wait();
+    prefetches_.pop_front();
+    ++counts_.discarded;
+  }
+  std::unique_ptr<Prefetch> p = std::move(prefetches_.front());
+  prefetches_.pop_front();
+  std::vector<ps::PulledRows> pulled = p->rows.get();  // rethrows a failed pull (naming the endpoint)
+  // Rows pushed after the pull began may have been read before the push: pull those again, now that
+  // every push before this step has returned.
+  for (size_t f = 0; f < pulled.size(); ++f) {
+    const auto& pushed = p->pushed[f];
+    if (pushed.empty()) continue;
+    ps::PulledRows& rows = pulled[f];
+    std::vector<int64_t> again, where;
+    for (size_t k = 0; k < rows.unique_ids.size(); ++k)
+      if (pushed.contains(rows.unique_ids[k])) {
+        again.push_back(static_cast<int64_t>(rows.unique_ids[k]));
+        where.push_back(static_cast<int64_t>(k));
+      }
+    if (again.empty()) continue;
+    const ps::PulledRows fresh = client_->pull(table_name(static_cast<int64_t>(f)), again.data(),
+                                               static_cast<int64_t>(again.size()), ps::MissingRow::Create);
+    rows.rows.index_copy_(0, at::tensor(where, at::kLong), fresh.rows);
+    counts_.rows_repulled += static_cast<int64_t>(again.size());
+  }
+  ++counts_.used;
+  counts_.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return pulled;
+}
+
+void Ctr::push_gradients(int64_t step) {
+  std::vector<FieldRows> fields = std::move(step_fields_);
+  step_fields_.clear();
+  for (size_t field = 0; field < fields.size(); ++field) {  // lookup() made them in field order
+    FieldRows& f = fields[field];
+    if (!f.rows.requires_grad() || !f.rows.grad().defined()) continue;
+    const ops::SparseRows sr = ops::sparse_rows(f.rows.grad());
+    const at::Tensor rows = sr.rows.to(at::kFloat).contiguous();
+    const at::Tensor local = sr.ids.contiguous();
+    const int64_t* li = local.data_ptr<int64_t>();
+    std::vector<uint64_t> global(static_cast<size_t>(local.numel()));
+    for (int64_t k = 0; k < local.numel(); ++k) global[static_cast<size_t>(k)] = f.unique_ids[static_cast<size_t>(li[k])];
+    client_->push(f.table, global.data(), local.numel(), rows.data_ptr<float>(), rows.size(1), step);
+    f.rows.grad() = at::Tensor();
+    // Prefetches in flight may have read these rows before this push changed them.
+    for (auto& p : prefetches_) p->pushed[field].insert(global.begin(), global.end());
+  }
 }
 
 std::vector<FieldRows> Ctr::lookup(const data::Batch& batch, ps::MissingRow missing) {
@@ -91,14 +226,22 @@ std::vector<FieldRows> Ctr::lookup(const data::Batch& batch, ps::MissingRow miss
                " (is data.kind a click-through source: synthetic_ctr or movielens?)");
   std::vector<FieldRows> out;
   const bool trainable = missing == ps::MissingRow::Create && grad_enabled();
+  for (const data::SparseBag& bag : batch.sparse)
+    RATION_CHECK(bag.ids.dtype() == at::kLong && bag.offsets.dtype() == at::kLong,
+                 "ctr fields' ids and offsets must be int64; got ", bag.ids.dtype(), " and ", bag.offsets.dtype());
+  std::vector<ps::PulledRows> prefetched;
+  if (missing == ps::MissingRow::Create && !prefetches_.empty()) prefetched = take_prefetch(batch);
   for (int64_t f = 0; f < options.num_fields; ++f) {
     const data::SparseBag& bag = batch.sparse[static_cast<size_t>(f)];
-    RATION_CHECK(bag.ids.dtype() == at::kLong && bag.offsets.dtype() == at::kLong, "ctr field ", f,
-                 ": ids and offsets must be int64");
-    at::Tensor ids = bag.ids.contiguous();
     FieldRows fr;
     fr.table = table_name(f);
-    ps::PulledRows pulled = client_->pull(fr.table, ids.data_ptr<int64_t>(), ids.numel(), missing);
+    ps::PulledRows pulled;
+    if (!prefetched.empty()) {
+      pulled = std::move(prefetched[static_cast<size_t>(f)]);
+    } else {
+      const at::Tensor ids = bag.ids.contiguous();
+      pulled = client_->pull(fr.table, ids.data_ptr<int64_t>(), ids.numel(), missing);
+    }
     fr.unique_ids = std::move(pulled.unique_ids);
     at::Tensor rows = pulled.rows;
     const at::TensorOptions p = parameter_options();
@@ -174,23 +317,9 @@ Value Ctr::loss(const data::Batch& batch) {
     last_fields_.push_back(std::move(copy));
   }
   last_batch_ids_ = batch.sparse.empty() ? nullptr : batch.sparse.front().ids.unsafeGetTensorImpl();
-  const int64_t step = step_++;
-  for (FieldRows& f : fields) {
-    if (!f.rows.requires_grad()) continue;
-    // The gradient of a field's rows is complete: push it to the servers, which update the rows.
-    f.rows.on_grad_ready([client = client_, table = f.table, ids = f.unique_ids, step](ValueImpl& leaf) {
-      if (!leaf.grad.defined()) return;
-      const ops::SparseRows sr = ops::sparse_rows(leaf.grad);
-      const at::Tensor rows = sr.rows.to(at::kFloat).contiguous();
-      const at::Tensor local = sr.ids.contiguous();
-      std::vector<uint64_t> global(static_cast<size_t>(local.numel()));
-      for (int64_t k = 0; k < local.numel(); ++k)
-        global[static_cast<size_t>(k)] = ids[static_cast<size_t>(local.data_ptr<int64_t>()[k])];
-      client->push(table, global.data(), local.numel(), rows.data_ptr<float>(), rows.size(1), step);
-      leaf.grad = at::Tensor();
-    });
-  }
-  return binary_cross_entropy_with_logits(logits(dense, fields), to_model(batch.target, *this));
+  const Value l = binary_cross_entropy_with_logits(logits(dense, fields), to_model(batch.target, *this));
+  step_fields_ = std::move(fields);
+  return l;
 }
 
 EvalStats Ctr::evaluate(const data::Batch& batch) {
@@ -211,6 +340,7 @@ EvalStats Ctr::evaluate(const data::Batch& batch) {
 }
 
 void Ctr::save_external_state(const std::string& run_dir, int64_t step) {
+  settle_prefetches();  // the snapshot then holds whatever the pulls in flight created, deterministically
   if (client_->embedded() && client_->options().snapshot_dir.empty()) return;
   client_->snapshot(step);
 }
@@ -218,8 +348,9 @@ void Ctr::save_external_state(const std::string& run_dir, int64_t step) {
 void Ctr::restore_external_state(const std::string& run_dir, int64_t step) {
   // An embedded run without ps.snapshot_dir of its own reads the snapshot beside the checkpoint.
   const bool beside = client_->embedded() && !explicit_snapshot_dir_;
+  settle_prefetches();
+  prefetches_.clear();  // pulled before the restore: stale
   client_->restore(step, beside ? run_dir + "/ps" : std::string());
-  step_ = step;
 }
 
 std::vector<std::pair<std::string, double>> Ctr::report_metrics() {
@@ -228,7 +359,7 @@ std::vector<std::pair<std::string, double>> Ctr::report_metrics() {
     rows += s.stats.rows();
     bytes += s.stats.bytes();
   }
-  const ps::ClientTimes& t = client_->times();
+  const ps::ClientTimes t = client_->times();
   return {{"rows", static_cast<double>(rows)},
           {"bytes", static_cast<double>(bytes)},
           {"shards", static_cast<double>(client_->num_shards())},
@@ -238,7 +369,12 @@ std::vector<std::pair<std::string, double>> Ctr::report_metrics() {
           {"pull_ms_total", t.pull_ms},
           {"push_ms_total", t.push_ms},
           {"rows_pulled", static_cast<double>(t.rows_pulled)},
-          {"rows_pushed", static_cast<double>(t.rows_pushed)}};
+          {"rows_pushed", static_cast<double>(t.rows_pushed)},
+          {"prefetch", options.prefetch ? 1.0 : 0.0},
+          {"prefetch_used", static_cast<double>(counts_.used)},
+          {"prefetch_discarded", static_cast<double>(counts_.discarded)},
+          {"rows_repulled", static_cast<double>(counts_.rows_repulled)},
+          {"pull_wait_ms", counts_.used > 0 ? counts_.wait_ms / static_cast<double>(counts_.used) : 0.0}};
 }
 
 }  // namespace ration::models

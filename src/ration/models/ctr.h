@@ -3,17 +3,22 @@
 //       per sparse field over rows pulled from the parameter servers (ops::embedding_bag, sum or mean);
 //       pairwise dot products of the F + 1 vectors (bottom output and the F bags), upper triangle;
 //       top MLP over [bottom output, dots] -> one logit; binary cross-entropy (written as 2-class
-//       cross-entropy of [0, logit], which equals BCE-with-logits) — and the model's PsClient: pull before
-//       the forward, push the sparse row gradients from the rows' gradient-ready hook (the optimiser runs
-//       on the store), snapshot/restore with checkpoints.
-// Does not own: the store or the servers (ps/), the data (data/ctr_*.h), the dense optimiser (trainer).
+//       cross-entropy of [0, logit], which equals BCE-with-logits) — and the model's use of its PsClient
+//       in a training step (docs/METHODS.md, "Parameter servers for sparse embeddings"): the rows are
+//       pulled by the forward (or, prefetched, while the previous step ran), and the model's StepHook
+//       pushes their sparse gradients after backward (the optimiser runs on the store); snapshot/restore
+//       with checkpoints.
+// Does not own: the store or the servers (ps/), the data (data/ctr_*.h), the dense optimiser (trainer),
+//       the step (train/step_runtime.h: it calls step_hooks()).
 // Config: model.embedding_dim (16), model.bottom ([64]) — a last layer of width D is appended —,
 //   model.top ([64, 32]), model.bag_mode ("sum"|"mean"), model.num_fields / model.num_dense (published
 //   by the data side); [ps]: endpoints ("" = embedded), shards (1), optimizer ("adagrad"), lr (0.05),
-//   init_scale (0.01), seed (train.seed), snapshot_dir (train.checkpoint_dir + "/ps" when embedded),
+//   initial_accumulator, init_scale (0.01), seed (train.seed), prefetch (true: pull the next batch's
+//   rows during the current step), snapshot_dir (train.checkpoint_dir + "/ps" when embedded),
 //   auth_token_file, tls_ca, tls_cert, tls_key, tls_target_name, retries (3), timeout_ms (30000).
 // Parameter names: bottom.0.weight, ..., top.N.weight, top.N.bias.
 #pragma once
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +40,7 @@ struct CtrOptions {
   ps::ClientOptions client;
   ps::TableOptions table;  // name/seed filled per field
   bool explicit_snapshot_dir = false;
+  bool prefetch = true;  // ps.prefetch
   static CtrOptions from_config(Config& cfg);
 };
 
@@ -47,14 +53,26 @@ struct FieldRows {
   Value offsets;      // (B) int64
 };
 
+// How the step's pulls went (reported as ps.prefetch_*).
+struct PrefetchCounts {
+  int64_t started = 0;       // prefetch() calls that started a pull
+  int64_t used = 0;          // training lookups served by a prefetch
+  int64_t discarded = 0;     // prefetches whose batch never came (another batch was trained)
+  int64_t rows_repulled = 0; // prefetched rows pulled again because the step before pushed them
+  double wait_ms = 0;        // time training lookups spent waiting for prefetches and re-pulls
+};
+
 class Ctr : public Model {
  public:
   explicit Ctr(const CtrOptions& options);
-  // Pulls each field's rows (created on first touch when training, read-only otherwise).
+  ~Ctr() override;
+  // Pulls each field's rows (created on first touch when training, read-only otherwise). A training
+  // lookup of the batch the oldest pending prefetch was started for takes its rows instead, pulling
+  // again those that a push changed after the prefetch began.
   std::vector<FieldRows> lookup(const data::Batch& batch, ps::MissingRow missing);
   // dense (B, num_dense), one FieldRows per field -> logits (B, 1).
   Value logits(const Value& dense, const std::vector<FieldRows>& fields);
-  // Mean BCE. When training with grad, each field's rows push their gradient when it is ready.
+  // Mean BCE. The step's rows are kept for push_gradients (the step hook calls it after backward).
   Value loss(const data::Batch& batch) override;
   EvalStats evaluate(const data::Batch& batch) override;
   std::string family() const override { return "ctr"; }
@@ -64,6 +82,19 @@ class Ctr : public Model {
   void restore_external_state(const std::string& run_dir, int64_t step) override;
   std::vector<std::pair<std::string, double>> report_metrics() override;
 
+  // ---- the training step (see the header): the hook pushes after backward.
+  std::vector<train::StepHook*> step_hooks() override;
+  // Pushes the sparse row gradients of the last training loss() to the servers (step `step` is recorded
+  // with the rows), then clears them. Nothing to push (no gradient): nothing happens.
+  void push_gradients(int64_t step);
+  bool prefetches() const override { return options.prefetch; }
+  // Starts pulling `next`'s rows on another thread (when ps.prefetch is on); a later training lookup of
+  // the same ids collects them.
+  void prefetch(const data::Batch& next) override;
+  // Waits until every prefetch in flight has landed (before a snapshot: the shards are then quiet).
+  void settle_prefetches();
+  const PrefetchCounts& prefetch_counts() const { return counts_; }
+
   ps::PsClient& client() { return *client_; }
   std::string table_name(int64_t field) const { return "field" + std::to_string(field); }
 
@@ -72,12 +103,19 @@ class Ctr : public Model {
   std::vector<std::shared_ptr<nn::Linear>> top;
 
  private:
+  class PsHook;
+  struct Prefetch;
+  std::vector<ps::PulledRows> take_prefetch(const data::Batch& batch);
+
   std::shared_ptr<ps::PsClient> client_;
-  int64_t step_ = 0;
+  std::unique_ptr<PsHook> hook_;
+  std::deque<std::unique_ptr<Prefetch>> prefetches_;  // oldest first
+  PrefetchCounts counts_;
+  std::vector<FieldRows> step_fields_;  // the last training loss()'s rows (leaves), until pushed
   bool explicit_snapshot_dir_ = false;  // ps.snapshot_dir set by the user (else RUN_DIR/ps)
   // The last training batch's rows as pulled (before its push), for an oracle re-evaluation.
   std::vector<FieldRows> last_fields_;
-  const void* last_batch_ids_ = nullptr;  // pushes carry it (the store records each row's last step)
+  const void* last_batch_ids_ = nullptr;  // the batch last_fields_ were pulled for (its first ids tensor)
 };
 
 // 2-class cross entropy of [0, logit] against labels (B) int64 in {0, 1}: mean binary cross-entropy.

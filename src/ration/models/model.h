@@ -12,6 +12,10 @@
 #include "ration/data/batch.h"
 #include "ration/nn/module.h"
 
+namespace ration::train {
+class StepHook;
+}
+
 namespace ration::models {
 
 struct EvalStats {
@@ -36,6 +40,14 @@ class Model : public nn::Module {
   virtual void save_external_state(const std::string& run_dir, int64_t step) {}
   virtual void restore_external_state(const std::string& run_dir, int64_t step) {}
   virtual std::vector<std::pair<std::string, double>> report_metrics() { return {}; }
+  // Hooks this model needs in every training step it runs in: StepRuntime calls them with its own for
+  // the step (ctr pushes its rows' sparse gradients to the parameter servers after backward).
+  virtual std::vector<train::StepHook*> step_hooks() { return {}; }
+  // A model that fetches state per batch (ctr: rows from the parameter servers) can start fetching the
+  // next step's while the current step runs: when prefetches(), the trainer takes each batch one step
+  // early and hands it to prefetch() before running the current step.
+  virtual bool prefetches() const { return false; }
+  virtual void prefetch(const data::Batch& next) {}
 };
 
 // Reads model.* keys (model.type selects the family). `input_info` keys the data side published

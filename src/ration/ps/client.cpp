@@ -313,6 +313,7 @@ PulledRows PsClient::pull(const std::string& table, const int64_t* ids, int64_t 
     for (size_t k = 0; k < pos.size(); ++k)
       std::memcpy(rows + pos[k] * dim, src + static_cast<int64_t>(k) * dim, static_cast<size_t>(dim) * 4);
   }
+  const std::lock_guard<std::mutex> lock(times_mutex_);
   times_.pull_ms += ms_since(t0);
   times_.pulls += 1;
   times_.rows_pulled += u;
@@ -348,9 +349,15 @@ void PsClient::push(const std::string& table, const uint64_t* ids, int64_t n, co
       call_shard(s, "Push", [&](ShardChannel& ch) { return ch.push(q, &r); });
     }
   });
+  const std::lock_guard<std::mutex> lock(times_mutex_);
   times_.push_ms += ms_since(t0);
   times_.pushes += 1;
   times_.rows_pushed += n;
+}
+
+ClientTimes PsClient::times() const {
+  const std::lock_guard<std::mutex> lock(times_mutex_);
+  return times_;
 }
 
 std::vector<ShardStats> PsClient::stats() {

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -90,7 +91,9 @@ class PsClient {
   // Embedded shards read from `embedded_dir`/shard-I-of-N when given (else their own directory).
   void restore(int64_t version, const std::string& embedded_dir = "");
 
-  const ClientTimes& times() const { return times_; }
+  // Pulls and pushes may run on several threads at once (a prefetching trainer pulls the next batch's
+  // rows while it pushes the current one's): the totals are kept under a lock.
+  ClientTimes times() const;
   // Embedded only: the shard cores (tests and the embedded snapshot directory).
   ShardCore& embedded_shard(int i);
 
@@ -103,6 +106,7 @@ class PsClient {
   ClientOptions options_;
   std::vector<std::unique_ptr<ShardCore>> embedded_;
   std::vector<std::unique_ptr<ShardChannel>> channels_;
+  mutable std::mutex times_mutex_;
   ClientTimes times_;
 };
 

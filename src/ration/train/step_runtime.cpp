@@ -79,7 +79,8 @@ class StepRuntime::Driver final : public MemoryPolicy {
 // Gradient-ready hooks are attached to a model's parameters once; they call the runtime's hooks only
 // while one of its steps runs backward, and do nothing once the runtime is gone.
 struct StepRuntime::HookState {
-  std::vector<StepHook*> hooks;
+  std::vector<StepHook*> hooks;   // registered with add_hook
+  std::vector<StepHook*> active;  // this step's: the registered ones, then the model's own (step_hooks)
   bool in_backward = false;
   std::unordered_map<const ValueImpl*, std::weak_ptr<ValueImpl>> attached;
 };
@@ -220,7 +221,7 @@ void StepRuntime::attach_gradient_hooks(models::Model& model) {
     p.on_grad_ready([state = std::weak_ptr<HookState>(hooks_), param = name](ValueImpl& leaf) {
       auto s = state.lock();
       if (!s || !s->in_backward) return;
-      for (StepHook* h : s->hooks) h->gradient_ready(param, leaf);
+      for (StepHook* h : s->active) h->gradient_ready(param, leaf);
     });
   }
 }
@@ -233,7 +234,9 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
   StepStats st;
   st.step = options.step.value_or(next_step_);
   next_step_ = st.step + 1;
-  std::vector<StepHook*>& hooks = hooks_->hooks;
+  hooks_->active = hooks_->hooks;
+  for (StepHook* h : model.step_hooks()) hooks_->active.push_back(h);
+  const std::vector<StepHook*> hooks = hooks_->active;
   if (!hooks.empty()) attach_gradient_hooks(model);
   data::Batch batch = input;  // hooks may change it (shares the tensors)
   for (StepHook* h : hooks) h->before_forward(st.step, batch);

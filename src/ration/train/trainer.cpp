@@ -605,10 +605,27 @@ class TrainingRun {
   }
 
   StepStats local_step() {
-    data::Batch batch = loader_.next();  // workspace: batches are device memory, the dataset is not
+    data::Batch batch = next_batch();  // workspace: batches are device memory, the dataset is not
     step_items_ = batch.items;
+    // A model that prefetches (ctr: the next batch's parameter-server rows) gets the next batch now, to
+    // fetch for while this step runs.
+    if (model_.prefetches() && step_ + 1 < total_steps_) {
+      lookahead_from_ = loader_.position();
+      lookahead_ = loader_.next();
+      model_.prefetch(*lookahead_);
+    }
     return runtime_.measure_step(model_, batch, step_options(0));
   }
+
+  data::Batch next_batch() {
+    if (!lookahead_) return loader_.next();
+    data::Batch b = std::move(*lookahead_);
+    lookahead_.reset();
+    return b;
+  }
+
+  // Where the data stands for a checkpoint: a batch taken early is not trained yet.
+  data::LoaderPosition trained_position() const { return lookahead_ ? lookahead_from_ : loader_.position(); }
 
   // sync_every micro-batches of this rank's shard; each backward weighted by its share of the step's
   // samples over every rank (known before the first from the shard arithmetic); the last one's backward
@@ -719,8 +736,8 @@ class TrainingRun {
   std::string save(int64_t at_step) {
     if (run_.checkpoint_dir.empty() || world_.rank() != 0) return std::string();
     Metadata meta;
-    meta.ints["epoch"] = loader_.position().epoch;
-    meta.ints["loader_index"] = loader_.position().index;
+    meta.ints["epoch"] = trained_position().epoch;
+    meta.ints["loader_index"] = trained_position().index;
     meta.ints["seed"] = static_cast<int64_t>(setup_.seed);
     meta.ints["total_steps"] = total_steps_;
     meta.ints["world_size"] = world_.size();
@@ -879,6 +896,8 @@ class TrainingRun {
   std::unique_ptr<seq::ChunkedLoss> tbptt_;  // train.tbptt: the steps' chunks
   dist::World world_;
   data::Loader loader_;
+  std::optional<data::Batch> lookahead_;  // the next step's batch, taken early for Model::prefetch
+  data::LoaderPosition lookahead_from_;   // the loader's position before it
   Progress progress_;
   std::unique_ptr<dist::Liveness> liveness_;
   std::unique_ptr<dist::Reducer> reducer_;
