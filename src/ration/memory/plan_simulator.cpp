@@ -142,6 +142,16 @@ Prediction Simulator::run() {
       st->second = KeyState::Released;
     }
   }
+  // The engine's copy-in pool is held the whole step: every peak carries it (fetches live inside it).
+  for (const auto& [bytes, count] : pool_max_) {
+    pred.copy_in_pool[bytes] = count;
+    pred.copy_in_pool_bytes += bytes * count;
+  }
+  if (pred.copy_in_pool_bytes > 0) {
+    for (auto& v : pred.forward_peaks) v += pred.copy_in_pool_bytes;
+    for (auto& v : pred.backward_peaks) v += pred.copy_in_pool_bytes;
+    pred.peak_bytes += pred.copy_in_pool_bytes;
+  }
   return pred;
 }
 
@@ -162,7 +172,15 @@ void Simulator::hold(std::vector<int64_t>& holders, int64_t s, int delta) {
   const bool before = h > 0;
   h += delta;
   const bool after = h > 0;
-  if (before != after) resident_ += (after ? 1 : -1) * p_.storages[static_cast<size_t>(s)].bytes;
+  if (before == after) return;
+  const int64_t bytes = p_.storages[static_cast<size_t>(s)].bytes;
+  if (&holders == &rec_holders_ && pooled(s)) {  // a fetched storage in a copy-in pool buffer of its size
+    int64_t& in_use = pool_in_use_[bytes];
+    in_use += after ? 1 : -1;
+    pool_max_[bytes] = std::max(pool_max_[bytes], in_use);
+    return;
+  }
+  resident_ += (after ? 1 : -1) * bytes;
 }
 
 bool Simulator::usable(const ValueKey& key) const {
@@ -250,6 +268,7 @@ OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<Decisi
   OffloadSchedule sch;
   sch.deadline.assign(ns, -1);
   sch.prefetch.assign(ns, 0);
+  sch.copy_in = c.copy_in;
   if (nn == 0) return sch;
   const SaveSpan span = save_span(p);
   const std::vector<int64_t>& saved_at = span.saved_at;
