@@ -327,7 +327,7 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
   const memory::Plan loose = memory::make_plan(profile, probe);
   const int64_t hi = loose.unconstrained_peak_bytes, lo = loose.minimum_peak_bytes;
   ASSERT_LT(lo, hi);
-  int64_t offloaded_somewhere = 0;
+  int64_t offloaded_somewhere = 0, misses_before = 0;
   for (double f : {0.75, 0.5, 0.25, 0.0}) {
     memory::PlanOptions po = probe;
     po.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
@@ -341,6 +341,14 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
     EXPECT_LE(std::abs(static_cast<double>(predicted - r.peak_above_baseline())),
               0.05 * static_cast<double>(r.peak_above_baseline()))
         << "predicted " << predicted << " measured " << r.peak_above_baseline();
+    EXPECT_EQ(predicted, r.peak_above_baseline()) << "the prediction is exact to the byte, copy-in pool included";
+    // Copy-ins land in the pool the plan predicted: its buffers are made in backward, one per storage of
+    // a size resident at once, and freed when the step ends.
+    int64_t pool_made = 0;
+    for (const auto& [b, n] : plan.prediction.copy_in_pool) pool_made += n;
+    EXPECT_EQ(r.offload.pool_misses - misses_before, pool_made);
+    misses_before = r.offload.pool_misses;
+    EXPECT_EQ(runtime.engine()->copy_in_pool_bytes(), 0) << "a plan's pool is not held across steps";
     expect_bitwise_equal({r.gradients});
     EXPECT_EQ(runtime.engine()->pending_entries(), 0);
   }
@@ -399,6 +407,7 @@ TEST(OffloadEngine, CopyInPoolIsReusedOnceBackwardReleasesAndIsCountedMemory) {
   o.min_bytes = 0;
   memory::OffloadEngine engine(o);
   const std::vector<at::Tensor> a = {bytes(300 << 10, 1), bytes(300 << 10, 2), bytes(70 << 10, 3)};
+  const std::vector<at::Tensor> b = {bytes(300 << 10, 4), bytes(70 << 10, 5), bytes(300 << 10, 6)};
   const int64_t before = memory::current_bytes();
   {
     EngineRound r = engine_round(engine, a);
@@ -410,7 +419,6 @@ TEST(OffloadEngine, CopyInPoolIsReusedOnceBackwardReleasesAndIsCountedMemory) {
   EXPECT_EQ(first.pool_reads, 0);
   EXPECT_EQ(engine.copy_in_pool_bytes(), (600 << 10) + (70 << 10));
   EXPECT_EQ(memory::current_bytes() - before, engine.copy_in_pool_bytes()) << "the pool is ordinary counted memory";
-  const std::vector<at::Tensor> b = {bytes(300 << 10, 4), bytes(70 << 10, 5), bytes(300 << 10, 6)};
   {
     EngineRound r = engine_round(engine, b);
     for (size_t i = 0; i < b.size(); ++i) EXPECT_TRUE(at::equal(r.back[i], b[i])) << "buffer reused with stale bytes";

@@ -11,6 +11,8 @@
 #include <future>
 #include <thread>
 
+#include <time.h>
+
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
@@ -26,6 +28,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+// CPU time of the calling thread: what it spent itself, not waiting or preempted by other processes.
+double thread_cpu_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
 
 bool ready(const std::shared_future<void>& f) {
   return f.valid() && f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
@@ -106,8 +114,13 @@ class ComputeBeside {
 };
 
 // One round trip of `sources` through `engine`, as a step drives it: offloaded after one forward node
-// (with that node as their deadline), fetched back from one backward node. Returns (write ms, read ms).
-std::pair<double, double> round_trip(OffloadEngine& engine, const std::vector<at::Tensor>& sources) {
+// (with that node as their deadline), fetched back from one backward node.
+struct RoundTrip {
+  double write_ms = 0, read_ms = 0;  // wall: offload calls until every write is done; first read until the last fetch
+  double compute_ms = 0;             // the compute thread's CPU time in offload() and fetch() (waits excluded)
+  double queue_ms = 0;               // the queues' time in the tier (its fixed cost, for small buffers)
+};
+RoundTrip round_trip(OffloadEngine& engine, const std::vector<at::Tensor>& sources) {
   auto node = std::make_shared<Node>();
   node->spec.name = "offload_probe";
   node->seq = 1;
@@ -116,24 +129,32 @@ std::pair<double, double> round_trip(OffloadEngine& engine, const std::vector<at
     values.push_back(std::make_shared<SavedValue>(node, static_cast<int>(i), sources[i].numel()));
     values.back()->save(sources[i]);
   }
+  const OffloadStats before = engine.stats();
+  RoundTrip r;
   engine.begin_step();
   auto t0 = Clock::now();
+  double cpu0 = thread_cpu_ms();
   engine.begin_forward_node(*node, 0);
   for (auto& v : values) engine.offload(v, 0);
+  r.compute_ms += thread_cpu_ms() - cpu0;
   engine.end_forward_node(0);  // waits for every write
-  const double write_ms = ms_since(t0);
+  r.write_ms = ms_since(t0);
   t0 = Clock::now();
+  cpu0 = thread_cpu_ms();
   engine.before_backward_node(0, nullptr);
   std::vector<at::Tensor> back;
   for (auto& v : values) back.push_back(engine.fetch(*v));
-  const double read_ms = ms_since(t0);
+  r.read_ms = ms_since(t0);
+  r.compute_ms += thread_cpu_ms() - cpu0;
+  const OffloadStats after = engine.stats();
+  r.queue_ms = (after.write_ms - before.write_ms) + (after.read_ms - before.read_ms);
   for (size_t i = 0; i < sources.size(); ++i) {
     if (!back[i].defined()) throw TierFull("offload tier " + engine.tier().name() + " failed while measured");
     RATION_CHECK(at::equal(back[i], sources[i]), "offload tier ", engine.tier().name(),
                  " returned different bytes than were written");
   }
   engine.end_step();
-  return {write_ms, read_ms};
+  return r;
 }
 
 }  // namespace
@@ -165,7 +186,8 @@ OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, in
   probe_options.t2 = probe_options.t3 = kNoLimit;
   std::vector<at::Tensor> big, small;
   for (int i = 0; i < kBuffers; ++i) big.push_back(at::randint(0, 256, {probe_bytes / kBuffers}, at::kByte));
-  small.push_back(at::randint(0, 256, {4096}, at::kByte));
+  constexpr int kSmall = 16;  // small copies per round trip, so one preemption does not make the figure
+  for (int i = 0; i < kSmall; ++i) small.push_back(at::randint(0, 256, {4096}, at::kByte));
   std::vector<double> w, r, s;
   try {
     OffloadEngine engine(std::make_unique<BorrowedTier>(tier), probe_options);
@@ -173,11 +195,13 @@ OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, in
     round_trip(engine, big);  // warm-up: fills the copy-in pool, as the first step does
     round_trip(engine, small);
     for (int rep = 0; rep < 3; ++rep) {
-      const auto [write_ms, read_ms] = round_trip(engine, big);
-      w.push_back(write_ms);
-      r.push_back(read_ms);
-      const auto [small_write_ms, small_read_ms] = round_trip(engine, small);
-      s.push_back((small_write_ms + small_read_ms) / 2);
+      const RoundTrip probe = round_trip(engine, big);
+      w.push_back(probe.write_ms);
+      r.push_back(probe.read_ms);
+      // A small copy's fixed cost: the compute thread's part (queueing, rebuilding views) and the tier's
+      // (a file, a system call), each per copy of the two.
+      const RoundTrip tiny = round_trip(engine, small);
+      s.push_back((tiny.compute_ms + tiny.queue_ms) / (2 * kSmall));
     }
     const OffloadStats st = engine.stats();
     if (st.fallbacks > 0) return unusable();  // the room reported was not there (another writer)
@@ -393,11 +417,12 @@ at::Tensor CopyInPool::make(int64_t bytes, const at::Device& device) {
 
 at::Tensor CopyInPool::acquire(int64_t bytes, const at::Device& device) {
   std::vector<at::Tensor>& buffers = by_size_[bytes];
+  // Handed out as a tensor of its own over the buffer's storage, so holding it marks the buffer in use.
   for (const at::Tensor& b : buffers)
-    if (!in_use(b) && b.device() == device) return b;
+    if (!in_use(b) && b.device() == device) return b.alias();
   ++misses_;
   buffers.push_back(make(bytes, device));
-  return buffers.back();
+  return buffers.back().alias();
 }
 
 void CopyInPool::reserve(const std::map<int64_t, int64_t>& wanted, const at::Device& device) {
@@ -452,7 +477,10 @@ void OffloadEngine::begin_step() {
   sweep();
 }
 
-void OffloadEngine::end_step() { sweep(); }
+void OffloadEngine::end_step() {
+  sweep();
+  if (pool_plan_) pool_.reserve(*pool_plan_, device_);  // a plan's pool: what backward made goes now
+}
 
 void OffloadEngine::begin_forward_node(const Node& node, int64_t ordinal) {
   forward_ordinal_ = ordinal;

@@ -19,8 +19,10 @@
 //
 // Copy-in lands in the engine's CopyInPool: buffers kept between uses, so a read writes into memory
 // whose pages are already faulted (a fresh buffer per read spends most of the copy on first-touch page
-// faults). A plan reserves the pool it predicted (Prediction::copy_in_pool); the threshold loop grows it
-// to the most storages of each size resident at once. O(1) per fetch: entries are found by value id,
+// faults). The pool grows to the most storages of each size resident at once. The threshold loop keeps
+// it for the whole run; under a plan (reserve_copy_in) the buffers beyond the reservation are freed at
+// every step's end, so forward never holds them (the plan's simulator counts each buffer from the read
+// that made it to the end of the step: Prediction::copy_in_pool). O(1) per fetch: entries are found by value id,
 // each holding its place in the step's list and its view's index.
 //
 // Usage (`usage()`) is the measured device memory: the counting allocator's device bytes on CPU, the
@@ -166,9 +168,10 @@ class OffloadEngine {
   const Tier& tier() const { return *tier_; }
   OffloadStats stats() const;  // totals since the engine was built
   int64_t pending_entries() const;  // stored buffers not yet fetched back and freed
-  // Hold exactly this copy-in pool (a plan's Prediction::copy_in_pool) on `device`; the threshold loop
-  // never calls it and the pool grows as reads need it.
-  // Made on the device of the values offloaded so far (the CPU before any; remade if it changes).
+  // Plan mode: the pool holds `buffers` (bytes -> count) for the whole run and frees whatever else it
+  // made at every step's end (a plan passes none: its simulator counts buffers made in backward until
+  // the step ends). Without a call (the threshold loop) the pool keeps every buffer it made. Made on the
+  // device of the values offloaded so far (the CPU before any; remade if it changes).
   void reserve_copy_in(const std::map<int64_t, int64_t>& buffers);
   int64_t copy_in_pool_bytes() const { return pool_.bytes(); }
 
@@ -194,7 +197,7 @@ class OffloadEngine {
   std::unordered_map<const void*, std::shared_ptr<Entry>> by_storage_;  // StorageImpl -> entry
   std::list<std::shared_ptr<Entry>> entries_;                           // this step, in offload order
   CopyInPool pool_;                                                     // copy-in destinations
-  std::optional<std::map<int64_t, int64_t>> pool_plan_;                 // reserve_copy_in's (none: grows)
+  std::optional<std::map<int64_t, int64_t>> pool_plan_;                 // reserve_copy_in's (none: kept)
   int64_t forward_ordinal_ = -1;                                        // the node whose saves are offloaded now
   std::atomic<bool> tier_was_full_{false};  // a copy-out failed: KeepResident offloads stop
   at::Device device_ = at::kCPU;

@@ -142,15 +142,9 @@ Prediction Simulator::run() {
       st->second = KeyState::Released;
     }
   }
-  // The engine's copy-in pool is held the whole step: every peak carries it (fetches live inside it).
   for (const auto& [bytes, count] : pool_max_) {
     pred.copy_in_pool[bytes] = count;
     pred.copy_in_pool_bytes += bytes * count;
-  }
-  if (pred.copy_in_pool_bytes > 0) {
-    for (auto& v : pred.forward_peaks) v += pred.copy_in_pool_bytes;
-    for (auto& v : pred.backward_peaks) v += pred.copy_in_pool_bytes;
-    pred.peak_bytes += pred.copy_in_pool_bytes;
   }
   return pred;
 }
@@ -174,10 +168,16 @@ void Simulator::hold(std::vector<int64_t>& holders, int64_t s, int delta) {
   const bool after = h > 0;
   if (before == after) return;
   const int64_t bytes = p_.storages[static_cast<size_t>(s)].bytes;
-  if (&holders == &rec_holders_ && pooled(s)) {  // a fetched storage in a copy-in pool buffer of its size
+  if (&holders == &rec_holders_ && pooled(s)) {
+    // A fetched storage lives in a copy-in pool buffer of its size: a new buffer only when every one made
+    // this step is in use; a released one stays in the pool until the step ends (OffloadEngine::end_step).
     int64_t& in_use = pool_in_use_[bytes];
+    int64_t& made = pool_max_[bytes];
     in_use += after ? 1 : -1;
-    pool_max_[bytes] = std::max(pool_max_[bytes], in_use);
+    if (in_use > made) {
+      made = in_use;
+      resident_ += bytes;
+    }
     return;
   }
   resident_ += (after ? 1 : -1) * bytes;

@@ -73,7 +73,7 @@ class Simulator {
   int64_t step_ = 0;         // index of the backward node being simulated
   int64_t frame_bytes_ = 0;  // outputs of transient re-runs held by the re-runs consuming them
   int64_t resident_ = 0;     // bytes of storage instances that have holders
-  std::map<int64_t, int64_t> pool_in_use_, pool_max_;  // copy-in pool buffers by bytes: in use now, most at once
+  std::map<int64_t, int64_t> pool_in_use_, pool_max_;  // copy-in pool buffers by bytes: in use now, made
 };
 
 }  // namespace ration::memory

@@ -49,7 +49,8 @@ const char* to_string(Decision d);  // "keep", "recompute", "offload"
 // Where the offload engine reads offloaded storages back into (docs/METHODS.md, "Threshold offload").
 enum class CopyInMemory : uint8_t {
   Fresh,   // a buffer allocated at each copy-in, freed when backward releases the value
-  Pooled,  // the engine's copy-in pool: buffers kept for the whole run, reused when backward releases
+  Pooled,  // the engine's copy-in pool: a buffer is reused once backward releases its value; under a plan
+           // the pool is kept from its first read to the end of the step (CopyInRetention::Step)
 };
 
 // Measured cost of the offload tier for the joint keep/recompute/offload plan: the bandwidths the
@@ -96,9 +97,9 @@ struct Prediction {
   int64_t offloaded_bytes = 0;
   std::vector<int64_t> forward_peaks;   // predicted peak during each forward node (by ordinal)
   std::vector<int64_t> backward_peaks;  // predicted peak during each backward node (execution order)
-  // CopyInMemory::Pooled: the copy-in pool the engine holds for this plan, buffer bytes -> count (the
-  // most offloaded storages of that size resident at once in backward). Its bytes are held the whole
-  // step and are included in every peak above; fetched storages live inside it.
+  // CopyInMemory::Pooled: the copy-in pool the engine makes in backward, buffer bytes -> count (the
+  // most offloaded storages of that size resident at once). A buffer is counted in the backward peaks
+  // from the read that made it to the end of the step; fetched storages live inside it.
   std::map<int64_t, int64_t> copy_in_pool;
   int64_t copy_in_pool_bytes = 0;
 };
