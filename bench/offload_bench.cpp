@@ -8,10 +8,11 @@
 //      tier        memory::SpillTier::write() / read() into the same preallocated buffers, slot freed
 //      engine      an OffloadEngine's copy queues (Q2 out, Q4 in), asynchronously: every buffer is
 //                  submitted as a saved value, then forward waits once for all writes; backward issues
-//                  every read at once and fetches each. One engine per buffer size for all passes, as
-//                  one engine serves every step of a run: reads land in its copy-in pool, made (and
-//                  faulted) in the warm-up pass and reused once the previous pass released its values
-//      engine cold the same with a new engine per pass (a run's first step: the pool is made as it reads)
+//                  every read at once and fetches each. One engine per buffer size for all passes, its
+//                  copy-in pool reserved for these buffers (reserve_copy_in: made and faulted once), so
+//                  reads land in memory the previous pass released
+//      engine cold the same with the pool a training step has: none reserved, so this pass (which
+//                  holds every value at once, nothing released to reuse) makes a buffer per read
 //      raw new-dst raw, reading into buffers allocated just before each read (first-touch page faults)
 //      raw+fsync   raw with fsync() after each file's write (reads then come from the page cache)
 //      raw O_DIRECT  raw with O_DIRECT on 4 KiB-aligned buffers: the virtio disk itself, both ways
@@ -368,6 +369,7 @@ int main(int argc, char** argv) {
       std::memset(b.dst_aligned.get(), 0, static_cast<size_t>(b.count * size));
       std::vector<std::vector<Phase>> by_mode(modes.size());
       auto engine = std::make_unique<memory::OffloadEngine>(engine_options(dir));  // every pass of this size
+      engine->reserve_copy_in({{size, b.count}});
       for (int r = -1; r < reps; ++r) {  // r = -1: warm-up pass, not recorded
         for (size_t k = 0; k < modes.size(); ++k) {
           // Rotated, and reversed every other pass, so no mode always follows the same one.
@@ -439,8 +441,8 @@ int main(int argc, char** argv) {
     }
     std::printf("(raw: write() to a fresh O_TMPFILE file per buffer, no fsync, then pread() + close(); tier: "
                 "SpillTier::write/read; engine: OffloadEngine queues, all submitted then waited on, reads into its "
-                "copy-in pool (one engine for all passes, as for all steps of a run); engine cold: a new engine per pass "
-                "(a run's first step); raw new-dst: raw reading into buffers allocated just before each read; ratios vs raw)\n");
+                "copy-in pool, reserved for these buffers; engine cold: a new engine per pass, no pool reserved (as in "
+                "training; all values held at once, so nothing to reuse); raw new-dst: raw reading into buffers allocated just before each read; ratios vs raw)\n");
     result["throughput"] = {{"total_bytes_per_size", total}, {"repetitions", reps}, {"rows", rows}};
   }
 

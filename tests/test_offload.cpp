@@ -412,9 +412,12 @@ TEST(OffloadEngine, CopyInPoolIsReusedOnceBackwardReleasesAndIsCountedMemory) {
   {
     EngineRound r = engine_round(engine, a);
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(r.back[i], a[i]));
-  }  // backward released every value: the buffers stay in the pool, free
-  engine.end_step();
+  }  // backward released every value: the buffers stay in the pool, free, until the step ends
   const OffloadStats first = engine.stats();
+  EXPECT_EQ(engine.copy_in_pool_bytes(), (600 << 10) + (70 << 10));
+  engine.end_step();
+  EXPECT_EQ(engine.copy_in_pool_bytes(), 0) << "nothing reserved: the step's end frees the pool";
+  engine.reserve_copy_in({{300 << 10, 2}, {70 << 10, 1}});
   EXPECT_EQ(first.pool_misses, 3);
   EXPECT_EQ(first.pool_reads, 0);
   EXPECT_EQ(engine.copy_in_pool_bytes(), (600 << 10) + (70 << 10));
@@ -426,11 +429,12 @@ TEST(OffloadEngine, CopyInPoolIsReusedOnceBackwardReleasesAndIsCountedMemory) {
     EngineRound more = engine_round(engine, {bytes(70 << 10, 7)});
     EXPECT_TRUE(at::equal(more.back[0], bytes(70 << 10, 7)));
   }
-  engine.end_step();
   const OffloadStats second = engine.stats();
-  EXPECT_EQ(second.pool_reads, 3) << "released buffers are reused by size";
+  EXPECT_EQ(second.pool_reads, 3) << "reserved buffers are reused by size";
   EXPECT_EQ(second.pool_misses, 4);
   EXPECT_EQ(engine.copy_in_pool_bytes(), (600 << 10) + (140 << 10));
+  engine.end_step();
+  EXPECT_EQ(engine.copy_in_pool_bytes(), (600 << 10) + (70 << 10)) << "the step's end keeps the reservation only";
   // A plan's reservation holds exactly what it names and frees the rest.
   engine.reserve_copy_in({{300 << 10, 1}, {1 << 20, 2}});
   EXPECT_EQ(engine.copy_in_pool_bytes(), (300 << 10) + (2 << 20));
@@ -483,6 +487,12 @@ TEST(OffloadEngine, CostsAreMeasuredThroughTheEngineWithItsPool) {
   EXPECT_GT(c.read_bytes_per_ms, 1e3);
   EXPECT_GT(c.per_copy_ms, 0);
   EXPECT_EQ(tier.used_bytes(), 0) << "measuring leaves nothing in the tier";
+  TempDir dir("costs");
+  memory::SpillTier spill(dir.path.string());
+  const memory::OffloadCosts d = memory::measure_offload_costs(spill, o, 16 << 20);
+  EXPECT_EQ(d.copy_in, memory::CopyInMemory::Pooled);
+  EXPECT_GT(d.read_bytes_per_ms, 1e3);
+  EXPECT_EQ(spill.used_bytes(), 0);
 }
 
 }  // namespace

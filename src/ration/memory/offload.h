@@ -19,10 +19,10 @@
 //
 // Copy-in lands in the engine's CopyInPool: buffers kept between uses, so a read writes into memory
 // whose pages are already faulted (a fresh buffer per read spends most of the copy on first-touch page
-// faults). The pool grows to the most storages of each size resident at once. The threshold loop keeps
-// it for the whole run; under a plan (reserve_copy_in) the buffers beyond the reservation are freed at
-// every step's end, so forward never holds them (the plan's simulator counts each buffer from the read
-// that made it to the end of the step: Prediction::copy_in_pool). O(1) per fetch: entries are found by value id,
+// faults). Within a step the pool grows to the most storages of each size resident at once, and a read
+// reuses a buffer backward released; at the step's end the buffers beyond a reservation
+// (reserve_copy_in, none by default) are freed, so forward never holds idle copy-in buffers (a plan's
+// simulator counts each from the read that made it to the step's end: Prediction::copy_in_pool). O(1) per fetch: entries are found by value id,
 // each holding its place in the step's list and its view's index.
 //
 // Usage (`usage()`) is the measured device memory: the counting allocator's device bytes on CPU, the
@@ -168,10 +168,10 @@ class OffloadEngine {
   const Tier& tier() const { return *tier_; }
   OffloadStats stats() const;  // totals since the engine was built
   int64_t pending_entries() const;  // stored buffers not yet fetched back and freed
-  // Plan mode: the pool holds `buffers` (bytes -> count) for the whole run and frees whatever else it
-  // made at every step's end (a plan passes none: its simulator counts buffers made in backward until
-  // the step ends). Without a call (the threshold loop) the pool keeps every buffer it made. Made on the
-  // device of the values offloaded so far (the CPU before any; remade if it changes).
+  // Hold `buffers` (bytes -> count) across steps, made (and faulted) now; whatever else the pool makes
+  // is freed at every step's end. Training reserves none (a plan's memory counts no idle buffer in
+  // forward); a caller that knows its sizes may. Made on the device of the values offloaded so far
+  // (the CPU before any; remade if it changes).
   void reserve_copy_in(const std::map<int64_t, int64_t>& buffers);
   int64_t copy_in_pool_bytes() const { return pool_.bytes(); }
 
@@ -197,7 +197,7 @@ class OffloadEngine {
   std::unordered_map<const void*, std::shared_ptr<Entry>> by_storage_;  // StorageImpl -> entry
   std::list<std::shared_ptr<Entry>> entries_;                           // this step, in offload order
   CopyInPool pool_;                                                     // copy-in destinations
-  std::optional<std::map<int64_t, int64_t>> pool_plan_;                 // reserve_copy_in's (none: kept)
+  std::optional<std::map<int64_t, int64_t>> pool_plan_;                 // reserve_copy_in's (none: empty)
   int64_t forward_ordinal_ = -1;                                        // the node whose saves are offloaded now
   std::atomic<bool> tier_was_full_{false};  // a copy-out failed: KeepResident offloads stop
   at::Device device_ = at::kCPU;
