@@ -414,7 +414,9 @@ void OffloadEngine::reserve_copy_in(const std::map<int64_t, int64_t>& buffers) {
 at::Tensor CopyInPool::make(int64_t bytes, const at::Device& device) {
   CategoryGuard cat(Category::SavedActivations);
   at::Tensor buffer = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
-  buffer.zero_();  // fault every page now, not during the first read into it
+  // Host memory: fault every page now, not during the first read into it. Device memory has no first-
+  // touch faults (and a fill on the compute stream would race the copy-in stream's read).
+  if (buffer.is_cpu()) buffer.zero_();
   bytes_ += bytes;
   return buffer;
 }
