@@ -2,7 +2,9 @@
 // (issue: "the joint plan beats keep/recompute alone on step time at the same budget on at least one
 // model where offload can hide"). For each budget both plans are made from the same profile, and
 // steps alternate joint / recompute-only / unconstrained so drift hits all alike. Offload copies run on
-// their own threads, so wall time is the figure of merit (CPU time is printed too).
+// their own threads, so wall time is the figure of merit (CPU time is printed too). Per budget it also
+// reports the offload engine's deadline waits (planned copy-outs not done by their deadline), the time
+// backward waited for copy-ins, the copy-in pool the plan holds and its misses over the timed steps.
 //
 // usage: bench_joint_plan [--steps N] [--dir SPILL_DIR] [--tier disk|host|host+disk] [--out FILE.json]
 //                         [CONFIG.toml] [--set k=v ...]
@@ -84,8 +86,9 @@ int main(int argc, char** argv) {
 
     std::printf("\n%-11s | %-34s | %-34s | %9s | %s\n", "", "keep/recompute (knapsack)", "joint keep/recompute/offload",
                 "plain", "");
-    std::printf("%-11s | %9s %9s %6s %7s | %9s %9s %6s %7s | %9s | %s\n", "budget", "measured", "wall ms", "recomp",
-                "cpu ms", "measured", "wall ms", "offl", "cpu ms", "wall ms", "joint vs recompute");
+    std::printf("%-11s | %9s %9s %6s %7s | %9s %9s %6s %7s | %9s | %-18s | %s\n", "budget", "measured", "wall ms", "recomp",
+                "cpu ms", "measured", "wall ms", "offl", "cpu ms", "wall ms", "joint vs recompute",
+                "deadline waits, fetch wait ms/step, pool");
     nlohmann::json rows = nlohmann::json::array();
     int wins = 0, points = 0;
     for (double f : {0.75, 0.5, 0.35, 0.2, 0.1}) {
@@ -107,6 +110,7 @@ int main(int argc, char** argv) {
       std::vector<double> rw, rc, jw, jc, pw;
       int64_t rpeak = 0, jpeak = 0;
       bool equal = true;
+      memory::OffloadStats timed_from;  // the joint engine's counters after the warm-up step
       for (int s = 0; s <= steps; ++s) {
         // Same dropout masks every step: gradients comparable bitwise. They are held only in the warm-up
         // step, so they do not count in timed peaks.
@@ -117,6 +121,7 @@ int main(int argc, char** argv) {
         const train::StepStats c = plain.measure_step(model, batch, o);
         if (s == 0) {  // warm-up
           equal = same(a, c) && same(b, c);
+          timed_from = a.offload;
           continue;
         }
         jw.push_back(a.ms);
@@ -128,14 +133,21 @@ int main(int argc, char** argv) {
         rpeak = std::max(rpeak, b.peak_bytes);
       }
       RATION_CHECK(equal, "gradients under a plan differ from the plain step at budget ", memory::format_bytes(budget));
+      const memory::OffloadStats timed_to = joint.engine()->stats();
+      const int64_t deadline_waits = timed_to.deadline_waits - timed_from.deadline_waits;
+      const int64_t pool_misses = timed_to.pool_misses - timed_from.pool_misses;
+      const double fetch_wait_ms = (timed_to.fetch_wait_ms - timed_from.fetch_wait_ms) / std::max(steps, 1);
+      const double forward_pause_ms = (timed_to.forward_pause_ms - timed_from.forward_pause_ms) / std::max(steps, 1);
       const double gain = 1.0 - median(jw) / median(rw);
       ++points;
       wins += gain > 0 ? 1 : 0;
-      std::printf("%-11s | %9s %9.1f %6lld %7.1f | %9s %9.1f %6lld %7.1f | %9.1f | %+.1f%% %s\n",
+      std::printf("%-11s | %9s %9.1f %6lld %7.1f | %9s %9.1f %6lld %7.1f | %9.1f | %+17.1f%% | %lld, %.1f, %s%s\n",
                   memory::format_bytes(budget).c_str(), memory::format_bytes(rpeak).c_str(), median(rw),
                   static_cast<long long>(rplan.prediction.recomputed_nodes), median(rc), memory::format_bytes(jpeak).c_str(),
                   median(jw), static_cast<long long>(jplan.offloaded_groups), median(jc), median(pw), 100 * gain,
-                  rpeak <= budget && jpeak <= budget ? "" : "OVER BUDGET");
+                  static_cast<long long>(deadline_waits), fetch_wait_ms,
+                  memory::format_bytes(jplan.prediction.copy_in_pool_bytes).c_str(),
+                  rpeak <= budget && jpeak <= budget ? "" : " OVER BUDGET");
       rows.push_back({{"budget_bytes", budget},
                       {"recompute", {{"measured_peak_bytes", rpeak}, {"predicted_peak_bytes", rplan.prediction.peak_bytes},
                                      {"step_ms_median", median(rw)}, {"step_cpu_ms_median", median(rc)},
@@ -146,7 +158,12 @@ int main(int argc, char** argv) {
                                  {"offloaded_groups", jplan.offloaded_groups}, {"offloaded_bytes", jplan.offloaded_bytes},
                                  {"recomputed_nodes", jplan.prediction.recomputed_nodes},
                                  {"predicted_recompute_ms", jplan.prediction.recompute_ms},
-                                 {"predicted_offload_stall_ms", jplan.prediction.offload_stall_ms}}},
+                                 {"predicted_offload_stall_ms", jplan.prediction.offload_stall_ms},
+                                 {"deadline_waits", deadline_waits},
+                                 {"forward_pause_ms_per_step", forward_pause_ms},
+                                 {"fetch_wait_ms_per_step", fetch_wait_ms},
+                                 {"copy_in_pool_bytes", jplan.prediction.copy_in_pool_bytes},
+                                 {"copy_in_pool_misses", pool_misses}}},
                       {"plain_step_ms_median", median(pw)},
                       {"joint_faster_by", gain},
                       {"gradients_bitwise_equal", equal}});

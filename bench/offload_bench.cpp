@@ -8,8 +8,12 @@
 //      tier        memory::SpillTier::write() / read() into the same preallocated buffers, slot freed
 //      engine      an OffloadEngine's copy queues (Q2 out, Q4 in), asynchronously: every buffer is
 //                  submitted as a saved value, then forward waits once for all writes; backward issues
-//                  every read at once and fetches each (the engine allocates its own destinations)
-//      raw new-dst raw, reading into buffers allocated just before each read (what the engine does)
+//                  every read at once and fetches each. One engine per buffer size for all passes, its
+//                  copy-in pool reserved for these buffers (reserve_copy_in: made and faulted once), so
+//                  reads land in memory the previous pass released
+//      engine cold the same with the pool a training step has: none reserved, so this pass (which
+//                  holds every value at once, nothing released to reuse) makes a buffer per read
+//      raw new-dst raw, reading into buffers allocated just before each read (first-touch page faults)
 //      raw+fsync   raw with fsync() after each file's write (reads then come from the page cache)
 //      raw O_DIRECT  raw with O_DIRECT on 4 KiB-aligned buffers: the virtio disk itself, both ways
 //    A "read" phase is read back + free the file, the same for every mode. After one unrecorded warm-up
@@ -126,6 +130,7 @@ struct BufferSet {
 struct Phase {
   double write_ms = 0, read_ms = 0, write_cpu_ms = 0, read_cpu_ms = 0;
   double queue_write_ms = 0, queue_read_ms = 0;  // engine only: time its queues spent copying
+  int64_t pool_misses = 0;                         // engine only: reads that had to make a pool buffer
   bool equal = true;
 };
 
@@ -195,14 +200,18 @@ Phase run_tier(BufferSet& b, const std::string& dir) {
 // Through the engine's public API, as a forward/backward would drive it: one producer node saving
 // `count` values, all offloaded with that node as their deadline (end_forward_node waits for every
 // write), then one backward node whose prefetch window issues every read at once, then a fetch each.
-Phase run_engine(BufferSet& b, const std::string& dir) {
-  Phase ph;
+memory::OffloadOptions engine_options(const std::string& dir) {
   memory::OffloadOptions o;
   o.tier = "disk";
   o.dir = dir;
   o.min_bytes = 0;
   o.prefetch = 0;
-  memory::OffloadEngine engine(o);
+  return o;
+}
+
+Phase run_engine(BufferSet& b, memory::OffloadEngine& engine) {
+  Phase ph;
+  const memory::OffloadStats before = engine.stats();
   auto node = std::make_shared<Node>();
   node->spec.name = "bench_buffer";
   node->seq = 1;
@@ -227,9 +236,16 @@ Phase run_engine(BufferSet& b, const std::string& dir) {
   for (int64_t i = 0; i < b.count; ++i) back[static_cast<size_t>(i)] = engine.fetch(*values[static_cast<size_t>(i)]);
   ph.read_ms = ms_since(t0);
   ph.read_cpu_ms = cpu_ms_now() - c0;
-  const memory::OffloadStats s = engine.stats();
+  engine.end_step();
+  memory::OffloadStats s = engine.stats();
+  s.write_ms -= before.write_ms;
+  s.read_ms -= before.read_ms;
+  s.written_bytes -= before.written_bytes;
+  s.read_bytes -= before.read_bytes;
+  s.fallbacks -= before.fallbacks;
   ph.queue_write_ms = s.write_ms;
   ph.queue_read_ms = s.read_ms;
+  ph.pool_misses = s.pool_misses - before.pool_misses;
   RATION_CHECK(s.written_bytes == b.count * b.size && s.read_bytes == b.count * b.size && s.fallbacks == 0,
                "engine moved ", s.written_bytes, " / ", s.read_bytes, " bytes of ", b.count * b.size, " (", s.fallbacks,
                " fallbacks)");
@@ -330,7 +346,8 @@ int main(int argc, char** argv) {
   if (do_throughput) {
     const int64_t total = total_mib << 20;
     const std::vector<int64_t> sizes = {int64_t{256} << 10, int64_t{4} << 20, int64_t{64} << 20};
-    const std::vector<std::string> modes = {"raw", "tier", "engine", "raw new-dst", "raw+fsync", "raw O_DIRECT"};
+    const std::vector<std::string> modes = {"raw",         "tier",      "engine",      "engine cold",
+                                            "raw new-dst", "raw+fsync", "raw O_DIRECT"};
     std::printf("spill directory %s; %s per buffer size; %d repetitions (rotated order), medians; MB/s = 1e6 B/s\n",
                 dir.c_str(), mib(total).c_str(), reps);
     at::manual_seed(0);
@@ -351,6 +368,8 @@ int main(int argc, char** argv) {
       std::memcpy(b.src_aligned.get(), pattern.data_ptr(), static_cast<size_t>(b.count * size));
       std::memset(b.dst_aligned.get(), 0, static_cast<size_t>(b.count * size));
       std::vector<std::vector<Phase>> by_mode(modes.size());
+      auto engine = std::make_unique<memory::OffloadEngine>(engine_options(dir));  // every pass of this size
+      engine->reserve_copy_in({{size, b.count}});
       for (int r = -1; r < reps; ++r) {  // r = -1: warm-up pass, not recorded
         for (size_t k = 0; k < modes.size(); ++k) {
           // Rotated, and reversed every other pass, so no mode always follows the same one.
@@ -362,7 +381,11 @@ int main(int argc, char** argv) {
           Phase ph;
           if (modes[m] == "raw") ph = run_raw(b, dir, false, false);
           else if (modes[m] == "tier") ph = run_tier(b, dir);
-          else if (modes[m] == "engine") ph = run_engine(b, dir);
+          else if (modes[m] == "engine") ph = run_engine(b, *engine);
+          else if (modes[m] == "engine cold") {
+            memory::OffloadEngine cold(engine_options(dir));
+            ph = run_engine(b, cold);
+          }
           else if (modes[m] == "raw new-dst") ph = run_raw(b, dir, false, false, /*fresh_dst=*/true);
           else if (modes[m] == "raw+fsync") ph = run_raw(b, dir, true, false);
           else ph = run_raw(b, dir, false, true);
@@ -406,16 +429,20 @@ int main(int argc, char** argv) {
           row["write_ms"].push_back(p.write_ms);
           row["read_ms"].push_back(p.read_ms);
         }
-        if (modes[m] == "engine") {
+        if (modes[m] == "engine" || modes[m] == "engine cold") {
           row["queue_write_ms_median"] = med(by_mode[m], &Phase::queue_write_ms);
           row["queue_read_ms_median"] = med(by_mode[m], &Phase::queue_read_ms);
+          int64_t misses = 0;
+          for (const auto& p : by_mode[m]) misses += p.pool_misses;
+          row["copy_in_pool_misses"] = misses;  // engine: 0 once the warm-up pass made the pool
         }
         rows.push_back(row);
       }
     }
     std::printf("(raw: write() to a fresh O_TMPFILE file per buffer, no fsync, then pread() + close(); tier: "
-                "SpillTier::write/read; engine: OffloadEngine queues, all submitted then waited on, reads into buffers it "
-                "allocates; raw new-dst: raw reading into buffers allocated just before each read, as the engine does; ratios vs raw)\n");
+                "SpillTier::write/read; engine: OffloadEngine queues, all submitted then waited on, reads into its "
+                "copy-in pool, reserved for these buffers; engine cold: a new engine per pass, no pool reserved (as in "
+                "training; all values held at once, so nothing to reuse); raw new-dst: raw reading into buffers allocated just before each read; ratios vs raw)\n");
     result["throughput"] = {{"total_bytes_per_size", total}, {"repetitions", reps}, {"rows", rows}};
   }
 

@@ -6,7 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <numeric>
+#include <random>
 
 #include "test_util.h"
 
@@ -324,7 +327,7 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
   const memory::Plan loose = memory::make_plan(profile, probe);
   const int64_t hi = loose.unconstrained_peak_bytes, lo = loose.minimum_peak_bytes;
   ASSERT_LT(lo, hi);
-  int64_t offloaded_somewhere = 0;
+  int64_t offloaded_somewhere = 0, misses_before = 0;
   for (double f : {0.75, 0.5, 0.25, 0.0}) {
     memory::PlanOptions po = probe;
     po.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
@@ -338,6 +341,14 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
     EXPECT_LE(std::abs(static_cast<double>(predicted - r.peak_above_baseline())),
               0.05 * static_cast<double>(r.peak_above_baseline()))
         << "predicted " << predicted << " measured " << r.peak_above_baseline();
+    EXPECT_EQ(predicted, r.peak_above_baseline()) << "the prediction is exact to the byte, copy-in pool included";
+    // Copy-ins land in the pool the plan predicted: its buffers are made in backward, one per storage of
+    // a size resident at once, and freed when the step ends.
+    int64_t pool_made = 0;
+    for (const auto& [b, n] : plan.prediction.copy_in_pool) pool_made += n;
+    EXPECT_EQ(r.offload.pool_misses - misses_before, pool_made);
+    misses_before = r.offload.pool_misses;
+    EXPECT_EQ(runtime.engine()->copy_in_pool_bytes(), 0) << "a plan's pool is not held across steps";
     expect_bitwise_equal({r.gradients});
     EXPECT_EQ(runtime.engine()->pending_entries(), 0);
   }
@@ -360,6 +371,128 @@ TEST_F(OffloadModel, JointPlanPrefersRecomputeWhenTheTierCannotHide) {
   EXPECT_EQ(with_slow.offloaded_groups, 0) << with_slow.to_table();
   EXPECT_GT(with_slow.prediction.recompute_ms, with_fast.prediction.recompute_ms);
   EXPECT_LE(with_fast.prediction.offload_stall_ms, 1.0);
+}
+
+
+// ---- the copy-in pool and O(1) fetch -------------------------------------------------------------------
+
+// Saved values on one producer node, offloaded through the engine's public API and fetched back as a
+// backward node would (the bench and measure_offload_costs drive it the same way).
+struct EngineRound {
+  std::shared_ptr<Node> node = std::make_shared<Node>();
+  std::vector<std::shared_ptr<SavedValue>> values;
+  std::vector<at::Tensor> back;
+};
+EngineRound engine_round(memory::OffloadEngine& engine, const std::vector<at::Tensor>& sources) {
+  EngineRound r;
+  r.node->spec.name = "pool_test";
+  r.node->seq = 1;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    r.values.push_back(std::make_shared<SavedValue>(r.node, static_cast<int>(i), sources[i].numel()));
+    r.values.back()->save(sources[i]);
+  }
+  engine.begin_step();
+  engine.begin_forward_node(*r.node, 0);
+  for (auto& v : r.values) EXPECT_TRUE(engine.offload(v, 0));
+  engine.end_forward_node(0);
+  engine.before_backward_node(0, nullptr);
+  for (auto& v : r.values) r.back.push_back(engine.fetch(*v));
+  return r;
+}
+
+TEST(OffloadEngine, CopyInPoolIsReusedOnceBackwardReleasesAndIsCountedMemory) {
+  memory::install_counting_allocator();
+  OffloadOptions o;
+  o.tier = "host";
+  o.min_bytes = 0;
+  memory::OffloadEngine engine(o);
+  const std::vector<at::Tensor> a = {bytes(300 << 10, 1), bytes(300 << 10, 2), bytes(70 << 10, 3)};
+  const std::vector<at::Tensor> b = {bytes(300 << 10, 4), bytes(70 << 10, 5), bytes(300 << 10, 6)};
+  const int64_t before = memory::current_bytes();
+  {
+    EngineRound r = engine_round(engine, a);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(r.back[i], a[i]));
+  }  // backward released every value: the buffers stay in the pool, free, until the step ends
+  const OffloadStats first = engine.stats();
+  EXPECT_EQ(engine.copy_in_pool_bytes(), (600 << 10) + (70 << 10));
+  engine.end_step();
+  EXPECT_EQ(engine.copy_in_pool_bytes(), 0) << "nothing reserved: the step's end frees the pool";
+  engine.reserve_copy_in({{300 << 10, 2}, {70 << 10, 1}});
+  EXPECT_EQ(first.pool_misses, 3);
+  EXPECT_EQ(first.pool_reads, 0);
+  EXPECT_EQ(engine.copy_in_pool_bytes(), (600 << 10) + (70 << 10));
+  EXPECT_EQ(memory::current_bytes() - before, engine.copy_in_pool_bytes()) << "the pool is ordinary counted memory";
+  {
+    EngineRound r = engine_round(engine, b);
+    for (size_t i = 0; i < b.size(); ++i) EXPECT_TRUE(at::equal(r.back[i], b[i])) << "buffer reused with stale bytes";
+    // While the values live their buffers are in use: one more read of that size needs a new buffer.
+    EngineRound more = engine_round(engine, {bytes(70 << 10, 7)});
+    EXPECT_TRUE(at::equal(more.back[0], bytes(70 << 10, 7)));
+  }
+  const OffloadStats second = engine.stats();
+  EXPECT_EQ(second.pool_reads, 3) << "reserved buffers are reused by size";
+  EXPECT_EQ(second.pool_misses, 4);
+  EXPECT_EQ(engine.copy_in_pool_bytes(), (600 << 10) + (140 << 10));
+  engine.end_step();
+  EXPECT_EQ(engine.copy_in_pool_bytes(), (600 << 10) + (70 << 10)) << "the step's end keeps the reservation only";
+  // A plan's reservation holds exactly what it names and frees the rest.
+  engine.reserve_copy_in({{300 << 10, 1}, {1 << 20, 2}});
+  EXPECT_EQ(engine.copy_in_pool_bytes(), (300 << 10) + (2 << 20));
+  EXPECT_EQ(memory::current_bytes() - before, engine.copy_in_pool_bytes());
+}
+
+TEST(OffloadEngine, FetchFindsEveryViewOfManyStoragesInAnyOrder) {
+  OffloadOptions o;
+  o.tier = "host";
+  o.min_bytes = 0;
+  memory::OffloadEngine engine(o);
+  auto node = std::make_shared<Node>();
+  node->spec.name = "many";
+  node->seq = 1;
+  constexpr int kStorages = 600;
+  std::vector<at::Tensor> bases;
+  std::vector<std::shared_ptr<SavedValue>> values;
+  std::vector<at::Tensor> expected;
+  engine.begin_step();
+  engine.begin_forward_node(*node, 0);
+  for (int i = 0; i < kStorages; ++i) {
+    bases.push_back(at::arange(i, i + 64, at::kFloat));
+    for (const at::Tensor& view : {bases.back().narrow(0, 0, 32), bases.back().narrow(0, 16, 48)}) {
+      values.push_back(std::make_shared<SavedValue>(node, static_cast<int>(values.size()), 256));
+      values.back()->save(view);
+      expected.push_back(view.clone());
+      ASSERT_TRUE(engine.offload(values.back(), -1, 0));
+    }
+  }
+  engine.end_forward_node(0);
+  EXPECT_EQ(engine.pending_entries(), kStorages) << "views of one storage share one entry";
+  std::vector<size_t> order(values.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(5));
+  for (size_t i : order) {
+    const at::Tensor t = engine.fetch(*values[i]);
+    ASSERT_TRUE(at::equal(t, expected[i])) << "value " << i;
+  }
+  EXPECT_EQ(engine.pending_entries(), 0);
+  EXPECT_EQ(engine.stats().read_bytes, kStorages * 256);
+}
+
+TEST(OffloadEngine, CostsAreMeasuredThroughTheEngineWithItsPool) {
+  OffloadOptions o;
+  o.tier = "host";
+  memory::HostTier tier;
+  const memory::OffloadCosts c = memory::measure_offload_costs(tier, o, 4 << 20);
+  EXPECT_EQ(c.copy_in, memory::CopyInMemory::Pooled);
+  EXPECT_GT(c.write_bytes_per_ms, 1e3) << "host memory copies faster than 1 MB/s";
+  EXPECT_GT(c.read_bytes_per_ms, 1e3);
+  EXPECT_GT(c.per_copy_ms, 0);
+  EXPECT_EQ(tier.used_bytes(), 0) << "measuring leaves nothing in the tier";
+  TempDir dir("costs");
+  memory::SpillTier spill(dir.path.string());
+  const memory::OffloadCosts d = memory::measure_offload_costs(spill, o, 16 << 20);
+  EXPECT_EQ(d.copy_in, memory::CopyInMemory::Pooled);
+  EXPECT_GT(d.read_bytes_per_ms, 1e3);
+  EXPECT_EQ(spill.used_bytes(), 0);
 }
 
 }  // namespace

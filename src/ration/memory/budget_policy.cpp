@@ -9,6 +9,9 @@ BudgetPolicy::BudgetPolicy(const Plan& plan, const StepProfile& profile, const S
     : dropped_(plan.dropped_keys(profile)), offloaded_(plan.offloaded_keys(profile)), order_(order), engine_(engine),
       store_from_(plan.store_from) {
   RATION_CHECK(offloaded_.empty() || engine_ != nullptr, "a plan that offloads needs an offload engine");
+  // Plan mode for the copy-in pool: nothing held across steps; buffers backward makes are freed at the
+  // step's end, as the plan's simulator counts them (Prediction::copy_in_pool).
+  if (engine_ != nullptr) engine_->reserve_copy_in({});
   ops_.reserve(profile.nodes.size());
   for (const auto& n : profile.nodes) ops_.push_back(n.op);
 }

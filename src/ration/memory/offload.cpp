@@ -11,6 +11,8 @@
 #include <future>
 #include <thread>
 
+#include <time.h>
+
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/core/trace.h"
@@ -27,6 +29,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+// CPU time of the calling thread: what it spent itself, not waiting or preempted by other processes.
+double thread_cpu_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
 
 bool ready(const std::shared_future<void>& f) {
   return f.valid() && f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
@@ -71,15 +79,101 @@ std::unique_ptr<Tier> make_tier(const OffloadOptions& o) {
   return tier;
 }
 
+namespace {
+
+// A tier the measuring engine uses without owning it (the caller's engine keeps it).
+class BorrowedTier : public Tier {
+ public:
+  explicit BorrowedTier(Tier& tier) : tier_(tier) {}
+  std::string name() const override { return tier_.name(); }
+  std::unique_ptr<Slot> write(const at::Tensor& src) override { return tier_.write(src); }
+  void read(const Slot& slot, at::Tensor& dst) override { tier_.read(slot, dst); }
+  int64_t used_bytes() const override { return tier_.used_bytes(); }
+  int64_t free_bytes() const override { return tier_.free_bytes(); }
+
+ private:
+  Tier& tier_;
+};
+
+// Matrix products on a thread of their own while copies are measured: the contention a step's compute
+// puts on cores and memory bandwidth. Stops (and joins) when destroyed.
+class ComputeBeside {
+ public:
+  ComputeBeside()
+      : thread_([this] {
+          at::Tensor a = at::rand({256, 256}), b = at::rand({256, 256});
+          while (!stop_.load()) a = at::mm(a, b).div_(256);
+        }) {}
+  ~ComputeBeside() {
+    stop_.store(true);
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// One round trip of `sources` through `engine`, as a step drives it: offloaded after one forward node
+// (with that node as their deadline), fetched back from one backward node.
+struct RoundTrip {
+  double write_ms = 0, read_ms = 0;  // wall: offload calls until every write is done; first read until the last fetch
+  double compute_ms = 0;             // the compute thread's CPU time in offload() and fetch() (waits excluded)
+  double queue_ms = 0;               // the queues' time in the tier (its fixed cost, for small buffers)
+};
+RoundTrip round_trip(OffloadEngine& engine, const std::vector<at::Tensor>& sources) {
+  auto node = std::make_shared<Node>();
+  node->spec.name = "offload_probe";
+  node->seq = 1;
+  std::vector<std::shared_ptr<SavedValue>> values;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    values.push_back(std::make_shared<SavedValue>(node, static_cast<int>(i), sources[i].numel()));
+    values.back()->save(sources[i]);
+  }
+  const OffloadStats before = engine.stats();
+  RoundTrip r;
+  engine.begin_step();
+  auto t0 = Clock::now();
+  double cpu0 = thread_cpu_ms();
+  engine.begin_forward_node(*node, 0);
+  for (auto& v : values) engine.offload(v, 0);
+  r.compute_ms += thread_cpu_ms() - cpu0;
+  engine.end_forward_node(0);  // waits for every write
+  r.write_ms = ms_since(t0);
+  t0 = Clock::now();
+  cpu0 = thread_cpu_ms();
+  engine.before_backward_node(0, nullptr);
+  std::vector<at::Tensor> back;
+  for (auto& v : values) back.push_back(engine.fetch(*v));
+  r.read_ms = ms_since(t0);
+  r.compute_ms += thread_cpu_ms() - cpu0;
+  const OffloadStats after = engine.stats();
+  r.queue_ms = (after.write_ms - before.write_ms) + (after.read_ms - before.read_ms);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (!back[i].defined()) throw TierFull("offload tier " + engine.tier().name() + " failed while measured");
+    RATION_CHECK(at::equal(back[i], sources[i]), "offload tier ", engine.tier().name(),
+                 " returned different bytes than were written (buffer ", i, " of ", sources.size(), ", ",
+                 back[i].ne(sources[i]).sum().item<int64_t>(), " of ", sources[i].numel(), " bytes differ; sizes ",
+                 back[i].sizes(), " vs ", sources[i].sizes(), ")");
+  }
+  engine.end_step();
+  return r;
+}
+
+}  // namespace
+
 OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, int64_t probe_bytes) {
   OffloadCosts c;
   c.min_bytes = options.min_bytes;
   c.min_prefetch = options.prefetch;
+  c.copy_in = CopyInMemory::Pooled;
   // Probe with at most a quarter of the tier's room, so measuring never fills it; a tier with less
   // than a useful probe's room is not offloaded to at all (capacity 0, bandwidths nominal).
   constexpr int64_t kSmallestProbe = 64 << 10;
+  constexpr int kBuffers = 4;  // the probe goes as this many saved values, queued back to back
+  constexpr int kSmall = 16;   // small copies per round trip, so one preemption does not make the figure
   const int64_t room = tier.free_bytes();
-  probe_bytes = std::min(probe_bytes, room / 4);
+  probe_bytes = std::min(probe_bytes, room / 4) / kBuffers * kBuffers;
   auto unusable = [&] {
     c.capacity_bytes = 0;
     c.write_bytes_per_ms = c.read_bytes_per_ms = 1;
@@ -88,28 +182,37 @@ OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, in
   if (probe_bytes < kSmallestProbe) return unusable();
   // What the plan may use: the room less a tenth for file-system overhead and other writers.
   c.capacity_bytes = room == Tier::kUnboundedTier ? room : room - room / 10;
-  // Outside the device budget's accounting: these buffers exist only while measuring.
-  at::Tensor big = at::randint(0, 256, {probe_bytes}, at::TensorOptions().dtype(at::kByte));
-  at::Tensor small = at::randint(0, 256, {4096}, at::TensorOptions().dtype(at::kByte));
-  at::Tensor back = at::empty_like(big), back_small = at::empty_like(small);
+  // Outside the device budget's accounting: these buffers, and the measuring engine's copy-in pool,
+  // exist only while measuring. Saved as activations so the engine takes them, as in a step.
+  OffloadOptions probe_options = options;
+  probe_options.min_bytes = 0;
+  probe_options.t1 = 0;
+  probe_options.t2 = probe_options.t3 = kNoLimit;
+  std::vector<at::Tensor> big, small;
+  for (int i = 0; i < kBuffers; ++i) big.push_back(at::randint(0, 256, {probe_bytes / kBuffers}, at::kByte));
+  for (int i = 0; i < kSmall; ++i) small.push_back(at::randint(0, 256, {4096}, at::kByte));
   std::vector<double> w, r, s;
   try {
+    OffloadEngine engine(std::make_unique<BorrowedTier>(tier), probe_options);
+    // Reads into reserved (faulted) pool buffers: in a step, most reads reuse a buffer backward released.
+    engine.reserve_copy_in({{probe_bytes / kBuffers, kBuffers}, {4096, kSmall}});
+    ComputeBeside compute;
+    round_trip(engine, big);  // warm-up
+    round_trip(engine, small);
     for (int rep = 0; rep < 3; ++rep) {
-      auto t0 = Clock::now();
-      auto slot = tier.write(big);
-      w.push_back(ms_since(t0));
-      t0 = Clock::now();
-      tier.read(*slot, back);
-      r.push_back(ms_since(t0));
-      t0 = Clock::now();
-      auto tiny = tier.write(small);
-      tier.read(*tiny, back_small);
-      s.push_back(ms_since(t0) / 2);
+      const RoundTrip probe = round_trip(engine, big);
+      w.push_back(probe.write_ms);
+      r.push_back(probe.read_ms);
+      // A small copy's fixed cost: the compute thread's part (queueing, rebuilding views) and the tier's
+      // (a file, a system call), each per copy of the two.
+      const RoundTrip tiny = round_trip(engine, small);
+      s.push_back((tiny.compute_ms + tiny.queue_ms) / (2 * kSmall));
     }
+    const OffloadStats st = engine.stats();
+    if (st.fallbacks > 0) return unusable();  // the room reported was not there (another writer)
   } catch (const TierFull&) {
-    return unusable();  // the room reported was not there (another writer)
+    return unusable();
   }
-  RATION_CHECK(at::equal(back, big), "offload tier ", tier.name(), " returned different bytes than were written");
   auto med = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -253,6 +356,8 @@ struct OffloadEngine::Entry {
   int prefetch = 0;
   std::shared_ptr<ReplicaGroup> replicas;  // sharded: this process stores 1/n
   int64_t shard_bytes = 0;
+  const void* storage_key = nullptr;                   // its key in by_storage_
+  std::list<std::shared_ptr<Entry>>::iterator place;  // its place in entries_
 
   bool done() const {
     for (const auto& v : views)
@@ -300,6 +405,51 @@ void OffloadEngine::count(int64_t OffloadStats::*counter, int64_t n) {
 
 int64_t OffloadEngine::pending_entries() const { return static_cast<int64_t>(entries_.size()); }
 
+void OffloadEngine::reserve_copy_in(const std::map<int64_t, int64_t>& buffers) {
+  pool_plan_ = buffers;
+  pool_.reserve(buffers, device_);
+}
+
+// ---- the copy-in pool ------------------------------------------------------------------------------
+
+at::Tensor CopyInPool::make(int64_t bytes, const at::Device& device) {
+  CategoryGuard cat(Category::SavedActivations);
+  at::Tensor buffer = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+  // Host memory: fault every page now, not during the first read into it. Device memory has no first-
+  // touch faults (and a fill on the compute stream would race the copy-in stream's read).
+  if (buffer.is_cpu()) buffer.zero_();
+  bytes_ += bytes;
+  return buffer;
+}
+
+at::Tensor CopyInPool::acquire(int64_t bytes, const at::Device& device) {
+  std::vector<at::Tensor>& buffers = by_size_[bytes];
+  // Handed out as a tensor of its own over the buffer's storage, so holding it marks the buffer in use.
+  for (const at::Tensor& b : buffers)
+    if (!in_use(b) && b.device() == device) return b.alias();
+  ++misses_;
+  buffers.push_back(make(bytes, device));
+  return buffers.back().alias();
+}
+
+void CopyInPool::reserve(const std::map<int64_t, int64_t>& wanted, const at::Device& device) {
+  for (auto& [bytes, buffers] : by_size_) {  // free what the plan does not hold (in-use buffers stay)
+    const auto it = wanted.find(bytes);
+    auto keep = static_cast<size_t>(it == wanted.end() ? 0 : it->second);
+    std::vector<at::Tensor> kept;
+    for (at::Tensor& b : buffers) {
+      if ((in_use(b) || kept.size() < keep) && b.device() == device) kept.push_back(std::move(b));
+      else if (in_use(b)) kept.push_back(std::move(b));
+      else bytes_ -= bytes;
+    }
+    buffers.swap(kept);
+  }
+  for (const auto& [bytes, n] : wanted) {
+    std::vector<at::Tensor>& buffers = by_size_[bytes];
+    while (static_cast<int64_t>(buffers.size()) < n) buffers.push_back(make(bytes, device));
+  }
+}
+
 bool OffloadEngine::offloadable(const SavedValue& v) const {
   if (v.pinned() || v.state() != SavedState::Resident) return false;
   const at::Tensor& t = v.data();
@@ -311,25 +461,22 @@ bool OffloadEngine::offloadable(const SavedValue& v) const {
 }
 
 void OffloadEngine::forget(const std::shared_ptr<Entry>& e) {
-  for (const auto& v : e->views) by_value_.erase(v.value_id);
-  for (auto it = by_storage_.begin(); it != by_storage_.end();) {
-    if (it->second == e) it = by_storage_.erase(it);
-    else ++it;
+  for (const auto& v : e->views) {
+    auto it = by_value_.find(v.value_id);
+    if (it != by_value_.end() && it->second.entry == e) by_value_.erase(it);
   }
+  if (auto it = by_storage_.find(e->storage_key); it != by_storage_.end() && it->second == e) by_storage_.erase(it);
+  entries_.erase(e->place);
 }
 
 void OffloadEngine::sweep() {
-  std::vector<std::shared_ptr<Entry>> keep;
-  for (auto& e : entries_) {
-    if (!e->done()) {
-      keep.push_back(e);
-      continue;
-    }
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    std::shared_ptr<Entry> e = *it++;  // forget() erases e's place
+    if (!e->done()) continue;
     if (e->written.valid()) e->written.wait();
     if (e->loaded.valid()) e->loaded.wait();
     forget(e);
   }
-  entries_.swap(keep);
 }
 
 void OffloadEngine::begin_step() {
@@ -337,13 +484,18 @@ void OffloadEngine::begin_step() {
   sweep();
 }
 
-void OffloadEngine::end_step() { sweep(); }
+void OffloadEngine::end_step() {
+  sweep();
+  // What backward made beyond the reservation goes now: forward never holds idle copy-in buffers (a
+  // plan's simulator counts them until here; the threshold loop never peaks above not offloading).
+  pool_.reserve(pool_plan_ ? *pool_plan_ : std::map<int64_t, int64_t>{}, device_);
+}
 
 void OffloadEngine::begin_forward_node(const Node& node, int64_t ordinal) {
   forward_ordinal_ = ordinal;
   for (const auto& ref : node.saved) {
     auto it = by_value_.find(ref.value->id());
-    if (it != by_value_.end()) it->second->first_use = std::max(it->second->first_use, ordinal);
+    if (it != by_value_.end()) it->second.entry->first_use = std::max(it->second.entry->first_use, ordinal);
   }
 }
 
@@ -353,7 +505,10 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
   if (!offloadable(value)) return false;
   if (when_full == WhenTierFull::KeepResident && tier_was_full_.load()) return false;
   const at::Tensor t = value.data();
-  device_ = t.device();
+  if (t.device() != device_) {
+    device_ = t.device();
+    if (pool_plan_) pool_.reserve(*pool_plan_, device_);  // the plan's pool, on the values' device
+  }
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   std::shared_ptr<Entry> e;
   if (auto it = by_storage_.find(impl); it != by_storage_.end() && !it->second->storage->expired() &&
@@ -401,7 +556,8 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
       promise->set_value();
     });
     by_storage_[impl] = e;
-    entries_.push_back(e);
+    e->storage_key = impl;
+    e->place = entries_.insert(entries_.end(), e);
     count(&OffloadStats::offloaded_storages);
   }
   if (deadline >= 0) e->deadline = e->deadline < 0 ? deadline : std::min(e->deadline, deadline);
@@ -415,7 +571,7 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
   view.original = c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr());
   view.version = t._version();
   e->first_use = std::max<int64_t>(e->first_use, forward_ordinal_);
-  by_value_[value.id()] = e;
+  by_value_[value.id()] = ViewRef{e, e->views.size()};
   e->views.push_back(std::move(view));
   value.mark_offloaded();
   count(&OffloadStats::offloaded_values);
@@ -464,9 +620,13 @@ void OffloadEngine::issue_read(const std::shared_ptr<Entry>& e, bool demand) {
     e->loaded = nothing.get_future().share();
     return;
   }
-  {
+  if (e->replicas) {  // a shard: the all-gather makes the whole storage anew, so no pool buffer
     CategoryGuard cat(Category::SavedActivations);
-    e->buffer = at::empty({e->replicas ? e->shard_bytes : e->storage_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+    e->buffer = at::empty({e->shard_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+  } else {
+    const int64_t misses = pool_.misses();
+    e->buffer = pool_.acquire(e->storage_bytes, device_);
+    count(pool_.misses() > misses ? &OffloadStats::pool_misses : &OffloadStats::pool_reads);
   }
   auto promise = std::make_shared<std::promise<void>>();
   e->loaded = promise->get_future().share();
@@ -519,7 +679,9 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
   auto found = by_value_.find(value.id());
   RATION_CHECK(found != by_value_.end(), "offloaded value ", value.label(),
                " is unknown to this offload engine (was it offloaded under another OffloadScope?)");
-  std::shared_ptr<Entry> e = found->second;
+  std::shared_ptr<Entry> e = found->second.entry;
+  Entry::View* const view = &e->views[found->second.view];
+  RATION_ASSERT(view->value_id == value.id(), "offload entry lost the view of ", value.label());
   if (e->phase != Entry::Phase::CopyingIn) issue_read(e, /*demand=*/true);
   if (!ready(e->loaded)) {
     TraceRegion stall("stalls", "stall", "wait for copy-in");
@@ -528,8 +690,6 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.fetch_wait_ms += ms_since(t0);
   }
-  auto view = std::find_if(e->views.begin(), e->views.end(), [&](const auto& v) { return v.value_id == value.id(); });
-  RATION_ASSERT(view != e->views.end(), "offload entry lost the view of ", value.label());
   view->fetched = true;
   at::Tensor result;
   if (e->kept.defined()) {  // a failed write under KeepResident: the storage never left memory
@@ -575,7 +735,6 @@ at::Tensor OffloadEngine::fetch(SavedValue& value) {
     e->slot.reset();
     e->restored = at::Tensor();
     e->buffer = at::Tensor();
-    entries_.erase(std::remove(entries_.begin(), entries_.end(), e), entries_.end());
     forget(e);
   }
   return result;

@@ -17,6 +17,14 @@
 // Offload works per storage: views of one storage share one stored buffer, and each view is rebuilt
 // with its own sizes/strides/offset over the restored storage, so bytes come back bitwise identical.
 //
+// Copy-in lands in the engine's CopyInPool: buffers kept between uses, so a read writes into memory
+// whose pages are already faulted (a fresh buffer per read spends most of the copy on first-touch page
+// faults). Within a step the pool grows to the most storages of each size resident at once, and a read
+// reuses a buffer backward released; at the step's end the buffers beyond a reservation
+// (reserve_copy_in, none by default) are freed, so forward never holds idle copy-in buffers (a plan's
+// simulator counts each from the read that made it to the step's end: Prediction::copy_in_pool). O(1) per fetch: entries are found by value id,
+// each holding its place in the step's list and its view's index.
+//
 // Usage (`usage()`) is the measured device memory: the counting allocator's device bytes on CPU, the
 // CUDA caching allocator's allocated bytes on a GPU.
 #pragma once
@@ -28,7 +36,10 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <list>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -59,11 +70,35 @@ struct OffloadOptions {
 // Checks the options (thresholds ordered, prefetch ≥ 0, tier name); errors name the key.
 void validate(const OffloadOptions& options);
 std::unique_ptr<Tier> make_tier(const OffloadOptions& options);
-// Measure the tier for the joint plan: write/read bandwidth on `probe_bytes` buffers (median of a few
-// round trips; smaller when the tier has less room), the fixed cost of one small copy, and what the
-// tier can hold (OffloadCosts::capacity_bytes). A tier too small to measure gets capacity 0: the
-// planner then keeps or recomputes everything.
+// Measure offload for the joint plan as a step sees it: copy-out and copy-in bandwidth through an
+// OffloadEngine's queues over `tier` (copy-in into the engine's warm copy-in pool, as every step after
+// the first), while a compute thread runs matrix products beside them (a step's contention for cores
+// and memory bandwidth); medians of a few round trips of `probe_bytes` in four buffers (smaller when the
+// tier has less room), the fixed cost of one small copy, and what the tier can hold
+// (OffloadCosts::capacity_bytes). A tier too small to measure gets capacity 0: the planner then keeps or
+// recomputes everything. copy_in is CopyInMemory::Pooled (the engine always reads into its pool).
 OffloadCosts measure_offload_costs(Tier& tier, const OffloadOptions& options, int64_t probe_bytes = 16 << 20);
+
+// The copy-in destinations (see the file comment). A buffer is in use while a tensor other than the
+// pool's own references its storage (a restored value, its views, a read in flight); when backward
+// releases the value it is free for the next read of the same size. Buffers are ordinary tensors of the
+// counting allocator (saved_activations; on a GPU, the CUDA caching allocator's), so measured peaks
+// include them; touched when made, so their pages are faulted once. Used by the compute thread only.
+class CopyInPool {
+ public:
+  // A free buffer of exactly `bytes` (1-D uint8 on `device`), or a new one the pool keeps (a miss).
+  at::Tensor acquire(int64_t bytes, const at::Device& device);
+  // Hold exactly `buffers` (bytes -> count): frees the free buffers beyond it, makes the missing ones.
+  void reserve(const std::map<int64_t, int64_t>& buffers, const at::Device& device);
+  int64_t bytes() const { return bytes_; }
+  int64_t misses() const { return misses_; }  // acquires that had to make a buffer
+
+ private:
+  static bool in_use(const at::Tensor& buffer) { return buffer.storage().use_count() > 1; }
+  at::Tensor make(int64_t bytes, const at::Device& device);
+  std::map<int64_t, std::vector<at::Tensor>> by_size_;  // bytes -> buffers, each (bytes,) uint8
+  int64_t bytes_ = 0, misses_ = 0;
+};
 
 struct OffloadStats {
   int64_t offloaded_values = 0;     // saved values sent to the tier
@@ -78,6 +113,8 @@ struct OffloadStats {
   double write_ms = 0, read_ms = 0; // time the queues spent copying
   double forward_pause_ms = 0;      // forward blocked (T2 and deadlines)
   double fetch_wait_ms = 0;         // backward blocked waiting for Q4
+  int64_t pool_reads = 0;           // copy-ins into a free copy-in pool buffer (already faulted)
+  int64_t pool_misses = 0;          // copy-ins that had to add a buffer to the pool
   int64_t max_usage_bytes = 0;      // highest usage seen at a control point
 };
 
@@ -131,6 +168,12 @@ class OffloadEngine {
   const Tier& tier() const { return *tier_; }
   OffloadStats stats() const;  // totals since the engine was built
   int64_t pending_entries() const;  // stored buffers not yet fetched back and freed
+  // Hold `buffers` (bytes -> count) across steps, made (and faulted) now; whatever else the pool makes
+  // is freed at every step's end. Training reserves none (a plan's memory counts no idle buffer in
+  // forward); a caller that knows its sizes may. Made on the device of the values offloaded so far
+  // (the CPU before any; remade if it changes).
+  void reserve_copy_in(const std::map<int64_t, int64_t>& buffers);
+  int64_t copy_in_pool_bytes() const { return pool_.bytes(); }
 
   struct CopyStreams;  // the GPU copy-out / copy-in streams (offload.cpp; empty without RATION_CUDA)
 
@@ -146,9 +189,15 @@ class OffloadEngine {
   std::unique_ptr<Tier> tier_;
   OffloadOptions options_;
   std::unique_ptr<Queue> copy_out_, copy_in_;
-  std::unordered_map<uint64_t, std::shared_ptr<Entry>> by_value_;       // SavedValue id -> entry
+  struct ViewRef {
+    std::shared_ptr<Entry> entry;
+    size_t view = 0;  // index into entry->views
+  };
+  std::unordered_map<uint64_t, ViewRef> by_value_;                      // SavedValue id -> its entry and view
   std::unordered_map<const void*, std::shared_ptr<Entry>> by_storage_;  // StorageImpl -> entry
-  std::vector<std::shared_ptr<Entry>> entries_;                         // this step, in offload order
+  std::list<std::shared_ptr<Entry>> entries_;                           // this step, in offload order
+  CopyInPool pool_;                                                     // copy-in destinations
+  std::optional<std::map<int64_t, int64_t>> pool_plan_;                 // reserve_copy_in's (none: empty)
   int64_t forward_ordinal_ = -1;                                        // the node whose saves are offloaded now
   std::atomic<bool> tier_was_full_{false};  // a copy-out failed: KeepResident offloads stop
   at::Device device_ = at::kCPU;

@@ -142,6 +142,10 @@ Prediction Simulator::run() {
       st->second = KeyState::Released;
     }
   }
+  for (const auto& [bytes, count] : pool_max_) {
+    pred.copy_in_pool[bytes] = count;
+    pred.copy_in_pool_bytes += bytes * count;
+  }
   return pred;
 }
 
@@ -162,7 +166,21 @@ void Simulator::hold(std::vector<int64_t>& holders, int64_t s, int delta) {
   const bool before = h > 0;
   h += delta;
   const bool after = h > 0;
-  if (before != after) resident_ += (after ? 1 : -1) * p_.storages[static_cast<size_t>(s)].bytes;
+  if (before == after) return;
+  const int64_t bytes = p_.storages[static_cast<size_t>(s)].bytes;
+  if (&holders == &rec_holders_ && pooled(s)) {
+    // A fetched storage lives in a copy-in pool buffer of its size: a new buffer only when every one made
+    // this step is in use; a released one stays in the pool until the step ends (OffloadEngine::end_step).
+    int64_t& in_use = pool_in_use_[bytes];
+    int64_t& made = pool_max_[bytes];
+    in_use += after ? 1 : -1;
+    if (in_use > made) {
+      made = in_use;
+      resident_ += bytes;
+    }
+    return;
+  }
+  resident_ += (after ? 1 : -1) * bytes;
 }
 
 bool Simulator::usable(const ValueKey& key) const {
@@ -250,6 +268,7 @@ OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<Decisi
   OffloadSchedule sch;
   sch.deadline.assign(ns, -1);
   sch.prefetch.assign(ns, 0);
+  sch.copy_in = c.copy_in;
   if (nn == 0) return sch;
   const SaveSpan span = save_span(p);
   const std::vector<int64_t>& saved_at = span.saved_at;

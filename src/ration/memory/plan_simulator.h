@@ -47,6 +47,9 @@ class Simulator {
   bool dropped(size_t s) const { return decision_[s] != Decision::Keep; }
   int64_t first_use(int64_t s) const { return first_use_[static_cast<size_t>(s)]; }
   void fetch(int64_t s);
+  bool pooled(int64_t s) const {  // fetched into the engine's copy-in pool (CopyInMemory::Pooled)
+    return schedule_ != nullptr && schedule_->copy_in == CopyInMemory::Pooled && offloaded(s);
+  }
   void hold(std::vector<int64_t>& holders, int64_t s, int delta);
   bool usable(const ValueKey& key) const;
   void ensure(const ValueKey& key, Prediction& pred);
@@ -70,6 +73,7 @@ class Simulator {
   int64_t step_ = 0;         // index of the backward node being simulated
   int64_t frame_bytes_ = 0;  // outputs of transient re-runs held by the re-runs consuming them
   int64_t resident_ = 0;     // bytes of storage instances that have holders
+  std::map<int64_t, int64_t> pool_in_use_, pool_max_;  // copy-in pool buffers by bytes: in use now, made
 };
 
 }  // namespace ration::memory

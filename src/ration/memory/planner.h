@@ -46,7 +46,15 @@ enum class Decision : uint8_t {
 };
 const char* to_string(Decision d);  // "keep", "recompute", "offload"
 
-// Measured cost of the offload tier for the joint keep/recompute/offload plan.
+// Where the offload engine reads offloaded storages back into (docs/METHODS.md, "Threshold offload").
+enum class CopyInMemory : uint8_t {
+  Fresh,   // a buffer allocated at each copy-in, freed when backward releases the value
+  Pooled,  // the engine's copy-in pool: a buffer is reused once backward releases its value; under a plan
+           // the pool is kept from its first read to the end of the step (CopyInRetention::Step)
+};
+
+// Measured cost of the offload tier for the joint keep/recompute/offload plan: the bandwidths the
+// offload engine achieves through its queues while compute runs beside them (measure_offload_costs).
 struct OffloadCosts {
   double write_bytes_per_ms = 0;  // copy-out bandwidth (Q2)
   double read_bytes_per_ms = 0;   // copy-in bandwidth (Q4)
@@ -56,6 +64,7 @@ struct OffloadCosts {
   // What the tier can hold (measured free space, less a margin): the plan's offloaded bytes, each
   // rounded up to a file-system page, stay within it; a tier too small to measure has 0.
   int64_t capacity_bytes = std::numeric_limits<int64_t>::max();
+  CopyInMemory copy_in = CopyInMemory::Fresh;  // Pooled: the prediction holds the engine's copy-in pool
 };
 
 // When each offloaded storage is copied out and fetched back (by storage id; -1 = not offloaded).
@@ -63,6 +72,7 @@ struct OffloadSchedule {
   std::vector<int64_t> deadline;  // forward ordinal by whose end the copy-out must be done
   std::vector<int> prefetch;      // fetch back when backward is this many ordinals above its first use
   double stall_ms = 0;            // predicted time compute waits for copies (forward + backward)
+  CopyInMemory copy_in = CopyInMemory::Fresh;  // OffloadCosts::copy_in
 };
 
 struct PlanOptions {
@@ -87,6 +97,11 @@ struct Prediction {
   int64_t offloaded_bytes = 0;
   std::vector<int64_t> forward_peaks;   // predicted peak during each forward node (by ordinal)
   std::vector<int64_t> backward_peaks;  // predicted peak during each backward node (execution order)
+  // CopyInMemory::Pooled: the copy-in pool the engine makes in backward, buffer bytes -> count (the
+  // most offloaded storages of that size resident at once). A buffer is counted in the backward peaks
+  // from the read that made it to the end of the step; fetched storages live inside it.
+  std::map<int64_t, int64_t> copy_in_pool;
+  int64_t copy_in_pool_bytes = 0;
 };
 
 struct Group {

@@ -32,6 +32,17 @@ void sync_copy(const at::Tensor& t) {
 #endif
 }
 
+// Host staging for a device buffer on its way to or from a spill file: pinned memory from the CUDA
+// caching host allocator, which hands the same already-faulted, page-locked blocks back on every copy
+// (a fresh pageable buffer per copy pays first-touch faults and a staged, synchronous transfer).
+at::Tensor host_staging(int64_t bytes) {
+#ifdef RATION_CUDA
+  return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+#else
+  return at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+#endif
+}
+
 bool is_full_errno(int e) { return e == ENOSPC || e == EDQUOT || e == EFBIG; }
 
 struct FileSlot : Tier::Slot {
@@ -89,7 +100,12 @@ SpillTier::SpillTier(std::string dir, int64_t limit_bytes) : dir_(std::move(dir)
 }
 
 std::unique_ptr<Tier::Slot> SpillTier::write(const at::Tensor& src_in) {
-  at::Tensor src = src_in.is_cpu() ? src_in : src_in.to(at::kCPU);
+  at::Tensor src = src_in;
+  if (!src_in.is_cpu()) {  // on the engine's copy-out stream: stage through pinned memory
+    src = host_staging(src_in.numel());
+    src.copy_(src_in, /*non_blocking=*/true);
+    sync_copy(src_in);
+  }
   const int64_t n = src.numel();
   if (limit_ > 0 && used_.load() + n > limit_)
     throw TierFull("spill directory " + dir_ + " holds " + format_bytes(used_.load()) + " of its limit " +
@@ -126,7 +142,7 @@ int64_t SpillTier::free_bytes() const {
 void SpillTier::read(const Slot& slot_in, at::Tensor& dst) {
   const auto& slot = dynamic_cast<const FileSlot&>(slot_in);
   RATION_ASSERT(dst.numel() == slot.bytes, "spill read of ", slot.bytes, " bytes into ", dst.numel());
-  at::Tensor host = dst.is_cpu() ? dst : at::empty({slot.bytes}, dst.options().device(at::kCPU));
+  at::Tensor host = dst.is_cpu() ? dst : host_staging(slot.bytes);
   auto* p = static_cast<char*>(host.data_ptr());
   int64_t done = 0;
   while (done < slot.bytes) {

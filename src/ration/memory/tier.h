@@ -4,6 +4,7 @@
 //   SpillTier     — a directory on disk: one anonymous file per stored buffer (O_TMPFILE, or a name
 //                   unlinked at once), so spill files vanish after use and when the process exits or
 //                   crashes; an optional byte limit; ENOSPC and the limit are reported as TierFull.
+//                   GPU buffers pass through pinned host staging from the CUDA caching host allocator.
 //   HostTier      — host memory outside the device budget: pinned memory on a GPU build, plain memory
 //                   on CPU (where it stands in for the GPU's host tier in tests); an optional byte limit.
 //   ChainTier     — first tier while it has room, then the second (device → host → disk).
