@@ -5,7 +5,7 @@
 //       their reports, and the tables + JSON. Does not own: anything measured (the reports are the data).
 //
 //   bench_dp_scaling [--steps 30] [--reps 2] [--conv-steps 300] [--gpt-conv-steps 120] [--skip-convergence]
-//                    [--skip-speed] [--conv-filter LABEL_PART] [--conv-model cnn|gpt]
+//                    [--skip-speed] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt]
 //                    [--out bench/results/dp_scaling.json]
 #include <nlohmann/json.hpp>
 
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   int64_t steps = 30, reps = 2, conv_steps = 300, gpt_conv_steps = 120;
   bool convergence = true, speed = true;
   std::string out_path = kSrc + "/bench/results/dp_scaling.json";
-  std::string conv_filter, conv_model;  // convergence: only runs whose label contains it / only this model
+  std::string conv_filter, conv_model;  // convergence: only these runs ("label|label") / only this model
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return std::string(i + 1 < argc ? argv[++i] : ""); };
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     else if (a == "--conv-model") conv_model = next();
     else {
       std::cerr << "usage: bench_dp_scaling [--steps N] [--reps N] [--conv-steps N] [--gpt-conv-steps N] "
-                   "[--skip-convergence] [--skip-speed] [--conv-filter LABEL_PART] [--conv-model cnn|gpt] [--out F]\n";
+                   "[--skip-convergence] [--skip-speed] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt] [--out F]\n";
       return 2;
     }
   }
@@ -194,12 +194,14 @@ int main(int argc, char** argv) {
         {"N=2 none", 2, "none", {}},
         {"N=2 fp16", 2, "fp16", {}},
         {"N=2 onebit + EF", 2, "onebit", {"dist.error_feedback=true"}},
+        {"N=2 onebit + EF, mean-|v| scale", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_lambda=0"}},
         {"N=2 onebit + EF, one scale per parameter", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_block=0"}},
         {"N=2 onebit + EF, fp32 warm-up", 2, "onebit", {"dist.error_feedback=true", "dist.compress_warmup=100"}},
         {"N=2 onebit, no EF", 2, "onebit", {"dist.error_feedback=false"}}};
     std::vector<Conv> runs;
     for (const auto& r : all_runs)
-      if (conv_filter.empty() || r.label.find(conv_filter) != std::string::npos) runs.push_back(r);
+      if (conv_filter.empty() || ("|" + conv_filter + "|").find("|" + r.label + "|") != std::string::npos)
+        runs.push_back(r);
     for (const auto& m : models) {
       if (!conv_model.empty() && m.name != conv_model) continue;
       const int64_t b = m.name == "cnn" ? 32 : 8;

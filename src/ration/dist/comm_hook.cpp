@@ -50,7 +50,7 @@ std::vector<int64_t> whole_or(const std::vector<int64_t>& segments, int64_t d) {
 
 }  // namespace
 
-OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments) {
+OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments, double lambda0) {
   check_flat(v);
   OneBitCode code;
   code.numel = v.numel();
@@ -68,12 +68,16 @@ OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segmen
     offset += n;
     const double l1 = n > 0 ? part.abs().sum().item<double>() : 0;
     const double l2 = n > 0 ? part.norm().item<double>() : 0;
-    float lambda = 0, alpha = 0;
+    float lambda = 0, alpha = 0, rho = 0;
     if (l2 > 0) {
-      lambda = static_cast<float>(l1 / (std::sqrt(static_cast<double>(n)) * l2));
-      alpha = static_cast<float>(lambda * l2 / std::sqrt(static_cast<double>(n)));
+      const double r = l1 / (std::sqrt(static_cast<double>(n)) * l2);
+      const double l = lambda0 > 0 ? std::min(lambda0, 1.9 * r) : r;
+      rho = static_cast<float>(r);
+      lambda = static_cast<float>(l);
+      alpha = static_cast<float>(l * l2 / std::sqrt(static_cast<double>(n)));
     }
     code.lambda.push_back(lambda);
+    code.rho.push_back(rho);
     code.alpha.push_back(alpha);
   }
   return code;
@@ -163,7 +167,7 @@ Traffic OneBitHook::reduce(const World& world, int bucket, at::Tensor& flat) {
   if (warming_up()) return AllReduceHook().reduce(world, bucket, flat);
   const bool feedback = options_.feedback == ErrorFeedback::On;
   if (feedback) flat.add_(residual_[b]);  // v = g + e
-  const OneBitCode mine = onebit_encode(flat, segments_[b]);
+  const OneBitCode mine = onebit_encode(flat, segments_[b], options_.lambda);
   last_lambda_[b] = *std::min_element(mine.lambda.begin(), mine.lambda.end());
   if (feedback) at::sub_out(residual_[b], flat, onebit_decode(mine));  // e = v - C(v)
   const at::Tensor packed = onebit_pack(mine);                          // (4 S + ceil(d/8)) uint8

@@ -15,8 +15,12 @@
 // of the bucket), alpha_j = lambda_j * ||v_j||_2 / sqrt(d_j) with lambda_j = ||v_j||_1 / (sqrt(d_j) *
 // ||v_j||_2) in [1/sqrt(d_j), 1], the lambda that minimises the reconstruction error; then
 // ||v_j - C(v_j)||_2 = sqrt(1 - lambda_j^2) ||v_j||_2 and over the bucket
-// ||v - C(v)||_2 <= sqrt(1 - min_j lambda_j^2) ||v||_2 <= sqrt(1 - 1/max_j d_j) ||v||_2
-// (see docs/DISTRIBUTED.md, "1-bit compression").
+// ||v - C(v)||_2 <= sqrt(1 - min_j lambda_j^2) ||v||_2 <= sqrt(1 - 1/max_j d_j) ||v||_2.
+// That lambda_j = rho_j makes alpha_j the mean |v_j| (the classic 1-bit scale). With error feedback the
+// hook instead scales by the L2 norm, lambda_j = min(lambda_0, 1.9 rho_j) (lambda_0 = dist.onebit_lambda,
+// default 0.95): still a contraction, ||v_j - C(v_j)||^2 = (1 - 2 lambda_j rho_j + lambda_j^2) ||v_j||^2
+// <= (1 - min(0.0526 lambda_0^2, 0.19 rho_j^2)) ||v_j||^2, and entries larger than the block's mean are
+// sent faster, which keeps the residual small (see docs/DISTRIBUTED.md, "1-bit compression").
 #pragma once
 #include <ATen/ATen.h>
 
@@ -82,12 +86,15 @@ class Fp16Hook : public CommHook {
 struct OneBitCode {
   std::vector<int64_t> segments;  // d_j, summing to d
   std::vector<float> alpha;       // per segment: lambda_j * ||v_j||_2 / sqrt(d_j)  (= ||v_j||_1 / d_j)
-  std::vector<float> lambda;      // per segment: ||v_j||_1 / (sqrt(d_j) ||v_j||_2) in [1/sqrt(d_j), 1]; 0 if v_j = 0
+  std::vector<float> lambda;      // per segment: the lambda_j used (rho_j unless lambda_0 > 0); 0 if v_j = 0
+  std::vector<float> rho;         // per segment: ||v_j||_1 / (sqrt(d_j) ||v_j||_2) in [1/sqrt(d_j), 1]; 0 if v_j = 0
   at::Tensor bits;                // (ceil(d / 8)) uint8: bit k of byte i is 1 when v[8 i + k] >= 0
   int64_t numel = 0;              // d
 };
 // v: 1-D float32; segments: element counts summing to v.numel() (empty: one segment, the whole of v).
-OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments = {});
+// lambda0 = 0: lambda_j = rho_j (the error-minimising, mean-|v| scale); lambda0 in (0, 1): the L2 scale
+// lambda_j = min(lambda0, 1.9 rho_j).
+OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments = {}, double lambda0 = 0);
 at::Tensor onebit_decode(const OneBitCode& code);  // (d) float32: alpha_j * (+1 / -1)
 // The bytes one code occupies on the wire: 4 per segment (alpha) + ceil(d / 8).
 int64_t onebit_wire_bytes(int64_t numel, int64_t segments = 1);
@@ -107,6 +114,8 @@ struct OneBitOptions {
   // start_iter and 1-bit Adam's warm-up: the early, large and fast-changing gradients are not
   // compressed, and the residual starts when the gradients have settled.
   int64_t warmup_steps = 0;
+  // lambda_0 of the L2 scale (0: the mean-|v| scale, lambda_j = rho_j); see the file comment.
+  double lambda = 0.95;
 };
 
 // Each rank sends the 1-bit code of (its gradient + its residual), all-gathered; every rank sums the

@@ -23,6 +23,9 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
   RATION_CHECK(s.onebit.block >= 0, cfg.origin(),
                ": dist.onebit_block must be an integer >= 0 (elements per scale; 0: one per parameter), got ",
                s.onebit.block);
+  s.onebit.lambda = cfg.get_double("dist.onebit_lambda", s.onebit.lambda);
+  RATION_CHECK(s.onebit.lambda >= 0 && s.onebit.lambda < 1, cfg.origin(),
+               ": dist.onebit_lambda must be a number in [0, 1) (0: the mean-|v| scale), got ", s.onebit.lambda);
   s.onebit.warmup_steps = cfg.get_int("dist.compress_warmup", s.onebit.warmup_steps);
   RATION_CHECK(s.onebit.warmup_steps >= 0, cfg.origin(),
                ": dist.compress_warmup must be an integer >= 0 (optimiser steps in fp32 before onebit), got ",

@@ -12,6 +12,7 @@
 //   compress            "none" | "fp16" | "onebit" (default "none")
 //   error_feedback      bool, default true        onebit: keep the residual per bucket
 //   onebit_block        integer >= 0, default 1024 onebit: elements per scale (0: one per parameter)
+//   onebit_lambda       number in [0, 1), 0.95    onebit: lambda_0 of the L2 scale (0: mean-|v| scale)
 //   compress_warmup     integer >= 0, default 0   onebit: optimiser steps reduced in fp32 first
 //   timeout_s           integer >= 1, default 60  rendezvous and every collective; a lost rank is named
 //                                                 within about this long
