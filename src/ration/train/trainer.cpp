@@ -422,7 +422,8 @@ class TrainingRun {
       return report;
     } catch (const dist::CollectiveError& e) {
       const auto window = std::chrono::milliseconds(std::min<int64_t>(3000, keys_.dp.timeout_s * 1000 / 3));
-      const std::string diagnosis = liveness_ ? liveness_->diagnose(window, std::chrono::seconds(keys_.dp.timeout_s)) : std::string("one process");
+      const std::string diagnosis = liveness_ ? liveness_->diagnose(window, std::chrono::seconds(keys_.dp.timeout_s))
+                                              : std::string("one process");
       throw Error(detail::str("rank ", world_.rank(), " of ", world_.size(), ": ", diagnosis,
                               "; stopping (resume from the last checkpoint with --resume, with any number of "
                               "ranks). The failed collective: ", e.what()));
