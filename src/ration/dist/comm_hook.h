@@ -1,8 +1,9 @@
 // comm_hook.h — how one gradient bucket travels between ranks: the communication-hook interface and its
 // three plug-ins (none: fp32 all-reduce; fp16: half-precision all-reduce; onebit: packed sign bits plus
-// one scale per bucket through all-gather, with error feedback).
+// one scale per block of each parameter through all-gather, with error feedback).
 // Owns: CommHook, Traffic (exact bytes handed to c10d), the 1-bit code (encode/decode, pure functions
-//       whose error bound docs/DISTRIBUTED.md states and tests check), and the error-feedback residuals.
+//       whose error bound docs/DISTRIBUTED.md states and tests check), the error-feedback residuals and
+//       their checkpoint entries.
 // Does not own: bucketing, weighting or when a bucket is launched (dist/reducer.h); the process group
 //       (dist/world.h).
 //

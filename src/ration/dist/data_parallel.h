@@ -1,9 +1,10 @@
 // data_parallel.h — what `ration train` needs to run as one rank of a data-parallel job: the [dist]
 // config keys, joining the world from the launcher's environment, the start-up agreement (same config
-// everywhere, rank 0's parameters everywhere) and global sums of per-rank figures (evaluation, loss).
+// everywhere, rank 0's parameters everywhere) and global sums and gathers of per-rank figures
+// (evaluation, loss, AUC scores).
 // Owns: DataParallelSettings and their validation, the config fingerprint, parameter broadcast,
-//       all_reduce_doubles. Does not own: gradient synchronisation (dist/reducer.h), the data shard
-//       (data/dataset.h), the training loop (train/trainer.cpp).
+//       all_reduce_doubles, all_gather_floats. Does not own: gradient synchronisation (dist/reducer.h),
+//       the data shard (data/dataset.h), the training loop (train/trainer.cpp).
 //
 // [dist] keys (all optional; they matter only when WORLD_SIZE > 1, except sync_every):
 //   bucket_bytes        size, default 25MiB       cap of each gradient bucket (the first: first_bucket_bytes)
