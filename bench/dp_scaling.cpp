@@ -5,7 +5,8 @@
 //       their reports, and the tables + JSON. Does not own: anything measured (the reports are the data).
 //
 //   bench_dp_scaling [--steps 30] [--reps 2] [--conv-steps 300] [--gpt-conv-steps 120] [--skip-convergence]
-//                    [--skip-speed] [--out bench/results/dp_scaling.json]
+//                    [--skip-speed] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt]
+//                    [--out bench/results/dp_scaling.json]
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   int64_t steps = 30, reps = 2, conv_steps = 300, gpt_conv_steps = 120;
   bool convergence = true, speed = true;
   std::string out_path = kSrc + "/bench/results/dp_scaling.json";
+  std::string conv_filter, conv_model;  // convergence: only these runs ("label|label") / only this model
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return std::string(i + 1 < argc ? argv[++i] : ""); };
@@ -98,8 +100,11 @@ int main(int argc, char** argv) {
     else if (a == "--skip-convergence") convergence = false;
     else if (a == "--skip-speed") speed = false;
     else if (a == "--out") out_path = next();
+    else if (a == "--conv-filter") conv_filter = next();
+    else if (a == "--conv-model") conv_model = next();
     else {
-      std::cerr << "usage: bench_dp_scaling [--steps N] [--reps N] [--conv-steps N] [--skip-convergence] [--out F]\n";
+      std::cerr << "usage: bench_dp_scaling [--steps N] [--reps N] [--conv-steps N] [--gpt-conv-steps N] "
+                   "[--skip-convergence] [--skip-speed] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt] [--out F]\n";
       return 2;
     }
   }
@@ -184,17 +189,26 @@ int main(int argc, char** argv) {
       std::string compress;
       std::vector<std::string> extra;
     };
-    const std::vector<Conv> runs = {{"N=1 (batch 2b)", 1, "none", {}},
-                                    {"N=2 none", 2, "none", {}},
-                                    {"N=2 fp16", 2, "fp16", {}},
-                                    {"N=2 onebit + EF", 2, "onebit", {"dist.error_feedback=true"}},
-                                    {"N=2 onebit, no EF", 2, "onebit", {"dist.error_feedback=false"}}};
+    const std::vector<Conv> all_runs = {
+        {"N=1 (batch 2b)", 1, "none", {}},
+        {"N=2 none", 2, "none", {}},
+        {"N=2 fp16", 2, "fp16", {}},
+        {"N=2 onebit + EF", 2, "onebit", {"dist.error_feedback=true"}},
+        {"N=2 onebit + EF, mean-|v| scale", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_lambda=0"}},
+        {"N=2 onebit + EF, one scale per parameter", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_block=0"}},
+        {"N=2 onebit + EF, fp32 warm-up", 2, "onebit", {"dist.error_feedback=true", "dist.compress_warmup=100"}},
+        {"N=2 onebit, no EF", 2, "onebit", {"dist.error_feedback=false"}}};
+    std::vector<Conv> runs;
+    for (const auto& r : all_runs)
+      if (conv_filter.empty() || ("|" + conv_filter + "|").find("|" + r.label + "|") != std::string::npos)
+        runs.push_back(r);
     for (const auto& m : models) {
+      if (!conv_model.empty() && m.name != conv_model) continue;
       const int64_t b = m.name == "cnn" ? 32 : 8;
       const int64_t model_steps = m.name == "cnn" ? conv_steps : gpt_conv_steps;
       std::printf("\nconvergence: %s, %lld steps, global batch %lld\n", m.name.c_str(),
                   static_cast<long long>(model_steps), static_cast<long long>(2 * b));
-      std::printf("%-20s %12s %12s\n", "run", m.name == "cnn" ? "test acc %" : "val loss", "final loss");
+      std::printf("%-42s %12s %12s\n", "run", m.name == "cnn" ? "test acc %" : "val loss", "final loss");
       json rows = json::array();
       for (const auto& r : runs) {
         std::vector<std::string> extra = r.extra;
@@ -203,7 +217,7 @@ int main(int argc, char** argv) {
         json rep = ration_run(m, r.n, r.compress, model_steps, r.n == 1 ? 2 * b : b, extra);
         const json& e = rep["eval"].back();
         const double metric = m.name == "cnn" ? 100 * e["accuracy"].get<double>() : e["loss"].get<double>();
-        std::printf("%-20s %12.3f %12.4f\n", r.label.c_str(), metric, rep["loss"].back().get<double>());
+        std::printf("%-42s %12.3f %12.4f\n", r.label.c_str(), metric, rep["loss"].back().get<double>());
         rows.push_back({{"run", r.label}, {m.name == "cnn" ? "test_accuracy" : "val_loss", metric},
                         {"final_train_loss", rep["loss"].back()}});
       }

@@ -104,6 +104,44 @@ TEST(OneBitCode, ErrorBoundOnRealGradientsAndThirtyTimesFewerBytes) {
   EXPECT_TRUE(at::equal(back.bits, code.bits));
 }
 
+// The hook's default code: every parameter in blocks of dist.onebit_block = 1024 elements, one scale each.
+// A finer partition with the optimal scale per part never codes worse (the coarse scale restricted to a
+// block is one of the scales the block could choose), and 4 bytes per 1024 elements keep >= 30x.
+TEST(OneBitCode, BlocksOfTheDefaultSizeCodeNoWorseAndKeepThirtyTimesFewerBytes) {
+  train::Setup setup = train::build_setup(
+      train::load_config(std::string(RATION_SOURCE_DIR) + "/configs/gpt.toml", {"train.threads=1"}));
+  auto params = setup.model->named_parameters();
+  setup.model->loss(train::sample_batch(setup, 4, 1)).backward();
+  Reducer reducer(World::init_single(), params, std::make_unique<AllReduceHook>(), {});
+  OneBitHook hook(OneBitOptions{});
+  ASSERT_EQ(hook.options().block, 1024);
+  std::vector<std::vector<int64_t>> per_param;
+  for (const auto& layout : reducer.buckets()) per_param.push_back(layout.numels);
+  hook.init(per_param);
+  int64_t none_bytes = 0, onebit_bytes = 0;
+  size_t more_segments = 0;
+  for (size_t b = 0; b < reducer.buckets().size(); ++b) {
+    const auto& layout = reducer.buckets()[b];
+    std::vector<at::Tensor> parts;
+    for (const auto& name : layout.names) {
+      for (const auto& [n, p] : params)
+        if (n == name) parts.push_back(p.grad().reshape({-1}));
+    }
+    const at::Tensor v = at::cat(parts).to(at::kDouble).to(at::kFloat);
+    const std::vector<int64_t>& blocks = hook.code_segments()[b];
+    for (int64_t n : blocks) EXPECT_LE(n, 1024);
+    more_segments += blocks.size() - layout.numels.size();
+    auto error_of = [&](const std::vector<int64_t>& segs) {
+      return (v.to(at::kDouble) - onebit_decode(onebit_encode(v, segs)).to(at::kDouble)).norm().item<double>();
+    };
+    EXPECT_LE(error_of(blocks), error_of(layout.numels) * (1 + 1e-6)) << "bucket " << b;
+    none_bytes += 4 * layout.numel;
+    onebit_bytes += onebit_wire_bytes(layout.numel, static_cast<int64_t>(blocks.size()));
+  }
+  EXPECT_GT(more_segments, 0u) << "the default gpt has parameters larger than one block";
+  EXPECT_GE(static_cast<double>(none_bytes) / static_cast<double>(onebit_bytes), 30.0);
+}
+
 // ---- loader shards ---------------------------------------------------------------------------------
 class Indices : public data::Dataset {
  public:

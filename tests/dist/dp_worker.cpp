@@ -24,9 +24,12 @@
 
 #include "ration/core/check.h"
 #include "ration/data/dataset.h"
+#include "ration/data/ctr_synthetic.h"
 #include "ration/dist/comm_hook.h"
+#include "ration/dist/data_parallel.h"
 #include "ration/dist/reducer.h"
 #include "ration/dist/world.h"
+#include "ration/memory/allocator.h"
 #include "ration/ops/ops.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/trainer.h"
@@ -125,7 +128,7 @@ TEST(DataParallel, OneBitThroughAllGatherIsTheSumOfDecodedCodes) {
   const World& w = world();
   const int64_t d = 1003;  // not a multiple of 8, two parameters (scales) in the bucket
   const std::vector<int64_t> segments = {600, 403};
-  OneBitHook hook(ErrorFeedback::On);
+  OneBitHook hook(OneBitOptions{ErrorFeedback::On, 0, 0, 0.0});
   hook.init({segments});
   std::vector<at::Tensor> residual(static_cast<size_t>(w.size()));
   for (auto& r : residual) r = at::zeros({d});
@@ -144,6 +147,67 @@ TEST(DataParallel, OneBitThroughAllGatherIsTheSumOfDecodedCodes) {
     EXPECT_LE(rel_diff(flat, expected), 1e-6) << "step " << step;
   }
   EXPECT_EQ(hook.state_bytes(), d * 4);
+}
+
+// What error feedback does and does not buy, through c10d, with the same gradients every step (different
+// on every rank, heavy-tailed as real gradients are). With the mean-|v| scale (lambda_j = rho_j):
+// each step's residual obeys the contraction ||e|| <= sqrt(1 - lambda_min^2) ||g + e_prev||; the codes
+// summed over T steps are exactly T times the true sum minus the ranks' final residuals (nothing is lost,
+// only delayed), so the mean transmitted gradient is closer to the true one than without feedback, which
+// repeats the same bias every step. But the residual is not small: rho of g + e falls as e grows, so
+// ||e|| keeps growing (~sqrt(T)); an entry larger than its block's mean |v| is under-sent every step
+// until the block's residual lifts alpha to its size, and then every other entry of the block carries
+// noise of that size (docs/DISTRIBUTED.md, "Why error feedback lost accuracy"). The L2 scale
+// (lambda_j = min(0.95, 1.9 rho_j)) sends large entries faster: residual and error several times smaller.
+TEST(DataParallel, OneBitErrorFeedbackTransmitsEveryComponentOverTime) {
+  const World& w = world();
+  const int64_t d = 3000;
+  const std::vector<int64_t> params = {2000, 1000};  // two parameters: blocks of 512 -> 6 segments
+  auto gradient = [&](int rank) {
+    at::manual_seed(500 + static_cast<uint64_t>(rank));
+    at::Tensor g = at::randn({d});
+    return g * g * g;  // heavy tails
+  };
+  at::Tensor truth = at::zeros({d});
+  for (int r = 0; r < w.size(); ++r) truth += gradient(r);
+  const at::Tensor truth64 = truth.to(at::kDouble);
+  const double scale = truth.norm().item<double>();
+  const int steps = 200;
+  struct Outcome {
+    double error = 0;     // ||mean transmitted - truth|| / ||truth||
+    double residual = 0;  // ||sum_r e_r|| / ||truth||
+  };
+  auto run = [&](ErrorFeedback feedback, double lambda0) {
+    OneBitHook hook(OneBitOptions{feedback, 512, 0, lambda0});
+    hook.init({params});
+    at::Tensor sent = at::zeros({d}, at::kDouble);
+    for (int t = 0; t < steps; ++t) {
+      at::Tensor flat = gradient(w.rank());
+      const double v_norm =
+          (flat + (hook.residuals().empty() ? at::zeros({d}) : hook.residuals()[0])).norm().item<double>();
+      (void)hook.reduce(w, 0, flat);
+      sent += flat.to(at::kDouble);
+      if (feedback == ErrorFeedback::On && lambda0 == 0) {
+        const double q = std::sqrt(1.0 - static_cast<double>(hook.last_lambda()[0]) * hook.last_lambda()[0]);
+        EXPECT_LE(hook.residuals()[0].norm().item<double>(), q * v_norm * (1 + 1e-5)) << "step " << t;
+      }
+    }
+    const at::Tensor residual = hook.residuals().empty() ? at::zeros({d}) : hook.residuals()[0];
+    const at::Tensor all = w.all_gather(residual).view({w.size(), d}).sum(0).to(at::kDouble);
+    // The identity: sum_t sent_t = T * truth - sum_r e_r, up to float rounding of 200 steps.
+    if (feedback == ErrorFeedback::On)
+      EXPECT_LE((sent + all - steps * truth64).norm().item<double>() / (steps * scale), 1e-5);
+    return Outcome{(sent / steps - truth64).norm().item<double>() / scale, all.norm().item<double>() / scale};
+  };
+  const Outcome classic = run(ErrorFeedback::On, 0), plain = run(ErrorFeedback::Off, 0);
+  const Outcome l2 = run(ErrorFeedback::On, 0.95);
+  std::printf("[rank %d] after %d steps, mean transmitted vs true: mean-|v| scale %.4f with EF (residual %.1f x "
+              "the gradient), %.4f without; L2 scale %.4f with EF (residual %.1f x)\n",
+              w.rank(), steps, classic.error, classic.residual, plain.error, l2.error, l2.residual);
+  EXPECT_LT(classic.error, 0.5 * plain.error);
+  EXPECT_GT(classic.residual, 5.0) << "the residual grows far beyond the gradient (see the comment above)";
+  EXPECT_LT(l2.residual, classic.residual / 3);
+  EXPECT_LT(l2.error, classic.error / 3);
 }
 
 TEST(DataParallel, Fp16AllReduceIsTheSumToHalfPrecision) {
@@ -250,6 +314,71 @@ void check_equivalence(const std::string& model, int64_t b, Reference reference)
   if (w.rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// onebit with error feedback: every rank's residuals travel into rank 0's checkpoint, and a run resumed
+// from it with the same N takes them back, so it continues the uninterrupted run's curve exactly (with
+// residuals restarted at zero the step-20 parameters differ, by 0.45 relative for ln_f.bias). The residuals are counted as
+// optimizer memory (one float per parameter element).
+TEST(DataParallelTrain, OneBitResidualsResumeTheSameCurve) {
+  const World& w = world();
+  const std::filesystem::path dir = shared_dir("onebit");
+  auto onebit = [&](const std::filesystem::path& d) {
+    train::TrainOptions o = options_for("gpt", d, 4, w);
+    o.overrides.insert(o.overrides.end(), {"dist.compress=onebit", "dist.error_feedback=true", "dist.onebit_block=256"});
+    return o;
+  };
+  const nlohmann::json report = train::run_training(onebit(dir / "dp"));
+  const double params = report["parameters"].get<double>();
+  EXPECT_EQ(report["dist"]["error_feedback_bytes"].get<double>(), 4 * params);
+  EXPECT_GE(report["memory"]["category_peaks"]["optimizer"].get<double>(), 4 * params)
+      << "the residuals are optimizer memory";
+  train::TrainOptions again = onebit(dir / "resumed");
+  again.resume = (dir / "dp" / "ckpt-10").string();
+  (void)train::run_training(again);
+  w.barrier();
+  const train::Checkpoint c10 = train::load_checkpoint((dir / "dp" / "ckpt-10").string());
+  double residual_norm = 0;
+  int residual_entries = 0;
+  for (const auto& [name, t] : c10.optimizer) {
+    if (name.rfind("dist.onebit_residual.rank", 0) != 0) continue;
+    ++residual_entries;
+    residual_norm += t.norm().item<double>();
+  }
+  EXPECT_GE(residual_entries, w.size()) << "one residual per rank and bucket in the checkpoint";
+  EXPECT_GT(residual_norm, 0);
+  expect_same_weights((dir / "resumed" / "ckpt-20").string(), (dir / "dp" / "ckpt-20").string(), 1e-6,
+                      "gpt onebit+EF resumed at step 10 with N=" + std::to_string(w.size()));
+  w.barrier();
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Metrics that are not sums (AUC): every rank gets every rank's values, whatever their lengths.
+TEST(DataParallel, AllGatherFloatsConcatenatesUnequalLengthsInRankOrder) {
+  const World& w = world();
+  auto values_of = [](int rank) {  // rank 1 has none: a short last evaluation batch can leave a rank empty
+    std::vector<float> v(rank == 1 ? 0 : static_cast<size_t>(3 + 2 * rank));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(100 * rank + static_cast<int>(i));
+    return v;
+  };
+  std::vector<float> expected;
+  for (int r = 0; r < w.size(); ++r) {
+    const std::vector<float> v = values_of(r);
+    expected.insert(expected.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(all_gather_floats(w, values_of(w.rank())), expected);
+  // The global AUC of scores split across ranks is the AUC of the whole set, not a mean of per-rank AUCs.
+  std::vector<float> scores, labels;
+  for (int i = 0; i < 60; ++i) {
+    scores.push_back(static_cast<float>(std::sin(1.3 * i)));
+    labels.push_back((i * 7) % 3 == 0 ? 1.f : 0.f);
+  }
+  const size_t per = scores.size() / static_cast<size_t>(w.size());
+  const size_t lo = per * static_cast<size_t>(w.rank()), hi = w.rank() + 1 == w.size() ? scores.size() : lo + per;
+  const std::vector<float> my_scores(scores.begin() + lo, scores.begin() + hi);
+  const std::vector<float> my_labels(labels.begin() + lo, labels.begin() + hi);
+  EXPECT_DOUBLE_EQ(data::roc_auc(all_gather_floats(w, my_scores), all_gather_floats(w, my_labels)),
+                   data::roc_auc(scores, labels));
+}
+
 TEST(DataParallelTrain, MlpMatchesOneProcessWithTheGlobalBatch) { check_equivalence("mlp", 16, Reference::GlobalBatch); }
 TEST(DataParallelTrain, CnnMatchesOneProcessAccumulatingMicroBatches) {
   check_equivalence("cnn", 8, Reference::AccumulatedMicroBatches);
@@ -259,4 +388,7 @@ TEST(DataParallelTrain, GptMatchesOneProcessWithTheGlobalBatch) { check_equivale
 }  // namespace
 }  // namespace ration::dist
 
-int main(int argc, char** argv) { return ration::dist::testing::run_worker(argc, argv, "ration_dp_worker"); }
+int main(int argc, char** argv) {
+  ration::memory::install_counting_allocator();  // before any tensor: the reports' memory categories
+  return ration::dist::testing::run_worker(argc, argv, "ration_dp_worker");
+}

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
@@ -49,7 +50,7 @@ std::vector<int64_t> whole_or(const std::vector<int64_t>& segments, int64_t d) {
 
 }  // namespace
 
-OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments) {
+OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments, double lambda0) {
   check_flat(v);
   OneBitCode code;
   code.numel = v.numel();
@@ -67,12 +68,16 @@ OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segmen
     offset += n;
     const double l1 = n > 0 ? part.abs().sum().item<double>() : 0;
     const double l2 = n > 0 ? part.norm().item<double>() : 0;
-    float lambda = 0, alpha = 0;
+    float lambda = 0, alpha = 0, rho = 0;
     if (l2 > 0) {
-      lambda = static_cast<float>(l1 / (std::sqrt(static_cast<double>(n)) * l2));
-      alpha = static_cast<float>(lambda * l2 / std::sqrt(static_cast<double>(n)));
+      const double r = l1 / (std::sqrt(static_cast<double>(n)) * l2);
+      const double l = lambda0 > 0 ? std::min(lambda0, 1.9 * r) : r;
+      rho = static_cast<float>(r);
+      lambda = static_cast<float>(l);
+      alpha = static_cast<float>(l * l2 / std::sqrt(static_cast<double>(n)));
     }
     code.lambda.push_back(lambda);
+    code.rho.push_back(rho);
     code.alpha.push_back(alpha);
   }
   return code;
@@ -114,16 +119,44 @@ OneBitCode onebit_unpack(const at::Tensor& packed, const std::vector<int64_t>& s
 }
 
 // ---- OneBitHook ----------------------------------------------------------------------------------
+std::vector<int64_t> onebit_blocks(int64_t numel, int64_t block) {
+  if (block <= 0 || numel <= block) return {numel};
+  std::vector<int64_t> out(static_cast<size_t>(numel / block), block);
+  if (numel % block) out.push_back(numel % block);
+  return out;
+}
+
 void OneBitHook::init(const std::vector<std::vector<int64_t>>& bucket_segments) {
-  segments_ = bucket_segments;
+  segments_.clear();
+  for (const auto& params : bucket_segments) {
+    std::vector<int64_t> segs;
+    for (int64_t n : params) {
+      const std::vector<int64_t> blocks = onebit_blocks(n, options_.block);
+      segs.insert(segs.end(), blocks.begin(), blocks.end());
+    }
+    segments_.push_back(std::move(segs));
+  }
   residual_.clear();
   last_lambda_.assign(bucket_segments.size(), 0.f);
-  if (feedback_ == ErrorFeedback::Off) return;
+  if (options_.feedback == ErrorFeedback::Off) return;
   memory::CategoryGuard optimizer_memory(memory::Category::Optimizer);
-  for (const auto& segs : bucket_segments) {
+  for (const auto& segs : segments_) {
     int64_t n = 0;
     for (int64_t k : segs) n += k;
     residual_.push_back(at::zeros({n}, at::kFloat));
+  }
+}
+
+void OneBitHook::begin_window(const WindowContext& context) { context_ = context; }
+
+void OneBitHook::import_residuals(const std::vector<at::Tensor>& residuals) {
+  RATION_CHECK(residuals.size() == residual_.size(), "checkpoint holds ", residuals.size(),
+               " onebit error-feedback residuals, this run has ", residual_.size(),
+               " buckets (same model, dist.bucket_bytes, dist.first_bucket_bytes and dist.error_feedback expected)");
+  for (size_t b = 0; b < residual_.size(); ++b) {
+    RATION_CHECK(residuals[b].numel() == residual_[b].numel(), "checkpoint's onebit residual of bucket ", b, " has ",
+                 residuals[b].numel(), " elements, this run's bucket has ", residual_[b].numel());
+    residual_[b].copy_(residuals[b].reshape({-1}));
   }
 }
 
@@ -131,9 +164,10 @@ Traffic OneBitHook::reduce(const World& world, int bucket, at::Tensor& flat) {
   check_flat(flat);
   const auto b = static_cast<size_t>(bucket);
   RATION_ASSERT(b < segments_.size(), "onebit hook: bucket ", bucket, " was not declared in init()");
-  const bool feedback = feedback_ == ErrorFeedback::On;
+  if (warming_up()) return AllReduceHook().reduce(world, bucket, flat);
+  const bool feedback = options_.feedback == ErrorFeedback::On;
   if (feedback) flat.add_(residual_[b]);  // v = g + e
-  const OneBitCode mine = onebit_encode(flat, segments_[b]);
+  const OneBitCode mine = onebit_encode(flat, segments_[b], options_.lambda);
   last_lambda_[b] = *std::min_element(mine.lambda.begin(), mine.lambda.end());
   if (feedback) at::sub_out(residual_[b], flat, onebit_decode(mine));  // e = v - C(v)
   const at::Tensor packed = onebit_pack(mine);                          // (4 S + ceil(d/8)) uint8
@@ -151,10 +185,69 @@ int64_t OneBitHook::state_bytes() const {
   return total;
 }
 
-std::unique_ptr<CommHook> make_comm_hook(const std::string& name, ErrorFeedback feedback, const std::string& origin) {
+// ---- hook state in checkpoints -----------------------------------------------------------------
+namespace {
+
+const char kResidualPrefix[] = "dist.onebit_residual.rank";
+
+std::string residual_name(int rank, size_t bucket) {
+  return kResidualPrefix + std::to_string(rank) + ".bucket" + std::to_string(bucket);
+}
+bool is_hook_state(const std::string& name) { return name.rfind("dist.onebit_residual", 0) == 0; }
+
+}  // namespace
+
+NamedTensors gather_hook_state(const World& world, const CommHook& hook) {
+  const auto* onebit = dynamic_cast<const OneBitHook*>(&hook);
+  if (!onebit || onebit->residuals().empty()) return {};
+  NamedTensors out;
+  const std::vector<at::Tensor>& mine = onebit->residuals();
+  for (size_t b = 0; b < mine.size(); ++b) {
+    const at::Tensor all = world.all_gather(mine[b]);  // (N * numel) float32, rank order
+    if (world.rank() != 0) continue;
+    for (int r = 0; r < world.size(); ++r)
+      out.emplace_back(residual_name(r, b), all.narrow(0, r * mine[b].numel(), mine[b].numel()).clone());
+  }
+  return out;
+}
+
+NamedTensors without_hook_state(const NamedTensors& entries) {
+  NamedTensors out;
+  for (const auto& e : entries)
+    if (!is_hook_state(e.first)) out.push_back(e);
+  return out;
+}
+
+std::string restore_hook_state(const World& world, CommHook& hook, const NamedTensors& entries) {
+  auto* onebit = dynamic_cast<OneBitHook*>(&hook);
+  std::map<std::string, at::Tensor> saved;
+  int saved_ranks = 0;
+  for (const auto& [name, t] : entries) {
+    if (!is_hook_state(name)) continue;
+    saved[name] = t;
+    if (name.rfind(kResidualPrefix, 0) == 0)
+      saved_ranks = std::max(saved_ranks, 1 + std::stoi(name.substr(sizeof(kResidualPrefix) - 1)));
+  }
+  if (saved.empty() || !onebit || onebit->residuals().empty()) return std::string();
+  if (saved_ranks != world.size())
+    return "onebit error-feedback residuals were saved by " + std::to_string(saved_ranks) + " ranks, this run has " +
+           std::to_string(world.size()) + ": they restart at zero";
+  std::vector<at::Tensor> mine;
+  for (size_t b = 0; b < onebit->residuals().size(); ++b) {
+    const auto it = saved.find(residual_name(world.rank(), b));
+    RATION_CHECK(it != saved.end(), "checkpoint lacks ", residual_name(world.rank(), b),
+                 " (saved with other dist.bucket_bytes / dist.first_bucket_bytes?)");
+    mine.push_back(it->second);
+  }
+  onebit->import_residuals(mine);
+  return std::string();
+}
+
+std::unique_ptr<CommHook> make_comm_hook(const std::string& name, const OneBitOptions& onebit,
+                                         const std::string& origin) {
   if (name == "none") return std::make_unique<AllReduceHook>();
   if (name == "fp16") return std::make_unique<Fp16Hook>();
-  if (name == "onebit") return std::make_unique<OneBitHook>(feedback);
+  if (name == "onebit") return std::make_unique<OneBitHook>(onebit);
   RATION_CHECK(false, origin, ": key 'dist.compress' must be one of \"none\", \"fp16\", \"onebit\", got \"", name, "\"");
 }
 

@@ -18,7 +18,18 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
   RATION_CHECK(s.reducer.sync_every >= 1, cfg.origin(), ": dist.sync_every must be an integer >= 1, got ",
                s.reducer.sync_every);
   s.compress = cfg.get_choice("dist.compress", s.compress, {"none", "fp16", "onebit"});
-  s.error_feedback = cfg.get_bool("dist.error_feedback", true) ? ErrorFeedback::On : ErrorFeedback::Off;
+  s.onebit.feedback = cfg.get_bool("dist.error_feedback", true) ? ErrorFeedback::On : ErrorFeedback::Off;
+  s.onebit.block = cfg.get_int("dist.onebit_block", s.onebit.block);
+  RATION_CHECK(s.onebit.block >= 0, cfg.origin(),
+               ": dist.onebit_block must be an integer >= 0 (elements per scale; 0: one per parameter), got ",
+               s.onebit.block);
+  s.onebit.lambda = cfg.get_double("dist.onebit_lambda", s.onebit.lambda);
+  RATION_CHECK(s.onebit.lambda >= 0 && s.onebit.lambda < 1, cfg.origin(),
+               ": dist.onebit_lambda must be a number in [0, 1) (0: the mean-|v| scale), got ", s.onebit.lambda);
+  s.onebit.warmup_steps = cfg.get_int("dist.compress_warmup", s.onebit.warmup_steps);
+  RATION_CHECK(s.onebit.warmup_steps >= 0, cfg.origin(),
+               ": dist.compress_warmup must be an integer >= 0 (optimiser steps in fp32 before onebit), got ",
+               s.onebit.warmup_steps);
   s.timeout_s = cfg.get_int("dist.timeout_s", s.timeout_s);
   RATION_CHECK(s.timeout_s >= 1, cfg.origin(), ": dist.timeout_s must be a whole number of seconds >= 1, got ",
                s.timeout_s);
@@ -89,6 +100,25 @@ std::vector<double> all_reduce_doubles(const World& world, const std::vector<dou
   for (size_t i = 0; i < values.size(); ++i) t.data_ptr<double>()[i] = values[i];
   world.all_reduce_sum(t);
   return {t.data_ptr<double>(), t.data_ptr<double>() + values.size()};
+}
+
+std::vector<float> all_gather_floats(const World& world, const std::vector<float>& values) {
+  if (world.size() <= 1) return values;
+  at::Tensor n = at::empty({1}, at::kLong);
+  n.data_ptr<int64_t>()[0] = static_cast<int64_t>(values.size());
+  const at::Tensor lengths = world.all_gather(n);  // (size) int64
+  const int64_t longest = lengths.max().item<int64_t>();
+  std::vector<float> out;
+  if (longest == 0) return out;
+  at::Tensor mine = at::zeros({longest}, at::kFloat);  // (longest) this rank's values, zero-padded
+  if (!values.empty()) std::copy(values.begin(), values.end(), mine.data_ptr<float>());
+  const at::Tensor all = world.all_gather(mine);  // (size * longest)
+  const float* p = all.data_ptr<float>();
+  for (int r = 0; r < world.size(); ++r) {
+    const int64_t len = lengths.data_ptr<int64_t>()[r];
+    out.insert(out.end(), p + r * longest, p + r * longest + len);
+  }
+  return out;
 }
 
 }  // namespace ration::dist

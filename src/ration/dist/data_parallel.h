@@ -1,9 +1,10 @@
 // data_parallel.h — what `ration train` needs to run as one rank of a data-parallel job: the [dist]
 // config keys, joining the world from the launcher's environment, the start-up agreement (same config
-// everywhere, rank 0's parameters everywhere) and global sums of per-rank figures (evaluation, loss).
+// everywhere, rank 0's parameters everywhere) and global sums and gathers of per-rank figures
+// (evaluation, loss, AUC scores).
 // Owns: DataParallelSettings and their validation, the config fingerprint, parameter broadcast,
-//       all_reduce_doubles. Does not own: gradient synchronisation (dist/reducer.h), the data shard
-//       (data/dataset.h), the training loop (train/trainer.cpp).
+//       all_reduce_doubles, all_gather_floats. Does not own: gradient synchronisation (dist/reducer.h),
+//       the data shard (data/dataset.h), the training loop (train/trainer.cpp).
 //
 // [dist] keys (all optional; they matter only when WORLD_SIZE > 1, except sync_every):
 //   bucket_bytes        size, default 25MiB       cap of each gradient bucket (the first: first_bucket_bytes)
@@ -11,6 +12,9 @@
 //   sync_every          integer >= 1, default 1   backward passes (micro-batches) per synchronisation
 //   compress            "none" | "fp16" | "onebit" (default "none")
 //   error_feedback      bool, default true        onebit: keep the residual per bucket
+//   onebit_block        integer >= 0, default 1024 onebit: elements per scale (0: one per parameter)
+//   onebit_lambda       number in [0, 1), 0.95    onebit: lambda_0 of the L2 scale (0: mean-|v| scale)
+//   compress_warmup     integer >= 0, default 0   onebit: optimiser steps reduced in fp32 first
 //   timeout_s           integer >= 1, default 60  rendezvous and every collective; a lost rank is named
 //                                                 within about this long
 #pragma once
@@ -31,7 +35,7 @@ namespace ration::dist {
 struct DataParallelSettings {
   ReducerOptions reducer;
   std::string compress = "none";
-  ErrorFeedback error_feedback = ErrorFeedback::On;
+  OneBitOptions onebit;  // error_feedback, onebit_block, compress_warmup
   int64_t timeout_s = 60;
 };
 DataParallelSettings read_data_parallel_settings(Config& cfg);
@@ -56,5 +60,10 @@ void broadcast_from_rank0(const World& world, const std::vector<std::pair<std::s
 
 // Element-wise sums over ranks of a few doubles (float64 all-reduce; identity on one process).
 std::vector<double> all_reduce_doubles(const World& world, const std::vector<double>& values);
+
+// Every rank's `values` (of any length, possibly 0), concatenated in rank order, on every rank (two
+// all-gathers: the lengths, then the values padded to the longest). Global metrics that are not sums
+// (AUC) are computed from these.
+std::vector<float> all_gather_floats(const World& world, const std::vector<float>& values);
 
 }  // namespace ration::dist

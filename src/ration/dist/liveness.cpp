@@ -57,7 +57,8 @@ void Liveness::leaving(const std::string& why) {
   }
 }
 
-std::string Liveness::diagnose(std::chrono::milliseconds window) {
+std::string Liveness::diagnose(std::chrono::milliseconds window, std::chrono::milliseconds linger) {
+  if (linger.count() <= 0) linger = window;
   if (!world_.store() || world_.size() <= 1) return "no peer to lose (one process)";
   c10d::Store& store = *world_.store();
   const int me = world_.rank(), n = world_.size();
@@ -104,7 +105,7 @@ std::string Liveness::diagnose(std::chrono::milliseconds window) {
     leaving(answer.str());
     // Rank 0 serves the store: stay until every surviving peer has read what it needs and left a note.
     if (me == 0) {
-      const auto linger_end = Clock::now() + window;
+      const auto linger_end = Clock::now() + linger;
       for (bool waiting = true; waiting && Clock::now() < linger_end;) {
         std::this_thread::sleep_for(period_);
         waiting = false;

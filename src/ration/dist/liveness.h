@@ -30,9 +30,11 @@ class Liveness {
   Liveness& operator=(const Liveness&) = delete;
 
   // A sentence naming the lost rank(s) ("lost rank 1 (no heartbeat for 3.0 s: ...)"), or saying that
-  // every peer is alive. Blocks for about `window`; rank 0 then waits up to another `window` for the
-  // survivors' notes before returning. Also writes this rank's own leaving note with the answer.
-  std::string diagnose(std::chrono::milliseconds window);
+  // every peer is alive. Blocks for about `window`; rank 0 then waits up to `linger` (default: `window`)
+  // for the survivors' notes before returning (a survivor busy in a long step under load reaches its
+  // failing collective, and its diagnosis, late: if rank 0 left before, the store would be gone and that
+  // survivor would blame rank 0). Also writes this rank's own leaving note with the answer.
+  std::string diagnose(std::chrono::milliseconds window, std::chrono::milliseconds linger = {});
   // Tells the others this rank is about to exit on purpose, and why (after an error of its own).
   void leaving(const std::string& why);
 

@@ -104,6 +104,7 @@ void Reducer::prepare_backward(double weight) {
     next_launch_ = 0;
     reduced_ = 0;
     window_comm_ms_ = 0;
+    hook_->begin_window(context_);
   }
   weight_ = weight;
   ++micro_;

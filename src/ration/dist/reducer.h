@@ -76,6 +76,9 @@ class Reducer {
   // Before each backward: this backward's gradient counts `weight` times (its samples / the samples of
   // the whole optimiser step over every rank and micro-batch; 0 for a rank without data).
   void prepare_backward(double weight);
+  // The step and learning rate of the coming synchronisation, handed to the hook when its window opens
+  // (the first prepare_backward after it); optional.
+  void set_window_context(const WindowContext& context) { context_ = context; }
   // Gradient-ready hook (registered on every parameter by the constructor; public for callers that drive
   // the engine themselves). `param` must be one of the reducer's parameters.
   void on_grad_ready(ValueImpl& param);
@@ -91,6 +94,7 @@ class Reducer {
   int64_t bucket_bytes() const;
   int64_t hook_state_bytes() const { return hook_->state_bytes(); }
   const CommHook& hook() const { return *hook_; }
+  CommHook& hook() { return *hook_; }
   const ReducerOptions& options() const { return options_; }
   const ReducerStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
@@ -119,6 +123,7 @@ class Reducer {
   std::vector<std::pair<const ValueImpl*, size_t>> slot_of_;  // sorted by address -> slot index
   std::vector<Bucket> buckets_;
   double weight_ = 1;
+  WindowContext context_;
   int64_t micro_ = 0;                                 // backward passes of this window prepared so far
   size_t next_launch_ = 0;
   std::shared_ptr<Reducer*> self_;                    // hooks hold a weak_ptr: no-ops after destruction

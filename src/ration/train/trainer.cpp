@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -122,7 +123,10 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
     r.loss = total.loss_sum / static_cast<double>(total.count);
     r.accuracy = static_cast<double>(total.correct) / static_cast<double>(total.count);
   }
-  if (!total.scores.empty()) r.auc = data::roc_auc(total.scores, total.labels);
+  // AUC is not a sum: every rank ranks the scores of the whole evaluation set (all-gathered).
+  const std::vector<float> scores = dist::all_gather_floats(world, total.scores);
+  const std::vector<float> labels = dist::all_gather_floats(world, total.labels);
+  if (!scores.empty()) r.auc = data::roc_auc(scores, labels);
   return r;
 }
 
@@ -381,7 +385,10 @@ class ReducerHook : public StepHook {
  public:
   explicit ReducerHook(dist::Reducer& reducer) : reducer_(reducer) {}
   void set_weight(double weight) { weight_ = weight; }
-  void after_forward(int64_t step, const Value& loss) override { reducer_.prepare_backward(weight_); }
+  void after_forward(int64_t step, const Value& loss) override {
+    reducer_.set_window_context({step});
+    reducer_.prepare_backward(weight_);
+  }
   void before_optimizer(int64_t step) override {
     if (reducer_.window_complete()) reducer_.finalize();
   }
@@ -429,7 +436,8 @@ class TrainingRun {
       return report;
     } catch (const dist::CollectiveError& e) {
       const auto window = std::chrono::milliseconds(std::min<int64_t>(3000, keys_.dp.timeout_s * 1000 / 3));
-      const std::string diagnosis = liveness_ ? liveness_->diagnose(window) : std::string("one process");
+      const std::string diagnosis = liveness_ ? liveness_->diagnose(window, std::chrono::seconds(keys_.dp.timeout_s))
+                                              : std::string("one process");
       throw Error(detail::str("rank ", world_.rank(), " of ", world_.size(), ": ", diagnosis,
                               "; stopping (resume from the last checkpoint with --resume, with any number of "
                               "ranks). The failed collective: ", e.what()));
@@ -461,7 +469,7 @@ class TrainingRun {
     for (; step_ < total_steps_; ++step_) {
       train_one_step();
       after_step_duties();
-      if ((stop_signal_ = InterruptScope::requested()) != 0) {
+      if ((stop_signal_ = reducer_ ? agreed_stop_ : InterruptScope::requested()) != 0) {
         ++step_;  // this step is done
         break;
       }
@@ -515,9 +523,12 @@ class TrainingRun {
   void attach_reducer() {
     if (!synchronizes()) return;
     reducer_ = std::make_unique<dist::Reducer>(
-        world_, params_, dist::make_comm_hook(keys_.dp.compress, keys_.dp.error_feedback, setup_.config.origin()),
+        world_, params_, dist::make_comm_hook(keys_.dp.compress, keys_.dp.onebit, setup_.config.origin()),
         keys_.dp.reducer);
     reducer_hook_ = std::make_unique<ReducerHook>(*reducer_);
+    const std::string note = dist::restore_hook_state(world_, reducer_->hook(), resumed_hook_state_);
+    if (!note.empty()) progress_.note(note);
+    resumed_hook_state_.clear();
     runtime_.add_hook(reducer_hook_.get());
   }
   bool is_lm() const { return setup_.data_kind == "text"; }
@@ -533,7 +544,8 @@ class TrainingRun {
     if (ckpt.metadata.ints.count("external_state_step"))  // parameter-server shards of the same step
       model_.restore_external_state(std::filesystem::path(ckpt.path).parent_path().string(),
                                     ckpt.metadata.ints.at("external_state_step"));
-    optimizer_->import_state(ckpt.optimizer);
+    optimizer_->import_state(dist::without_hook_state(ckpt.optimizer));
+    resumed_hook_state_ = ckpt.optimizer;
     loader_.set_position({ckpt.metadata.ints.at("epoch"), ckpt.metadata.ints.at("loader_index")});
     step_ = ckpt.step;
     progress_.note("resumed from " + ckpt.path + " at step " + std::to_string(step_));
@@ -568,7 +580,7 @@ class TrainingRun {
     // per parameter element, are fixed memory the plan must leave room for.
     int64_t dist_bytes = 0;
     if (synchronizes()) {
-      const bool residual = keys_.dp.compress == "onebit" && keys_.dp.error_feedback == dist::ErrorFeedback::On;
+      const bool residual = keys_.dp.compress == "onebit" && keys_.dp.onebit.feedback == dist::ErrorFeedback::On;
       dist_bytes = (residual ? 2 : 1) * 4 * model_.num_parameters();
     }
     const memory::Plan* plan = runtime_.prepare(
@@ -659,9 +671,13 @@ class TrainingRun {
       samples += static_cast<int64_t>(micro[k].size());
       items += batch.items;
     }
-    // The step's loss: the mean over every rank's samples.
+    // The step's loss: the mean over every rank's samples. The same message carries each rank's stop
+    // request (SIGINT / SIGTERM seen so far), so every rank stops after the same step.
+    const int signal = InterruptScope::requested();
     const std::vector<double> sums = dist::all_reduce_doubles(
-        world_, {loss_sum, static_cast<double>(samples), static_cast<double>(items)});
+        world_, {loss_sum, static_cast<double>(samples), static_cast<double>(items), signal == SIGINT ? 1.0 : 0.0,
+                 signal != 0 && signal != SIGINT ? 1.0 : 0.0});
+    agreed_stop_ = sums[3] > 0 ? SIGINT : sums[4] > 0 ? SIGTERM : 0;
     st.loss = sums[0] / std::max(sums[1], 1.0);
     st.ms = ms;
     step_items_ = static_cast<int64_t>(sums[2]);
@@ -734,6 +750,8 @@ class TrainingRun {
   }
 
   std::string save(int64_t at_step) {
+    // Every rank's error-feedback residuals travel to rank 0 (a collective: every rank calls save).
+    const NamedTensors residuals = reducer_ ? dist::gather_hook_state(world_, reducer_->hook()) : NamedTensors{};
     if (run_.checkpoint_dir.empty() || world_.rank() != 0) return std::string();
     Metadata meta;
     meta.ints["epoch"] = trained_position().epoch;
@@ -747,7 +765,9 @@ class TrainingRun {
     NamedTensors weights;
     for (auto& [n, p] : params_) weights.emplace_back(n, p.tensor());
     for (auto& [n, b] : model_.named_buffers()) weights.emplace_back(n, b);
-    return save_checkpoint(run_.checkpoint_dir, at_step, weights, optimizer_->export_state(), meta,
+    NamedTensors state = optimizer_->export_state();
+    state.insert(state.end(), residuals.begin(), residuals.end());
+    return save_checkpoint(run_.checkpoint_dir, at_step, weights, state, meta,
                            static_cast<int>(run_.keep_checkpoints), fingerprint_);
   }
 
@@ -847,7 +867,7 @@ class TrainingRun {
     for (const auto& b : reducer_->buckets()) buckets.push_back(b.numel * 4);
     d.update({{"backend", dist::to_string(world_.backend())},
               {"compress", reducer_->hook().name()},
-              {"error_feedback", keys_.dp.error_feedback == dist::ErrorFeedback::On},
+              {"error_feedback", keys_.dp.onebit.feedback == dist::ErrorFeedback::On},
               {"sync_every", keys_.dp.reducer.sync_every},
               {"sampling", keys_.sampling == data::Sampling::Bootstrap ? "bootstrap" : "shuffle"},
               {"bucket_bytes", buckets},
@@ -903,6 +923,8 @@ class TrainingRun {
   std::unique_ptr<dist::Reducer> reducer_;
   std::unique_ptr<ReducerHook> reducer_hook_;
   std::unique_ptr<OpProfile> op_profile_;  // --profile-ops
+  int agreed_stop_ = 0;  // data parallel: the stop signal every rank agreed on after the last step (0: go on)
+  NamedTensors resumed_hook_state_;  // the resumed checkpoint's entries, until the reducer takes its own
   int64_t step_items_ = 0;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::WarmupCosine> schedule_;
