@@ -98,7 +98,7 @@ nlohmann::json bench_rounds(bool quick) {
   nlohmann::json out = nlohmann::json::array();
   std::vector<int64_t> sizes = quick ? std::vector<int64_t>{100000, 300000} : std::vector<int64_t>{100000, 300000, 1000000, 2000000};
   for (int64_t rows : sizes) {
-    const int64_t rss0 = rss_bytes();
+
     double seconds = 0;
     int64_t b0 = 0, b1 = 0, r0 = 0, r1 = 0;
     {
@@ -118,16 +118,16 @@ nlohmann::json bench_rounds(bool quick) {
       std::vector<float>().swap(g);
       std::vector<uint64_t>().swap(ids);
       b0 = store.stats().bytes;
-      r0 = rss_bytes() - rss0;
+      r0 = rss_bytes();
       const ps::EvictRound r = ev.run(2);
       seconds = r.seconds;
       b1 = store.stats().bytes;
-      r1 = rss_bytes() - rss0;
+      r1 = rss_bytes();
     }
     std::printf("%10lld %10.3f %14.1f %14.1f %12.1f %12.1f\n", static_cast<long long>(rows), seconds, b0 / 1048576.0,
                 b1 / 1048576.0, r0 / 1048576.0, r1 / 1048576.0);
     out.push_back({{"rows", rows}, {"round_s", seconds}, {"accounted_before", b0}, {"accounted_after", b1},
-                   {"rss_growth_before", r0}, {"rss_growth_after", r1}});
+                   {"rss_before", r0}, {"rss_after", r1}});
   }
   return out;
 }
@@ -216,6 +216,7 @@ nlohmann::json bench_auc(const std::string& dataset, const std::function<std::st
   for (int s = 0; s < seeds; ++s) {
     const std::string cfg = toml(static_cast<uint64_t>(s + 1));
     const RunResult full = train_once(cfg, ps::EvictOptions{}, epochs);
+    std::printf("  seed %d unconstrained AUC %.4f  %.1f MiB\n", s + 1, full.auc, static_cast<double>(full.bytes) / 1048576.0);
     base.push_back(full.auc);
     base_bytes.push_back(full.bytes);
     for (double cap : kCaps) {
@@ -225,6 +226,8 @@ nlohmann::json bench_auc(const std::string& dataset, const std::function<std::st
         o.max_bytes = static_cast<int64_t>(cap * static_cast<double>(full.bytes));
         o.evict_every = evict_every;
         const RunResult r = train_once(cfg, o, epochs);
+        std::printf("  seed %d cap %3.0f%% %-10s AUC %.4f  %.1f MiB  %lld disabled\n", s + 1, cap * 100, p.c_str(), r.auc,
+                    static_cast<double>(r.bytes) / 1048576.0, static_cast<long long>(r.disabled));
         auc[p][cap].push_back(r.auc);
         bytes[p][cap].push_back(static_cast<double>(r.bytes));
       }
@@ -327,6 +330,7 @@ int main(int argc, char** argv) {
     else if (a == "--seeds") seeds = std::stoi(next());
     else RATION_CHECK(false, "bench_ps_evict: unknown argument '", a, "'; valid: --quick --parts --json --svg --movielens --seeds");
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows when the output is a file
   std::printf("bench_ps_evict (machine shared with other jobs: timings are noisy)\n");
   nlohmann::json out;
   if (parts.find("scoring") != std::string::npos) out["scoring"] = bench_scoring(quick);

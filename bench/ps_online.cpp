@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else RATION_CHECK(false, "bench_ps_online: unknown argument '", a, "'; valid: --quick --json OUT");
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows when the output is a file
   std::printf("bench_ps_online (in process, no network; machine shared with other jobs: timings are noisy)\n");
   nlohmann::json out;
   const int64_t rows = quick ? 100000 : 500000, dim = 16;
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
   const double l0 = now_s();
   const std::vector<double> busy = lookup_lat(load_s);
   const double elapsed = now_s() - l0;
-  wire::OnlineStatsResponse st;
+  ps::wire::OnlineStatsResponse st;
   online->stats(&st);
   stop = true;
   trainer.join();

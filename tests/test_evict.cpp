@@ -212,10 +212,10 @@ TEST(Evict, BadOptionsNameTheField) {
   o.policy = EvictPolicy::Importance;
   EXPECT_NE(message(o).find("needs ps.max_bytes > 0"), std::string::npos);
   o.max_bytes = -1;
-  EXPECT_NE(message(o).find("ps.max_bytes must be >= 0"), std::string::npos);
+  EXPECT_NE(message(o).find("ps.max_bytes (--max-bytes) must be >= 0"), std::string::npos);
   o.max_bytes = 100;
   o.keep_fraction = 1.5;
-  EXPECT_NE(message(o).find("ps.keep_fraction must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(message(o).find("ps.keep_fraction (--keep-fraction) must be in (0, 1]"), std::string::npos);
   o.keep_fraction = 1;
   o.importance_decay = 1;
   EXPECT_NE(message(o).find("ps.importance_decay"), std::string::npos);

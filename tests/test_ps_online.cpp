@@ -28,6 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace wire = ps::wire;
 using testing::TempDir;
+using ps::OnlineServer;
 
 ps::TableOptions table_opts(const std::string& name, int64_t dim) {
   ps::TableOptions o;

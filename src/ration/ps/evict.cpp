@@ -33,18 +33,18 @@ std::string evict_policy_name(EvictPolicy policy) {
 }
 
 void EvictOptions::validate(const std::string& where) const {
-  RATION_CHECK(max_bytes >= 0, where, ": ps.max_bytes must be >= 0 bytes (0: no cap); got ", max_bytes);
-  RATION_CHECK(evict_every >= 1, where, ": ps.evict_every must be >= 1 step; got ", evict_every);
-  RATION_CHECK(keep_fraction > 0 && keep_fraction <= 1, where, ": ps.keep_fraction must be in (0, 1]; got ",
+  RATION_CHECK(max_bytes >= 0, where, ": ps.max_bytes (--max-bytes) must be >= 0 bytes (0: no cap); got ", max_bytes);
+  RATION_CHECK(evict_every >= 1, where, ": ps.evict_every (--evict-every) must be >= 1 step; got ", evict_every);
+  RATION_CHECK(keep_fraction > 0 && keep_fraction <= 1, where, ": ps.keep_fraction (--keep-fraction) must be in (0, 1]; got ",
                keep_fraction);
-  RATION_CHECK(threshold >= 0, where, ": ps.evict_threshold must be >= 0; got ", threshold);
-  RATION_CHECK(readmit_after >= 1, where, ": ps.readmit_after must be >= 1 sighting; got ", readmit_after);
+  RATION_CHECK(threshold >= 0, where, ": ps.evict_threshold (--evict-threshold) must be >= 0; got ", threshold);
+  RATION_CHECK(readmit_after >= 1, where, ": ps.readmit_after (--readmit-after) must be >= 1 sighting; got ", readmit_after);
   RATION_CHECK(importance_decay > 0 && importance_decay < 1, where,
-               ": ps.importance_decay must be in (0, 1); got ", importance_decay);
+               ": ps.importance_decay (--importance-decay) must be in (0, 1); got ", importance_decay);
   RATION_CHECK(headroom > 0 && headroom <= 1, where, ": ps.evict_headroom must be in (0, 1]; got ", headroom);
   if (policy != EvictPolicy::None) {
-    RATION_CHECK(max_bytes > 0 || keep_fraction < 1 || threshold > 0, where, ": ps.evict = '",
-                 evict_policy_name(policy), "' needs ps.max_bytes > 0, ps.keep_fraction < 1 or ps.evict_threshold > 0");
+    RATION_CHECK(max_bytes > 0 || keep_fraction < 1 || threshold > 0, where, ": ps.evict (--evict) = '",
+                 evict_policy_name(policy), "' needs ps.max_bytes (--max-bytes) > 0, ps.keep_fraction (--keep-fraction) < 1 or ps.evict_threshold (--evict-threshold) > 0");
   }
 }
 
