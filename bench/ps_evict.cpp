@@ -5,7 +5,8 @@
 //   auc:     the ctr model's eval AUC at table caps of 100/50/25/10% of the unconstrained table's bytes
 //            for importance, frequency, lru and l2 — on synthetic drifting clicks and on MovieLens (same
 //            data order, steps and seeds for every policy) — plus an SVG plot of AUC vs cap.
-// Usage: bench_ps_evict [--quick] [--parts scoring,rounds,auc] [--movielens CSV] [--seeds N]
+// Usage: bench_ps_evict [--merge A.json,B.json] [--quick] [--parts scoring,rounds,auc] [--datasets synthetic,movielens]
+//                       [--movielens CSV] [--seeds N]
 //                       [--json OUT] [--svg OUT]
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -186,8 +187,8 @@ RunResult train_once(const std::string& toml, const ps::EvictOptions& evict, int
 std::string synthetic_toml(uint64_t seed) {
   std::ostringstream s;
   s << "[model]\ntype='ctr'\nembedding_dim=8\nbottom=[16]\ntop=[32, 16]\nbag_mode='mean'\n"
-    << "[data]\nkind='synthetic_ctr'\ncardinalities=[200000, 50000, 5000, 500]\nbag_min=[1, 1, 1, 1]\n"
-    << "bag_max=[1, 3, 2, 1]\nnum_dense=4\ntrain_samples=80000\neval_samples=10000\nclick_rate=0.25\n"
+    << "[data]\nkind='synthetic_ctr'\ncardinalities=[50000, 10000, 1000, 100]\nbag_min=[1, 1, 1, 1]\n"
+    << "bag_max=[1, 3, 2, 1]\nnum_dense=4\ntrain_samples=40000\neval_samples=5000\nclick_rate=0.25\n"
     << "weight_scale=1.5\ndrift=0.5\nzipf_alpha=1.1\nseed=" << seed << "\n"
     << "[ps]\nshards=1\nlr=0.05\noptimizer='adagrad'\n[train]\nbatch_size=256\nthreads=1\nseed=" << seed << "\n";
   return s.str();
@@ -197,7 +198,7 @@ std::string movielens_toml(const std::string& csv, uint64_t seed) {
   std::ostringstream s;
   s << "[model]\ntype='ctr'\nembedding_dim=16\nbottom=[16]\ntop=[64, 32]\nbag_mode='mean'\n"
     << "[data]\nkind='movielens'\nfile='" << csv << "'\ntrain_fraction=0.8\n"
-    << "[ps]\nshards=1\nlr=0.02\noptimizer='adagrad'\ninit_scale=0.01\n[train]\nbatch_size=256\nthreads=1\nseed=" << seed << "\n";
+    << "[ps]\nshards=1\nlr=0.02\noptimizer='adagrad'\ninit_scale=0.01\n[train]\nbatch_size=512\nthreads=1\nseed=" << seed << "\n";
   return s.str();
 }
 
@@ -315,7 +316,9 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string parts = "scoring,rounds,auc", json_path = "bench/results/ps_evict.json", svg_path = "bench/results/ps_evict_auc.svg";
   std::string movielens = "data/movielens.csv";
-  int seeds = 2;
+  int seeds = 1;
+  std::string datasets = "synthetic,movielens";
+  std::string merge;  // "A.json,B.json": combine the auc results of separate runs into one JSON and plot
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -328,7 +331,27 @@ int main(int argc, char** argv) {
     else if (a == "--svg") svg_path = next();
     else if (a == "--movielens") movielens = next();
     else if (a == "--seeds") seeds = std::stoi(next());
-    else RATION_CHECK(false, "bench_ps_evict: unknown argument '", a, "'; valid: --quick --parts --json --svg --movielens --seeds");
+    else if (a == "--datasets") datasets = next();
+    else if (a == "--merge") merge = next();
+    else RATION_CHECK(false, "bench_ps_evict: unknown argument '", a, "'; valid: --quick --parts --json --svg --movielens --seeds --datasets --merge");
+  }
+  if (!merge.empty()) {
+    nlohmann::json out, curves;
+    std::stringstream list(merge);
+    std::string f;
+    while (std::getline(list, f, ',')) {
+      std::ifstream in(f);
+      RATION_CHECK(in.good(), "bench_ps_evict --merge: cannot read '", f, "'");
+      nlohmann::json j = nlohmann::json::parse(in);
+      for (auto it = j["auc"].begin(); it != j["auc"].end(); ++it) curves[it.key()] = it.value();
+      for (auto it = j.begin(); it != j.end(); ++it)
+        if (it.key() != "auc") out[it.key()] = it.value();
+    }
+    out["auc"] = curves;
+    write_svg(svg_path, curves);
+    std::ofstream(json_path) << out.dump(2) << "\n";
+    std::printf("merged into %s and %s\n", json_path.c_str(), svg_path.c_str());
+    return 0;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows when the output is a file
   std::printf("bench_ps_evict (machine shared with other jobs: timings are noisy)\n");
@@ -337,10 +360,12 @@ int main(int argc, char** argv) {
   if (parts.find("rounds") != std::string::npos) out["rounds"] = bench_rounds(quick);
   if (parts.find("auc") != std::string::npos) {
     nlohmann::json curves;
-    curves["synthetic drifting clicks"] = bench_auc("synthetic drifting clicks", synthetic_toml, 1, quick ? 1 : seeds, 20);
-    if (std::ifstream(movielens).good()) {
+    if (datasets.find("synthetic") != std::string::npos)
+      curves["synthetic drifting clicks"] = bench_auc("synthetic drifting clicks", synthetic_toml, 1, quick ? 1 : seeds, 10);
+    if (datasets.find("movielens") == std::string::npos) {
+    } else if (std::ifstream(movielens).good()) {
       curves["MovieLens (dslabs)"] =
-          bench_auc("MovieLens (dslabs)", [&](uint64_t s) { return movielens_toml(movielens, s); }, 2, quick ? 1 : seeds, 20);
+          bench_auc("MovieLens (dslabs)", [&](uint64_t s) { return movielens_toml(movielens, s); }, 1, quick ? 1 : seeds, 10);
     } else {
       std::printf("\n(MovieLens skipped: %s not found; create it with scripts/movielens.sh)\n", movielens.c_str());
     }

@@ -210,7 +210,7 @@ TEST(Evict, BadOptionsNameTheField) {
   };
   EvictOptions o;
   o.policy = EvictPolicy::Importance;
-  EXPECT_NE(message(o).find("needs ps.max_bytes > 0"), std::string::npos);
+  EXPECT_NE(message(o).find("needs ps.max_bytes (--max-bytes) > 0"), std::string::npos);
   o.max_bytes = -1;
   EXPECT_NE(message(o).find("ps.max_bytes (--max-bytes) must be >= 0"), std::string::npos);
   o.max_bytes = 100;

@@ -139,6 +139,8 @@ EvictRound Evictor::run(int64_t step) {
         static_cast<double>(all.size()) - (static_cast<double>(bytes) - target) / per_row)));
     if (fit >= static_cast<int64_t>(all.size())) break;
     r.disabled += disable_from(fit);
+    // Stop when a pass released nothing (what is left is allocator granularity, not rows).
+    if (pass > 0 && store_.stats().bytes >= bytes) break;
   }
   const StoreStats after = store_.stats();
   r.rows_after = after.rows;

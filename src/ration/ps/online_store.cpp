@@ -465,6 +465,7 @@ SyncReport sync_source(OnlineStore& store, int source_index, DeltaSource& source
     ApplyResult result = ApplyResult::Gap;
     if (!need_full && from >= 0 && d.epoch != store.epoch(source_index, name)) need_full = true;
     if (!need_full) result = store.apply(d);
+    if (from < 0 && result == ApplyResult::Applied) rep.full = true;  // a first copy is a full one
     if (need_full || result != ApplyResult::Applied) {
       rep.gap = rep.gap || result != ApplyResult::Applied;
       d = fetch_delta(source, source_index, name, -1, max_rows, &need_full);

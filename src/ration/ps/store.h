@@ -109,7 +109,7 @@ struct ExportCursor {
 class Table {
  public:
   static constexpr int kStripes = 16;
-  static constexpr int64_t kChunkRows = 512;
+  static constexpr int64_t kChunkRows = 64;  // small chunks: a byte cap is met closely even for small tables
 
   explicit Table(TableOptions options);
   ~Table();
