@@ -326,7 +326,7 @@ std::string ctr_config(const std::string& ckpt_dir, const std::string& endpoint)
 TEST(PsOnline, PredictMatchesTheTrainersEvaluationAfterASync) {
   TempDir dir("ps-online-predict");
   testing::ServerProcess training;
-  training.start({"--listen", "127.0.0.1:0", "--shard", "0/1", "--evict", "importance", "--keep-fraction", "0.8",
+  training.start({"--listen", "127.0.0.1:0", "--shard", "0/1", "--snapshot-dir", (dir.path / "snap").string(), "--evict", "importance", "--keep-fraction", "0.8",
                   "--evict-every", "20"});
   const std::string run = (dir.path / "run").string();
   const std::string cfg = dir.write("ctr.toml", ctr_config(run, training.endpoint()));
