@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
   std::thread prober([&] {
     std::vector<float> v(static_cast<size_t>(dim));
     while (!stop) {
-      v[0] = static_cast<float>(now_s() - 1.7e9);
+      v[0] = static_cast<float>(now_s());
       t.assign(&probe, 1, v.data());
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
       online->store().lookup("emb", &probe, 1, v.data());
       if (v[0] != last && v[0] > 0) {
         last = v[0];
-        staleness.push_back(now_s() - 1.7e9 - static_cast<double>(v[0]));
+        staleness.push_back(now_s() - static_cast<double>(v[0]));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
