@@ -209,6 +209,7 @@ grpc::Status ShardCore::restore(const wire::RestoreRequest& req, wire::RestoreRe
   std::unique_lock<std::shared_mutex> tables(tables_mu_);
   try {
     const SnapshotInfo info = read_snapshot(store_, snapshot_dir_, req.version());
+    if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
     resp->set_rows(info.rows);
     snapshot_version_ = req.version();
   } catch (const Error& e) {
@@ -228,6 +229,7 @@ void ShardCore::restore_from(const std::string& dir, int64_t version) {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   std::unique_lock<std::shared_mutex> tables(tables_mu_);
   read_snapshot(store_, dir, version);
+  if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
   snapshot_version_ = version;
 }
 
@@ -238,6 +240,7 @@ int64_t ShardCore::restore_latest() {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   std::unique_lock<std::shared_mutex> tables(tables_mu_);
   read_snapshot(store_, snapshot_dir_, v);
+  if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
   snapshot_version_ = v;
   return v;
 }
