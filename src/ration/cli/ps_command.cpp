@@ -2,6 +2,7 @@
 #include "ps_command.h"
 
 #include "ration/core/check.h"
+#include "ration/ps/client.h"
 
 namespace ration::cli {
 
@@ -21,10 +22,38 @@ std::unique_ptr<PsCommand> add_ps_command(CLI::App& app) {
   cmd->serve->add_option("--tls-ca", o.tls_ca, "PEM CA: require client certificates signed by it");
   cmd->serve->add_option("--max-ids", o.limits.max_ids, "most ids per Pull/Push request");
   cmd->serve->add_option("--max-message-bytes", o.limits.max_message_bytes, "gRPC message size limit");
+  // Disabling sub-features (docs/METHODS.md, "Disabling and re-admission").
+  cmd->serve->add_option("--evict", cmd->evict, "importance | frequency | lru | l2 | none (default none)");
+  cmd->serve->add_option("--max-bytes", o.evict.max_bytes, "cap on this shard's accounted table bytes (0: none)");
+  cmd->serve->add_option("--evict-every", o.evict.evict_every, "an eviction round every N steps (default 100)");
+  cmd->serve->add_option("--keep-fraction", o.evict.keep_fraction, "each round keeps at most this fraction of rows");
+  cmd->serve->add_option("--evict-threshold", o.evict.threshold, "each round disables rows scoring below it");
+  cmd->serve->add_option("--readmit-after", o.evict.readmit_after, "pushes a disabled id needs to come back (2)");
+  cmd->serve->add_option("--importance-decay", o.evict.importance_decay, "per-step decay of the importance (0.99)");
+  // The online (serving) side.
+  cmd->serve->add_flag("--online", cmd->online, "serve a mirror of the training shards (Lookup, Predict)");
+  cmd->serve->add_option("--follow", cmd->follow, "--online: the training shards' HOST:PORT list, in shard order");
+  ps::OnlineOptions& on = cmd->online_options;
+  cmd->serve->add_option("--state-dir", on.state_dir, "--online: RocksDB state directory (restart resumes from it)");
+  cmd->serve->add_option("--sync-interval-s", on.sync_interval_s, "--online: seconds between syncs (0: on demand)");
+  cmd->serve->add_option("--delta-rows", on.max_rows, "--online: rows per delta page");
+  cmd->serve->add_option("--model-config", on.model_config, "--online: the trainer's config (for Predict)");
+  cmd->serve->add_option("--checkpoint-dir", on.checkpoint_dir, "--online: the trainer's checkpoint directory");
+  cmd->serve->add_option("--apply-delay-ms", on.apply_delay_ms, "--online, tests: pause before writing each delta");
   return cmd;
 }
 
 int run_ps_command(PsCommand& cmd) {
+  if (cmd.online) {
+    ps::OnlineOptions o = cmd.online_options;
+    o.follow = ps::split_endpoints(cmd.follow);
+    RATION_CHECK(!o.follow.empty(), "ps serve --online: --follow needs the training shards' HOST:PORT list");
+    o.listen = cmd.options.listen;
+    o.auth_token_file = cmd.options.auth_token_file;
+    return ps::serve_online_until_signal(o);
+  }
+  RATION_CHECK(cmd.follow.empty(), "ps serve: --follow is for --online servers");
+  cmd.options.evict.policy = ps::evict_policy_from_name(cmd.evict, "--evict");
   cmd.options.shard = ps::parse_shard(cmd.shard, "--shard");
   RATION_CHECK(cmd.options.limits.max_ids >= 1, "--max-ids must be >= 1");
   RATION_CHECK(cmd.options.limits.max_message_bytes >= 1024 && cmd.options.limits.max_message_bytes <= (int64_t{1} << 31) - 1,

@@ -99,6 +99,12 @@ class Service final : public wire::ParameterServer::Service {
   grpc::Status Health(grpc::ServerContext* c, const wire::HealthRequest* q, wire::HealthResponse* r) override {
     return authorized(c) ? core_.health(*q, r) : denied();
   }
+  grpc::Status GetDelta(grpc::ServerContext* c, const wire::DeltaRequest* q, wire::DeltaResponse* r) override {
+    return authorized(c) ? core_.get_delta(*q, r) : denied();
+  }
+  grpc::Status ListTables(grpc::ServerContext* c, const wire::ListTablesRequest* q, wire::ListTablesResponse* r) override {
+    return authorized(c) ? core_.list_tables(*q, r) : denied();
+  }
 
  private:
   bool authorized(grpc::ServerContext* c) {
@@ -148,6 +154,8 @@ PsServer::PsServer(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   const int64_t restored = m.core->restore_latest();
   if (restored >= 0) std::fprintf(stderr, "ps shard %s: restored snapshot v%lld from %s\n",
                                   o.shard.to_string().c_str(), static_cast<long long>(restored), o.snapshot_dir.c_str());
+  o.evict.validate("ps serve");
+  m.core->set_eviction(o.evict);
   m.service = std::make_unique<Service>(*m.core, token);
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "ration/ps/evict.h"
 #include "ration/ps/shard.h"
 
 namespace ration::ps {
@@ -20,6 +21,7 @@ struct ServeOptions {
   std::string tls_cert, tls_key;        // PEM files: serve TLS
   std::string tls_ca;                   // PEM: also require and verify client certificates
   ShardLimits limits;
+  EvictOptions evict;                   // disabling (--evict ...); policy none: off
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost".

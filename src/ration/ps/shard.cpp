@@ -96,7 +96,8 @@ grpc::Status ShardCore::declare_tables(const wire::DeclareTablesRequest& req, wi
                                                             "' needs a name and dim in [1, 65536]; got dim " +
                                                             std::to_string(spec.dim()));
     try {
-      store_.ensure_table(table_options_from_spec(spec));
+      Table& t = store_.ensure_table(table_options_from_spec(spec));
+      if (evictor_) evictor_->apply(t);
     } catch (const Error& e) {
       return reject(grpc::StatusCode::FAILED_PRECONDITION, std::string("DeclareTables: ") + e.what());
     }
@@ -157,6 +158,7 @@ grpc::Status ShardCore::push(const wire::PushRequest& req, wire::PushResponse* r
   t->push(reinterpret_cast<const uint64_t*>(req.ids().data()), n, grads, req.step());
   resp->set_rows(n);
   ++pushes_;
+  if (evictor_) evictor_->maybe_run(req.step());
   return grpc::Status::OK;
 }
 
@@ -207,6 +209,7 @@ grpc::Status ShardCore::restore(const wire::RestoreRequest& req, wire::RestoreRe
   std::unique_lock<std::shared_mutex> tables(tables_mu_);
   try {
     const SnapshotInfo info = read_snapshot(store_, snapshot_dir_, req.version());
+    if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
     resp->set_rows(info.rows);
     snapshot_version_ = req.version();
   } catch (const Error& e) {
@@ -226,6 +229,7 @@ void ShardCore::restore_from(const std::string& dir, int64_t version) {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   std::unique_lock<std::shared_mutex> tables(tables_mu_);
   read_snapshot(store_, dir, version);
+  if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
   snapshot_version_ = version;
 }
 
@@ -236,8 +240,83 @@ int64_t ShardCore::restore_latest() {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   std::unique_lock<std::shared_mutex> tables(tables_mu_);
   read_snapshot(store_, snapshot_dir_, v);
+  if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
   snapshot_version_ = v;
   return v;
+}
+
+}  // namespace ration::ps
+
+// ---- deltas and eviction (issue: online mirrors, disabling) --------------------------------------------
+namespace ration::ps {
+
+void ShardCore::set_eviction(const EvictOptions& options) {
+  std::unique_lock<std::shared_mutex> tables(tables_mu_);
+  evictor_ = options.active() ? std::make_unique<Evictor>(store_, options) : nullptr;
+}
+
+grpc::Status ShardCore::list_tables(const wire::ListTablesRequest&, wire::ListTablesResponse* resp) {
+  std::shared_lock<std::shared_mutex> tables(tables_mu_);
+  for (const std::string& name : store_.table_names()) {
+    *resp->add_tables() = spec_from_table_options(store_.table(name).options());
+    resp->add_versions(store_.table(name).version());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardCore::get_delta(const wire::DeltaRequest& req, wire::DeltaResponse* resp) {
+  std::shared_lock<std::shared_mutex> tables(tables_mu_);
+  Table* t = store_.find(req.table());
+  if (t == nullptr) return reject(grpc::StatusCode::NOT_FOUND, "GetDelta: unknown table '" + req.table() + "'");
+  if (req.from_version() < -1 || req.max_rows() < 0 || req.cursor_stripe() < 0 || req.cursor_slot() < 0)
+    return reject(grpc::StatusCode::INVALID_ARGUMENT,
+                  "GetDelta: from_version must be >= -1 and max_rows, cursor_stripe, cursor_slot >= 0");
+  const int64_t dim = t->dim();
+  const int64_t max_rows = std::min<int64_t>(req.max_rows() > 0 ? req.max_rows() : 65536,
+                                             std::max<int64_t>(1, limits_.max_message_bytes / (dim * 4 + 32)));
+  const bool full = req.from_version() < 0;
+  *resp->mutable_spec() = spec_from_table_options(t->options());
+  resp->set_epoch(t->epoch());
+  resp->set_from_version(req.from_version());
+  resp->set_full(full);
+  const int64_t to_version = req.to_version() > 0 ? req.to_version() : t->settled_version();
+  resp->set_to_version(to_version);
+  // Tombstones are checked first: a mirror the log no longer reaches is told so before any rows go.
+  std::vector<std::pair<uint64_t, int64_t>> tombs;
+  if (!full && !t->tombstones_since(req.from_version(), tombs)) {
+    resp->set_need_full(true);
+    resp->set_done(true);
+    return grpc::Status::OK;
+  }
+  ExportCursor cursor;
+  cursor.stripe = req.cursor_stripe();
+  cursor.slot = req.cursor_slot();
+  ExportedRows rows;
+  t->export_changed(full ? -1 : req.from_version(), cursor, max_rows, rows);
+  if (!cursor.done && cursor.stripe >= Table::kStripes) cursor.done = true;
+  for (int64_t i = 0; i < rows.size(); ++i) {
+    resp->add_ids(rows.ids[static_cast<size_t>(i)]);
+    resp->add_versions(rows.infos[static_cast<size_t>(i)].version);
+  }
+  resp->set_values(std::string(reinterpret_cast<const char*>(rows.values.data()), rows.values.size() * sizeof(float)));
+  resp->set_cursor_stripe(cursor.stripe);
+  resp->set_cursor_slot(cursor.slot);
+  resp->set_done(cursor.done);
+  if (cursor.done) {
+    if (full) {
+      // A full copy carries every disabled id (they read zeros, not the initial value).
+      for (uint64_t id : t->disabled_ids()) {
+        resp->add_tombstone_ids(id);
+        resp->add_tombstone_versions(0);
+      }
+    } else {
+      for (const auto& [id, v] : tombs) {
+        resp->add_tombstone_ids(id);
+        resp->add_tombstone_versions(v);
+      }
+    }
+  }
+  return grpc::Status::OK;
 }
 
 }  // namespace ration::ps

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "proto/ps.pb.h"
+#include "ration/ps/evict.h"
 #include "ration/ps/partition.h"
 #include "ration/ps/store.h"
 
@@ -39,6 +40,13 @@ class ShardCore {
   grpc::Status snapshot(const wire::SnapshotRequest& req, wire::SnapshotResponse* resp);
   grpc::Status restore(const wire::RestoreRequest& req, wire::RestoreResponse* resp);
   grpc::Status health(const wire::HealthRequest& req, wire::HealthResponse* resp);
+  // Deltas for online mirrors (docs/METHODS.md, "Online parameter server").
+  grpc::Status get_delta(const wire::DeltaRequest& req, wire::DeltaResponse* resp);
+  grpc::Status list_tables(const wire::ListTablesRequest& req, wire::ListTablesResponse* resp);
+
+  // Disabling (ps/evict.h): from now on, every push of step s runs a round when s % evict_every == 0.
+  void set_eviction(const EvictOptions& options);
+  Evictor* evictor() { return evictor_.get(); }
 
   // Restores the newest complete snapshot in the snapshot directory, if any (server start). Returns its
   // version or -1.
@@ -63,6 +71,7 @@ class ShardCore {
   std::mutex snapshot_mu_;  // one snapshot/restore at a time
   // Pull/Push/Snapshot hold it shared; Restore (which replaces the tables) exclusive.
   mutable std::shared_mutex tables_mu_;
+  std::unique_ptr<Evictor> evictor_;
   std::atomic<int64_t> pulls_{0}, pushes_{0}, auth_failures_{0}, rejected_{0}, snapshot_version_{-1};
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "ration/core/check.h"
 
@@ -123,6 +124,7 @@ struct Table::Stripe {
   absl::flat_hash_map<uint64_t, uint32_t> index;  // id -> slot
   std::vector<Chunk> chunks;
   std::vector<uint32_t> free_slots;               // freed slots, reused before fresh ones
+  absl::flat_hash_map<uint64_t, uint32_t> disabled;  // disabled id -> pushes seen since it was disabled
   int64_t fresh = 0;                              // slots [fresh, capacity) were never handed out
   int64_t stride = 0;
 
@@ -173,6 +175,7 @@ Table::Table(TableOptions options) : options_(std::move(options)) {
     stripes_.push_back(std::make_unique<Stripe>());
     stripes_.back()->stride = stride_;
   }
+  epoch_ = std::random_device{}() * 0x100000001ULL ^ mix64(reinterpret_cast<uintptr_t>(this));
 }
 
 int Table::stripe_index(uint64_t id) const { return static_cast<int>((mix64(id) >> 40) % kStripes); }
@@ -218,6 +221,7 @@ uint32_t Table::create_row(Stripe& st, uint64_t id) {
   initial_value(id, row);
   init_state(options_.optimizer, dim, row, row + dim, state_);
   st.info(slot) = fresh_info(id);
+  st.info(slot).version = version_.load(std::memory_order_relaxed);
   st.index.insert_or_assign(id, slot);
   return slot;
 }
@@ -242,6 +246,8 @@ void Table::pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing)
     auto it = st.index.find(ids[i]);
     if (it != st.index.end()) {
       std::memcpy(dst, st.slot_ptr(it->second), row_bytes);
+    } else if (!st.disabled.empty() && st.disabled.contains(ids[i])) {
+      std::memset(dst, 0, row_bytes);
     } else if (missing == MissingRow::ReadDefault) {
       initial_value(ids[i], dst);
     } else {
@@ -252,16 +258,151 @@ void Table::pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing)
 
 void Table::push(const uint64_t* ids, int64_t n, const float* grads, int64_t step) {
   const int64_t dim = options_.dim;
+  std::shared_lock<std::shared_mutex> writing(write_mu_);
+  const int64_t version = version_.fetch_add(1) + 1;
   for_each_by_stripe(ids, n, [&](Stripe& st, int64_t i) {
     auto it = st.index.find(ids[i]);
-    const uint32_t slot = it != st.index.end() ? it->second : create_row(st, ids[i]);
+    uint32_t slot;
+    if (it != st.index.end()) {
+      slot = it->second;
+    } else {
+      auto d = st.disabled.find(ids[i]);
+      if (d != st.disabled.end()) {
+        // Disabled: the push counts as a sighting; re-admitted at readmit_after_ sightings.
+        if (static_cast<int64_t>(++d->second) < readmit_after_) return;
+        st.disabled.erase(d);
+      }
+      slot = create_row(st, ids[i]);
+    }
     float* row = st.slot_ptr(slot);
     RowInfo& info = st.info(slot);
-    if (observer_) observer_(info, row, grads + i * dim, dim);
-    apply_update(options_.optimizer, dim, row, row + dim, grads + i * dim);
+    const float* g = grads + i * dim;
+    if (decay_ > 0) {
+      // Importance (docs/METHODS.md, "Importance"): s = |w . g| / dim with the values before the update.
+      float dot = 0;
+      for (int64_t k = 0; k < dim; ++k) dot += row[k] * g[k];
+      info.score = importance_at(info, step) + (1.0f - decay_) * std::fabs(dot) / static_cast<float>(dim);
+    }
+    if (observer_) observer_(info, row, g, dim);
+    apply_update(options_.optimizer, dim, row, row + dim, g);
     ++info.pushes;
     info.last_step = step;
+    info.version = version;
   });
+}
+
+void Table::set_importance_decay(float decay) {
+  RATION_CHECK(decay == 0 || (decay > 0 && decay < 1), "embedding table '", options_.name,
+               "': importance decay must be in (0, 1) (or 0 for off); got ", decay);
+  decay_ = decay;
+}
+
+float Table::importance_at(const RowInfo& info, int64_t step) const {
+  if (info.last_step < 0 || decay_ <= 0) return info.score;
+  const int64_t gap = std::max<int64_t>(0, step - info.last_step);
+  return info.score * std::pow(decay_, static_cast<float>(gap));
+}
+
+void Table::set_readmit_after(int64_t sightings) {
+  RATION_CHECK(sightings >= 1, "embedding table '", options_.name, "': re-admission count must be >= 1; got ",
+               sightings);
+  readmit_after_ = sightings;
+}
+
+void Table::score_rows(const std::function<float(const RowInfo&, const float*)>& score,
+                       std::vector<ScoredId>& out) const {
+  for (const auto& sp : stripes_) {
+    std::lock_guard<std::mutex> lock(sp->mu);
+    for (const auto& [id, slot] : sp->index) out.push_back({score(sp->info(slot), sp->slot_ptr(slot)), id});
+  }
+}
+
+int64_t Table::disable(const uint64_t* ids, int64_t n) {
+  std::shared_lock<std::shared_mutex> writing(write_mu_);
+  const int64_t version = version_.fetch_add(1) + 1;
+  int64_t freed = 0;
+  std::vector<uint64_t> gone;
+  for_each_by_stripe(ids, n, [&](Stripe& st, int64_t i) {
+    auto it = st.index.find(ids[i]);
+    if (it != st.index.end()) {
+      st.release(it->second);
+      st.index.erase(it);
+      ++freed;
+    }
+    if (st.disabled.try_emplace(ids[i], 0).second) gone.push_back(ids[i]);
+  });
+  std::lock_guard<std::mutex> lock(tomb_mu_);
+  for (uint64_t id : gone) tombstones_.emplace_back(id, version);
+  while (static_cast<int64_t>(tombstones_.size()) > tombstone_limit_) {
+    tombstone_floor_ = tombstones_.front().second;
+    tombstones_.pop_front();
+  }
+  return freed;
+}
+
+bool Table::is_disabled(uint64_t id) const {
+  const Stripe& st = stripe_of(id);
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.disabled.contains(id);
+}
+
+std::vector<uint64_t> Table::disabled_ids() const {
+  std::vector<uint64_t> out;
+  for (const auto& sp : stripes_) {
+    std::lock_guard<std::mutex> lock(sp->mu);
+    for (const auto& [id, n] : sp->disabled) out.push_back(id);
+  }
+  return out;
+}
+
+int64_t Table::settled_version() const {
+  std::unique_lock<std::shared_mutex> settle(write_mu_);
+  return version_.load();
+}
+
+void Table::export_changed(int64_t from_version, ExportCursor& cursor, int64_t max_rows, ExportedRows& out) const {
+  const int64_t dim = options_.dim;
+  int64_t taken = 0;
+  while (!cursor.done && taken < max_rows) {
+    if (cursor.stripe >= kStripes) {
+      cursor.done = true;
+      break;
+    }
+    const Stripe& st = *stripes_[static_cast<size_t>(cursor.stripe)];
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (; cursor.slot < st.capacity() && taken < max_rows; ++cursor.slot) {
+      const uint32_t slot = static_cast<uint32_t>(cursor.slot);
+      if (!st.live(slot) || st.info(slot).version <= from_version) continue;
+      const float* row = st.slot_ptr(slot);
+      out.ids.push_back(st.info(slot).id);
+      out.values.insert(out.values.end(), row, row + dim);
+      out.infos.push_back(st.info(slot));
+      ++taken;
+    }
+    if (cursor.slot >= st.capacity()) {
+      ++cursor.stripe;
+      cursor.slot = 0;
+    }
+  }
+}
+
+bool Table::tombstones_since(int64_t from_version, std::vector<std::pair<uint64_t, int64_t>>& out) const {
+  std::lock_guard<std::mutex> lock(tomb_mu_);
+  if (from_version < tombstone_floor_) return false;
+  auto it = std::upper_bound(tombstones_.begin(), tombstones_.end(), from_version,
+                             [](int64_t v, const std::pair<uint64_t, int64_t>& t) { return v < t.second; });
+  out.insert(out.end(), it, tombstones_.end());
+  return true;
+}
+
+void Table::set_tombstone_limit(int64_t limit) {
+  RATION_CHECK(limit >= 0, "embedding table '", options_.name, "': tombstone limit must be >= 0");
+  std::lock_guard<std::mutex> lock(tomb_mu_);
+  tombstone_limit_ = limit;
+  while (static_cast<int64_t>(tombstones_.size()) > tombstone_limit_) {
+    tombstone_floor_ = tombstones_.front().second;
+    tombstones_.pop_front();
+  }
 }
 
 int64_t Table::find_or_insert(const uint64_t* ids, int64_t n) {
@@ -278,9 +419,12 @@ int64_t Table::find_or_insert(const uint64_t* ids, int64_t n) {
 
 void Table::assign(const uint64_t* ids, int64_t n, const float* values, const float* state, const RowInfo* infos) {
   const int64_t dim = options_.dim;
+  std::shared_lock<std::shared_mutex> writing(write_mu_);
+  const int64_t version = version_.fetch_add(1) + 1;
   for (int64_t i = 0; i < n; ++i) {
     Stripe& st = stripe_of(ids[i]);
     std::lock_guard<std::mutex> lock(st.mu);
+    if (!st.disabled.empty()) st.disabled.erase(ids[i]);
     auto [it, inserted] = st.index.try_emplace(ids[i], 0);
     if (inserted) it->second = st.allocate();
     float* row = st.slot_ptr(it->second);
@@ -290,6 +434,7 @@ void Table::assign(const uint64_t* ids, int64_t n, const float* values, const fl
     if (infos != nullptr) st.info(it->second) = infos[i];
     else if (inserted) st.info(it->second) = fresh_info(ids[i]);
     st.info(it->second).id = ids[i];
+    if (infos == nullptr || infos[i].version == 0) st.info(it->second).version = version;
   }
 }
 
@@ -422,6 +567,9 @@ TableBytes Table::bytes() const {
     // flat_hash_map: one slot plus one control byte per bucket (and a group of trailing control bytes).
     const int64_t cap = static_cast<int64_t>(sp->index.capacity());
     b.index_bytes += cap == 0 ? 0 : cap * static_cast<int64_t>(sizeof(Slot) + 1) + 16;
+    b.disabled += static_cast<int64_t>(sp->disabled.size());
+    const int64_t dcap = static_cast<int64_t>(sp->disabled.capacity());
+    b.disabled_bytes += dcap == 0 ? 0 : dcap * static_cast<int64_t>(sizeof(Slot) + 1) + 16;
   }
   b.value_bytes = b.rows * options_.dim * static_cast<int64_t>(sizeof(float));
   b.state_bytes = b.rows * state_ * static_cast<int64_t>(sizeof(float));
@@ -437,6 +585,7 @@ void Table::clear() {
     std::swap(sp->chunks, fresh.chunks);
     std::swap(sp->free_slots, fresh.free_slots);
     std::swap(sp->fresh, fresh.fresh);
+    std::swap(sp->disabled, fresh.disabled);
   }
 }
 

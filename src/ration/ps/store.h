@@ -2,8 +2,9 @@
 // rows of `dim` floats, with per-row optimiser state and per-row metadata (frequency, last step, score).
 // Owns: Table (striped hash index + row arena with a free list, deterministic first-touch initialisation,
 //       batched thread-safe pull/push with the optimiser applied on the store, erase/compact that return
-//       memory, export/assign for snapshots and mirrors, accounted bytes), EmbeddingStore (the tables of a
-//       shard by name).
+//       memory, export/assign for snapshots and mirrors, accounted bytes; push-time importance scores;
+//       disabled ids with their re-admission counts; a table version, per-row change versions and the
+//       tombstone log an online mirror reads deltas from), EmbeddingStore (the tables of a shard by name).
 // Does not own: the network (ps/server.h), which shard an id belongs to (ps/partition.h), persistence
 //       files (ps/snapshot.h) or what to evict (a policy outside, through erase_if and RowInfo::score).
 //
@@ -11,7 +12,8 @@
 // absl::flat_hash_map<id, slot> and an arena of fixed-size chunks holding, per slot, `dim` values then the
 // optimiser's state floats. Freed slots go on the stripe's free list and are reused first; compact()
 // moves live rows out of the tail chunks and releases those chunks to the allocator.
-// Method: docs/METHODS.md, "Sparse embeddings on parameter servers".
+// Method: docs/METHODS.md, "Sparse embeddings on parameter servers" (importance, disabling, versions:
+// its subsections "Importance", "Disabling and re-admission" and "Online parameter server").
 #pragma once
 #include <absl/container/flat_hash_map.h>
 
@@ -20,7 +22,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <deque>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -59,8 +63,15 @@ enum class MissingRow {
 struct RowInfo {
   uint64_t id = 0;
   uint32_t pushes = 0;     // gradient updates applied
-  float score = 0;         // free for a policy (importance); the store never reads it
+  float score = 0;         // importance (decayed mean of |w.g|/dim, see Table::set_importance_decay)
   int64_t last_step = -1;  // step of the last push (-1: never)
+  int64_t version = 0;     // table version of the last change (push, assign, creation)
+};
+
+// A row id and the score an eviction policy gave it.
+struct ScoredId {
+  float score;
+  uint64_t id;
 };
 
 // Called under the row's stripe lock for every pushed row, before the optimiser changes the values:
@@ -74,7 +85,9 @@ struct TableBytes {
   int64_t meta_bytes = 0;    // RowInfo per allocated slot
   int64_t index_bytes = 0;   // hash index capacity * (slot + control byte)
   int64_t arena_bytes = 0;   // chunks held (live + free slots)
-  int64_t total() const { return arena_bytes + meta_bytes + index_bytes; }
+  int64_t disabled = 0;        // disabled ids remembered for re-admission
+  int64_t disabled_bytes = 0;  // their index (capacity * (id + count + control byte))
+  int64_t total() const { return arena_bytes + meta_bytes + index_bytes + disabled_bytes; }
 };
 
 // Rows copied out of a table (snapshot, mirror): ids, values (n*dim), state (n*state floats), infos.
@@ -96,7 +109,7 @@ struct ExportCursor {
 class Table {
  public:
   static constexpr int kStripes = 16;
-  static constexpr int64_t kChunkRows = 512;
+  static constexpr int64_t kChunkRows = 64;  // small chunks: a byte cap is met closely even for small tables
 
   explicit Table(TableOptions options);
   ~Table();
@@ -107,10 +120,12 @@ class Table {
   int64_t dim() const { return options_.dim; }
   int64_t state_size() const { return state_; }
 
-  // out[i*dim .. +dim) = row of ids[i]. Duplicates allowed.
+  // out[i*dim .. +dim) = row of ids[i]. Duplicates allowed. A disabled id reads zeros and is not created.
   void pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing = MissingRow::Create);
   // Applies the optimiser to each row with grads[i*dim .. +dim). Rows are created first if absent.
-  // An id repeated in one call is updated once per occurrence, in order.
+  // An id repeated in one call is updated once per occurrence, in order. A disabled id's push is ignored
+  // but counted as a sighting; at the re-admission count it gets a fresh row and this push applies.
+  // Each call is one table version.
   void push(const uint64_t* ids, int64_t n, const float* grads, int64_t step);
   // Ensures every id has a row (initial value when new). Returns how many were created.
   int64_t find_or_insert(const uint64_t* ids, int64_t n);
@@ -121,6 +136,37 @@ class Table {
   // Frees every row whose info satisfies pred (under the stripe lock). Returns the count freed.
   int64_t erase_if(const std::function<bool(const RowInfo&)>& pred);
   int64_t erase(const uint64_t* ids, int64_t n);
+
+  // ---- importance and disabling (docs/METHODS.md, "Importance", "Disabling and re-admission") ----
+  // decay in (0, 1): every push scores its rows (RowInfo::score, see importance_at); 0 turns it off.
+  void set_importance_decay(float decay);
+  float importance_decay() const { return decay_; }
+  // A row's importance at `step`: its score decayed over the steps since it was last seen.
+  float importance_at(const RowInfo& info, int64_t step) const;
+  // Pushes a disabled id must see before it gets a row again (>= 1).
+  void set_readmit_after(int64_t sightings);
+  // score(info, values) for every live row, appended to out.
+  void score_rows(const std::function<float(const RowInfo&, const float*)>& score, std::vector<ScoredId>& out) const;
+  // Frees the rows of ids (as erase) and remembers them as disabled, each a tombstone of this table
+  // version. Returns how many rows were freed.
+  int64_t disable(const uint64_t* ids, int64_t n);
+  bool is_disabled(uint64_t id) const;
+  std::vector<uint64_t> disabled_ids() const;
+
+  // ---- versions and deltas (docs/METHODS.md, "Online parameter server") ----
+  int64_t version() const { return version_.load(); }
+  // A version such that every change numbered <= it has finished (waits for pushes in flight).
+  int64_t settled_version() const;
+  // Live rows whose version > from_version, from `cursor` on, up to max_rows (values only, infos carry
+  // the versions). Rows changed concurrently are seen whole, in either state.
+  void export_changed(int64_t from_version, ExportCursor& cursor, int64_t max_rows, ExportedRows& out) const;
+  // Tombstones (id, version) with version > from_version, in version order. False when the log no
+  // longer reaches back to from_version (entries were dropped): the caller needs a full copy.
+  bool tombstones_since(int64_t from_version, std::vector<std::pair<uint64_t, int64_t>>& out) const;
+  // Tombstones kept (older ones are dropped; a mirror further behind then resyncs in full).
+  void set_tombstone_limit(int64_t limit);
+  // A random number fixed for this table object: a mirror that sees it change copies in full.
+  uint64_t epoch() const { return epoch_; }
   // Moves live rows out of the tail chunks and releases empty chunks (and trims the heap, so the process
   // RSS goes down too). Returns the bytes released (arena and per-slot metadata).
   int64_t compact();
@@ -152,6 +198,17 @@ class Table {
   int64_t stride_ = 0;  // floats per slot: dim + state
   std::vector<std::unique_ptr<Stripe>> stripes_;
   PushObserver observer_;
+  float decay_ = 0;            // importance decay; 0: not scored
+  int64_t readmit_after_ = 2;  // sightings of a disabled id before it is re-admitted
+  // Versions: writers (push, assign, erase, disable) hold write_mu_ shared while they take a version and
+  // apply it; settled_version() takes it exclusively for a moment, so every smaller version is done.
+  mutable std::shared_mutex write_mu_;
+  std::atomic<int64_t> version_{0};
+  mutable std::mutex tomb_mu_;
+  std::deque<std::pair<uint64_t, int64_t>> tombstones_;  // (id, version), version ascending
+  int64_t tombstone_floor_ = 0;  // tombstones with version <= this were dropped
+  int64_t tombstone_limit_ = 1 << 22;
+  uint64_t epoch_ = 0;
 };
 
 struct StoreStats {

@@ -1,0 +1,70 @@
+// evict.h — disabling sub-features (embedding rows) of a shard's store under a memory cap or a keep
+// fraction, by importance or by one of the baseline policies (frequency, lru, l2), in rounds.
+// Owns: EvictPolicy and EvictOptions (names, validation with errors naming the flag/key), Evictor (when
+//       a round runs, scoring every live row of every table with the policy, choosing the rows to disable
+//       — the same selection for every policy — disabling them and compacting the arena so memory goes
+//       back to the operating system), EvictRound (what a round did).
+// Does not own: the scores' ingredients (ps/store.h keeps importance, pushes, last step, values), who
+//       calls a round (ps/shard.h on pushes, tests and benches directly).
+// Method: docs/METHODS.md, "Sparse embeddings on parameter servers", "Disabling and re-admission".
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "ration/ps/store.h"
+
+namespace ration::ps {
+
+enum class EvictPolicy { None, Importance, Frequency, Lru, L2 };
+EvictPolicy evict_policy_from_name(const std::string& name, const std::string& where);
+std::string evict_policy_name(EvictPolicy policy);
+
+struct EvictOptions {
+  EvictPolicy policy = EvictPolicy::None;
+  int64_t max_bytes = 0;        // cap on the store's accounted bytes (all tables together); 0: none
+  int64_t evict_every = 100;    // a round at every step that is a multiple of this
+  double keep_fraction = 1.0;   // (0, 1]: each round also keeps at most this fraction of the live rows
+  double threshold = 0;         // > 0: each round also disables rows scoring below it
+  int64_t readmit_after = 2;    // pushes a disabled id must see before it gets a row again
+  double importance_decay = 0.99;  // per-step decay of the importance mean (importance only)
+  double headroom = 0.9;        // a capped round cuts to this fraction of max_bytes (room for new ids)
+  // Errors name `where` and the field, with the expected form.
+  void validate(const std::string& where) const;
+  bool active() const { return policy != EvictPolicy::None; }
+};
+
+struct EvictRound {
+  int64_t step = 0;
+  int64_t rows_before = 0, rows_after = 0, disabled = 0;
+  int64_t bytes_before = 0, bytes_after = 0, released = 0;
+  double seconds = 0;
+};
+
+class Evictor {
+ public:
+  // Sets importance decay and re-admission on every table the store holds now and later (apply()).
+  Evictor(EmbeddingStore& store, EvictOptions options);
+  const EvictOptions& options() const { return options_; }
+  // Applies the table settings to tables declared after construction.
+  void apply(Table& table) const;
+  // Runs a round when `step` is a multiple of evict_every and no round ran for it yet.
+  bool maybe_run(int64_t step);
+  // One round now. The policy's score orders the rows; the lowest are disabled until the store fits
+  // headroom * max_bytes, at most keep_fraction of the rows stay, and rows under threshold go.
+  EvictRound run(int64_t step);
+  // Policy score of one row (higher = keep).
+  float score(const Table& table, const RowInfo& info, const float* values, int64_t step) const;
+  int64_t rounds() const { return rounds_; }
+  EvictRound last_round() const;
+
+ private:
+  EmbeddingStore& store_;
+  EvictOptions options_;
+  mutable std::mutex mu_;
+  int64_t last_step_ = -1;
+  int64_t rounds_ = 0;
+  EvictRound last_;
+};
+
+}  // namespace ration::ps

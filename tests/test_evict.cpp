@@ -1,0 +1,236 @@
+// Importance and disabling on the parameter-server store: the importance is the decayed mean of
+// |w . g| / dim over all steps (checked against a hand computation); a disabled id reads zeros, its
+// pushes are ignored until the re-admission count; each policy keeps the rows it should; a byte cap is
+// met; evicting half the rows returns accounted bytes and process RSS; bad options name the field.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include "ration/core/check.h"
+#include "ration/ps/evict.h"
+#include "ration/ps/store.h"
+
+namespace ration::ps {
+namespace {
+
+TableOptions opts(const std::string& name, int64_t dim, OptimizerKind kind = OptimizerKind::Sgd) {
+  TableOptions o;
+  o.name = name;
+  o.dim = dim;
+  o.seed = 7;
+  o.init_scale = 0.5f;
+  o.optimizer.kind = kind;
+  o.optimizer.lr = 0.1f;
+  return o;
+}
+
+std::vector<float> pull1(Table& t, uint64_t id, MissingRow m = MissingRow::ReadDefault) {
+  std::vector<float> v(static_cast<size_t>(t.dim()));
+  t.pull(&id, 1, v.data(), m);
+  return v;
+}
+
+RowInfo info_of(const Table& t, uint64_t id) {
+  ExportCursor c;
+  ExportedRows rows;
+  while (!c.done) t.export_batch(c, 1 << 20, rows);
+  for (int64_t i = 0; i < rows.size(); ++i)
+    if (rows.ids[static_cast<size_t>(i)] == id) return rows.infos[static_cast<size_t>(i)];
+  ADD_FAILURE() << "id " << id << " not in the table";
+  return {};
+}
+
+int64_t rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  in >> pages >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+TEST(Evict, ImportanceIsTheDecayedMeanOfAbsWDotGOverAllSteps) {
+  Table t(opts("t", 3));
+  t.set_importance_decay(0.5f);
+  const uint64_t id = 42;
+  std::vector<float> w = pull1(t, id);
+  double expect = 0;
+  int64_t last = -1;
+  const std::vector<std::pair<int64_t, std::vector<float>>> pushes = {
+      {3, {1.0f, -2.0f, 0.5f}}, {4, {0.25f, 0.5f, -1.0f}}, {9, {-3.0f, 1.0f, 2.0f}}};
+  for (const auto& [step, g] : pushes) {
+    const double s = std::fabs(w[0] * g[0] + w[1] * g[1] + w[2] * g[2]) / 3.0;
+    expect = (last < 0 ? 0.0 : expect * std::pow(0.5, static_cast<double>(step - last))) + 0.5 * s;
+    last = step;
+    t.push(&id, 1, g.data(), step);
+    for (int k = 0; k < 3; ++k) w[static_cast<size_t>(k)] -= 0.1f * g[static_cast<size_t>(k)];  // sgd, lr 0.1
+    EXPECT_NEAR(info_of(t, id).score, expect, 1e-6 * std::max(1.0, expect));
+  }
+  // Read at a later step it keeps decaying over the unseen steps.
+  EXPECT_NEAR(t.importance_at(info_of(t, id), 12), expect * std::pow(0.5, 3), 1e-7);
+  EXPECT_GT(expect, 0);
+  // Off (decay 0): scores stay 0.
+  Table off(opts("off", 3));
+  off.push(&id, 1, pushes[0].second.data(), 1);
+  EXPECT_EQ(info_of(off, id).score, 0.0f);
+}
+
+TEST(Evict, DisabledIdReadsZerosIgnoresPushesAndComesBackAfterEnoughSightings) {
+  Table t(opts("t", 4));
+  t.set_readmit_after(3);
+  const uint64_t a = 5, b = 6;
+  std::vector<float> g(4, 1.0f);
+  t.push(&a, 1, g.data(), 1);
+  t.push(&b, 1, g.data(), 1);
+  const int64_t v0 = t.version();
+  EXPECT_EQ(t.disable(&a, 1), 1);
+  EXPECT_GT(t.version(), v0);
+  EXPECT_FALSE(t.contains(a));
+  EXPECT_TRUE(t.is_disabled(a));
+  EXPECT_EQ(pull1(t, a, MissingRow::Create), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(pull1(t, a, MissingRow::ReadDefault), std::vector<float>(4, 0.0f));
+  EXPECT_FALSE(t.contains(a));  // a pull does not create a disabled id
+  t.push(&a, 1, g.data(), 2);   // sighting 1: ignored
+  t.push(&a, 1, g.data(), 3);   // sighting 2: ignored
+  EXPECT_FALSE(t.contains(a));
+  EXPECT_EQ(pull1(t, a), std::vector<float>(4, 0.0f));
+  t.push(&a, 1, g.data(), 4);   // sighting 3: re-admitted with its initial value, this push applied
+  EXPECT_TRUE(t.contains(a));
+  EXPECT_FALSE(t.is_disabled(a));
+  Table fresh(opts("t", 4));
+  std::vector<float> init = pull1(fresh, a);
+  std::vector<float> got = pull1(t, a);
+  for (int k = 0; k < 4; ++k) EXPECT_FLOAT_EQ(got[static_cast<size_t>(k)], init[static_cast<size_t>(k)] - 0.1f);
+  EXPECT_EQ(info_of(t, a).pushes, 1u);
+  // The tombstone log holds the disable.
+  std::vector<std::pair<uint64_t, int64_t>> tombs;
+  ASSERT_TRUE(t.tombstones_since(v0, tombs));
+  ASSERT_EQ(tombs.size(), 1u);
+  EXPECT_EQ(tombs[0].first, a);
+  tombs.clear();
+  ASSERT_TRUE(t.tombstones_since(t.version(), tombs));
+  EXPECT_TRUE(tombs.empty());
+  t.set_tombstone_limit(0);
+  EXPECT_FALSE(t.tombstones_since(v0, tombs));  // the log no longer reaches v0
+}
+
+// Rows 0..9 with pushes = id + 1, last step = 100 - id, values scaled by (id + 1), equal |w.g| terms:
+// each policy must keep its own best half.
+TEST(Evict, EachPolicyKeepsItsBestRows) {
+  for (EvictPolicy policy : {EvictPolicy::Frequency, EvictPolicy::Lru, EvictPolicy::L2, EvictPolicy::Importance}) {
+    EmbeddingStore store;
+    Table& t = store.ensure_table(opts("t", 2));
+    EvictOptions o;
+    o.policy = policy;
+    o.keep_fraction = 0.5;
+    o.importance_decay = 0.9;
+    Evictor ev(store, o);
+    std::vector<float> row(2);
+    for (uint64_t id = 0; id < 10; ++id) {
+      row = {static_cast<float>(id + 1), 0.0f};
+      t.assign(&id, 1, row.data());
+    }
+    for (uint64_t id = 0; id < 10; ++id) {
+      // Importance: the gradient makes |w.g| grow with id for the rows seen last.
+      std::vector<float> g = {1.0f, 0.0f};
+      const int64_t n = policy == EvictPolicy::Lru ? 1 : static_cast<int64_t>(id) + 1;
+      for (int64_t k = 0; k < n; ++k)
+        t.push(&id, 1, g.data(), policy == EvictPolicy::Lru ? 90 + static_cast<int64_t>(id) : 100);
+    }
+    const EvictRound r = ev.run(100);
+    EXPECT_EQ(r.rows_before, 10);
+    EXPECT_EQ(r.rows_after, 5) << evict_policy_name(policy);
+    for (uint64_t id = 0; id < 10; ++id)
+      EXPECT_EQ(t.contains(id), id >= 5) << evict_policy_name(policy) << " id " << id;
+    for (uint64_t id = 0; id < 5; ++id) EXPECT_TRUE(t.is_disabled(id));
+  }
+}
+
+TEST(Evict, ByteCapIsMetAcrossTablesAndRoundsRunOnSchedule) {
+  EmbeddingStore store;
+  Table& a = store.ensure_table(opts("a", 16, OptimizerKind::Adagrad));
+  Table& b = store.ensure_table(opts("b", 16, OptimizerKind::Adagrad));
+  std::vector<uint64_t> ids(20000);
+  std::iota(ids.begin(), ids.end(), 1);
+  std::vector<float> g(ids.size() * 16, 0.01f);
+  a.push(ids.data(), static_cast<int64_t>(ids.size()), g.data(), 1);
+  b.push(ids.data(), 5000, g.data(), 1);
+  const int64_t full = store.stats().bytes;
+  EvictOptions o;
+  o.policy = EvictPolicy::Importance;
+  o.max_bytes = full / 2;
+  o.evict_every = 10;
+  Evictor ev(store, o);
+  EXPECT_FALSE(ev.maybe_run(5));
+  EXPECT_TRUE(ev.maybe_run(10));
+  EXPECT_FALSE(ev.maybe_run(10));  // once per step
+  EXPECT_LE(store.stats().bytes, o.max_bytes);
+  EXPECT_GT(store.stats().rows, 0);
+  EXPECT_EQ(ev.rounds(), 1);
+  EXPECT_GT(ev.last_round().disabled, 0);
+}
+
+TEST(Evict, EvictingHalfTheRowsReturnsAccountedBytesAndRss) {
+  EmbeddingStore store;
+  Table& t = store.ensure_table(opts("big", 64, OptimizerKind::Adagrad));
+  const int64_t n = 200000;  // 200k rows * (64 + 64) floats = ~100 MiB
+  std::vector<uint64_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), 1);
+  t.find_or_insert(ids.data(), n);
+  const int64_t bytes_before = store.stats().bytes, rss_before = rss_bytes();
+  EvictOptions o;
+  o.policy = EvictPolicy::Frequency;
+  o.keep_fraction = 0.5;
+  Evictor ev(store, o);
+  const EvictRound r = ev.run(1);
+  const int64_t bytes_after = store.stats().bytes, rss_after = rss_bytes();
+  std::printf("[evict] accounted %.1f -> %.1f MiB, RSS %.1f -> %.1f MiB, round %.3f s\n", bytes_before / 1048576.0,
+              bytes_after / 1048576.0, rss_before / 1048576.0, rss_after / 1048576.0, r.seconds);
+  EXPECT_EQ(t.size(), n / 2);
+  EXPECT_LT(bytes_after, bytes_before * 0.6);
+  // RSS falls by at least a third of what the accounting released (the rest: allocator granularity).
+  EXPECT_GT(rss_before - rss_after, (bytes_before - bytes_after) / 3);
+  // Freed memory is reused: re-filling the evicted half grows the arena back to about its old size.
+  std::vector<uint64_t> more(static_cast<size_t>(n / 2));
+  std::iota(more.begin(), more.end(), static_cast<uint64_t>(n + 1));
+  t.find_or_insert(more.data(), n / 2);
+  EXPECT_LT(store.stats().bytes, bytes_before * 1.1);
+}
+
+TEST(Evict, BadOptionsNameTheField) {
+  auto message = [](const EvictOptions& o) {
+    try {
+      o.validate("cfg.toml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EvictOptions o;
+  o.policy = EvictPolicy::Importance;
+  EXPECT_NE(message(o).find("needs ps.max_bytes (--max-bytes) > 0"), std::string::npos);
+  o.max_bytes = -1;
+  EXPECT_NE(message(o).find("ps.max_bytes (--max-bytes) must be >= 0"), std::string::npos);
+  o.max_bytes = 100;
+  o.keep_fraction = 1.5;
+  EXPECT_NE(message(o).find("ps.keep_fraction (--keep-fraction) must be in (0, 1]"), std::string::npos);
+  o.keep_fraction = 1;
+  o.importance_decay = 1;
+  EXPECT_NE(message(o).find("ps.importance_decay"), std::string::npos);
+  o.importance_decay = 0.9;
+  o.evict_every = 0;
+  EXPECT_NE(message(o).find("ps.evict_every"), std::string::npos);
+  o.evict_every = 1;
+  EXPECT_EQ(message(o), "");
+  try {
+    evict_policy_from_name("random", "--evict");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--evict: unknown eviction policy 'random'"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace ration::ps
