@@ -2,19 +2,19 @@
 //
 //   scores = q k^T / sqrt(D)           (B, H, T, T), entries above the diagonal set to -inf
 //                                      (window L > 0: also entries more than L below the diagonal)
-//   att    = softmax(scores, -1)       (B, H, T, T)
+//   lse    = logsumexp(scores, -1)     (B, H, T, 1)
+//   att    = exp(scores - lse)         (B, H, T, T)  == softmax(scores, -1)
 //   att_d  = att * keep / (1 - p)      (B, H, T, T)  only when dropout is active
 //   y      = att_d v                   (B, H, T, D)
 // With Tk > Tq keys (a chunk of queries after Tk - Tq cached steps, see ops.h) the diagonal is shifted by
-// Tk - Tq.
+// Tk - Tq; window 0 and Tk == Tq build exactly the mask this op always built (bitwise the same results).
 //
-// What backward keeps: q, k, v (inputs; each is needed for another's gradient), the weights att
-// (internal output 1, (B, H, T, T) — the largest activation of a transformer block) and, only with
-// dropout, the bool keep-mask (internal output 2, (B, H, T, T), 1 byte each). The weights are a saved
-// value like any other, so the memory plan decides their fate: kept (no budget, or a budget that allows
-// it: backward then pays nothing extra), or dropped and rebuilt by re-running this op's forward from q,
-// k, v with its recorded generator (bitwise the same att and keep-mask; docs/METHODS.md, "Budgeted
-// retention of saved activations"). The softmax gradient is ATen's _softmax_backward_data on att.
+// What backward keeps: q, k, v (inputs; each is needed for another's gradient), lse (internal output 1,
+// (B, H, T, 1)) and, only with dropout, the bool keep-mask (internal output 2, (B, H, T, T), 1 byte each).
+// The (B, H, T, T) weights are NOT kept: backward rebuilds att = exp(q k^T / sqrt(D) - lse) with the
+// very same ops as forward (so bitwise the same att), paying one extra (T x T) matmul to save
+// O(B H T^2) floats — the largest activation of a transformer block. The softmax gradient is then
+// ATen's _softmax_backward_data on the rebuilt att.
 #include <cmath>
 #include <limits>
 
@@ -37,7 +37,8 @@ at::Tensor future_mask(int64_t tq, int64_t tk, int64_t window, const at::Device&
   return mask;
 }
 
-// q k^T * scale with the masked positions set to -inf: (B, H, Tq, Tk).
+// q k^T * scale with the masked positions set to -inf: (B, H, Tq, Tk). Forward and backward both build the
+// weights as exp(causal_scores - lse) from this, so backward's rebuilt weights are bitwise forward's.
 at::Tensor causal_scores(const at::Tensor& q, const at::Tensor& k, double scale, int64_t window) {
   return at::matmul(q, k.transpose(-2, -1))
       .mul(scale)
@@ -57,34 +58,36 @@ Value causal_attention(const Value& q, const Value& k, const Value& v, double dr
   const bool use_dropout = training && dropout_p > 0.0;
   const double keep_scale = use_dropout ? 1.0 / (1.0 - dropout_p) : 1.0;
 
-  // outputs: 0 y (B, H, T, D); 1 att (B, H, T, T), internal; 2 keep-mask (B, H, T, T) bool, internal, dropout only
+  // outputs: 0 y (B, H, T, D); 1 lse (B, H, T, 1), internal; 2 keep-mask (B, H, T, T) bool, internal, dropout only
   OpSpec s = spec("causal_attention", {0, 1, 2}, use_dropout ? std::vector<int>{1, 2} : std::vector<int>{1}, 1,
                   /*uses_rng=*/use_dropout);
   return single(apply_op(
       s, {q, k, v},
       [=](const Tensors& in, ForwardCtx& ctx) {
         const at::Tensor &qt = in[0], &kt = in[1], &vt = in[2];
-        const at::Tensor att = at::_softmax(causal_scores(qt, kt, scale, window), -1, false);  // (B, H, T, T)
-        if (!use_dropout) return Tensors{at::matmul(att, vt), att};
+        const at::Tensor scores = causal_scores(qt, kt, scale, window);       // (B, H, T, T)
+        const at::Tensor lse = at::logsumexp(scores, {-1}, /*keepdim=*/true);  // (B, H, T, 1)
+        const at::Tensor att = at::exp(at::sub(scores, lse));                 // (B, H, T, T), 0 in the future
+        if (!use_dropout) return Tensors{at::matmul(att, vt), lse};
         RATION_ASSERT(ctx.generator.has_value(), "causal_attention ran without its recorded generator");
         at::Tensor keep = at::empty_like(att, att.options().dtype(at::kBool).requires_grad(false));
         keep.bernoulli_(1.0 - dropout_p, *ctx.generator);
-        return Tensors{at::matmul(att.mul(keep).mul_(keep_scale), vt), att, keep};
+        return Tensors{at::matmul(att.mul(keep).mul(keep_scale), vt), lse, keep};
       },
       [=](BackwardCtx& ctx, const Tensors& g) {
         const at::Tensor qt = ctx.input(0), kt = ctx.input(1), vt = ctx.input(2);
-        const at::Tensor att = ctx.output(1);  // (B, H, T, T)
+        const at::Tensor att = at::exp(at::sub(causal_scores(qt, kt, scale, window), ctx.output(1)));  // (B, H, T, T)
         at::Tensor keep;
         if (use_dropout) keep = ctx.output(2);
         Tensors d(3);
         if (ctx.needs_input_grad(2)) {
-          const at::Tensor att_d = use_dropout ? att.mul(keep).mul_(keep_scale) : att;
+          const at::Tensor att_d = use_dropout ? att.mul(keep).mul(keep_scale) : att;
           d[2] = at::matmul(att_d.transpose(-2, -1), g[0]);
         }
         if (ctx.needs_input_grad(0) || ctx.needs_input_grad(1)) {
           at::Tensor datt = at::matmul(g[0], vt.transpose(-2, -1));  // (B, H, T, T)
           if (use_dropout) datt = at::native_dropout_backward(datt, keep, keep_scale);
-          const at::Tensor dscores = at::_softmax_backward_data(datt, att, -1, att.scalar_type()).mul_(scale);
+          const at::Tensor dscores = at::_softmax_backward_data(datt, att, -1, att.scalar_type()).mul(scale);
           if (ctx.needs_input_grad(0)) d[0] = at::matmul(dscores, kt);
           if (ctx.needs_input_grad(1)) d[1] = at::matmul(dscores.transpose(-2, -1), qt);
         }
