@@ -256,6 +256,11 @@ IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>&
       released_at_[j].push_back(k);
     }
   }
+  release_steps_.assign(ns, {});
+  for (size_t k = 0; k < nk_; ++k)
+    if (key_storage_[k] >= 0 && release_step_[k] != kNever)
+      release_steps_[static_cast<size_t>(key_storage_[k])].push_back(release_step_[k]);
+  for (auto& steps : release_steps_) std::sort(steps.begin(), steps.end());
   // The measured (keep-everything) run's saved bytes at each backward step's start, and what it held
   // besides them.
   std::vector<int64_t> measured(nb_ + 1, 0);
@@ -403,6 +408,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e) {
   e.storage = s;
   e.to = to;
   e.steps.clear();
+  e.shifted.clear();
   e.first = e.last = -1;
   e.valid = true;
   const Decision from = decision_[s];
@@ -447,6 +453,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e) {
   for (;; ++j) {
     st.step = j;
     StepResult r;
+    r.step = j;
     r.resident_at_start = resident;
     StepRun<OverlayState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
                               is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
@@ -482,10 +489,39 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e) {
     }
     over_keys_.resize(kept);
     if (over_keys_.empty() || ju + 1 == nb_) break;
+    // Steps before the next one that touches a differing key run as the committed plan's, shifted.
+    int64_t next = static_cast<int64_t>(nb_);
+    for (int k : over_keys_) {
+      const int ks = key_storage_[static_cast<size_t>(k)];
+      next = std::min(next, ks >= 0 ? next_event(ks, j + 1) : j + 1);
+    }
+    if (next > j + 1) {
+      const int64_t delta = resident - resident_.at(ju + 1);
+      const int64_t to_step = next - 1;
+      peak = std::max(peak, backward_.max(ju + 1, static_cast<size_t>(to_step)) + delta);
+      e.shifted.push_back({j + 1, to_step, delta});
+      if (next == static_cast<int64_t>(nb_)) {
+        j = to_step;
+        break;
+      }
+      resident = resident_.at(static_cast<size_t>(next)) + delta;
+    }
+    j = next - 1;  // the loop's ++j
   }
   e.last = j;
   if (static_cast<size_t>(j) + 1 < nb_) peak = std::max(peak, backward_.max(static_cast<size_t>(j + 1), nb_ - 1));
   e.peak = peak;
+}
+
+int64_t IncrementalPeak::next_event(int s, int64_t j) const {
+  int64_t next = static_cast<int64_t>(nb_);
+  const auto& touches = touches_[static_cast<size_t>(s)];
+  auto t = touches.lower_bound(j);
+  if (t != touches.end()) next = std::min(next, *t);
+  const auto& releases = release_steps_[static_cast<size_t>(s)];
+  auto r = std::lower_bound(releases.begin(), releases.end(), j);
+  if (r != releases.end()) next = std::min(next, *r);
+  return next;
 }
 
 int64_t IncrementalPeak::peak_if(size_t g, Decision d) {
@@ -514,14 +550,18 @@ void IncrementalPeak::commit(const Evaluation& e) {
     }
   }
   if (e.first >= 0) {
-    for (int64_t j = e.first; j <= e.last; ++j) {
-      const auto ju = static_cast<size_t>(j);
+    for (const StepResult& r : e.steps) {
+      const auto ju = static_cast<size_t>(r.step);
       for (int k : restored_at_[ju]) restore_step_[static_cast<size_t>(k)] = kNever;
-      for (int t : touched_at_[ju]) touches_[static_cast<size_t>(t)].erase(touches_[static_cast<size_t>(t)].find(j));
+      for (int t : touched_at_[ju]) touches_[static_cast<size_t>(t)].erase(touches_[static_cast<size_t>(t)].find(r.step));
     }
-    for (int64_t j = e.first; j <= e.last; ++j) {
+    for (const auto& sh : e.shifted) {
+      backward_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
+      resident_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
+    }
+    for (const StepResult& r : e.steps) {
+      const int64_t j = r.step;
       const auto ju = static_cast<size_t>(j);
-      const StepResult& r = e.steps[static_cast<size_t>(j - e.first)];
       restored_at_[ju] = r.restored;
       for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;
       touched_at_[ju] = r.touched;
