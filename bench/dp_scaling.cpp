@@ -245,14 +245,11 @@ int main(int argc, char** argv) {
         last[t] = r;
       }
     }
-    std::printf("
-topologies: mlp, N=%lld, batch %lld per process, %lld steps x %lld interleaved reps "
-                "(bytes: rank 0's report)
-",
+    std::printf("\ntopologies: mlp, N=%lld, batch %lld per process, %lld steps x %lld interleaved reps "
+                "(bytes: rank 0's report)\n",
                 static_cast<long long>(topo_n), static_cast<long long>(mlp.batch), static_cast<long long>(topo_steps),
                 static_cast<long long>(reps));
-    std::printf("%-10s %10s %14s %10s %12s %10s
-", "topology", "step ms", "bytes/step", "comm ms", "final loss",
+    std::printf("%-10s %10s %14s %10s %12s %10s\n", "topology", "step ms", "bytes/step", "comm ms", "final loss",
                 "test acc %");
     json rows = json::array();
     for (const auto& t : kinds) {
@@ -265,8 +262,7 @@ topologies: mlp, N=%lld, batch %lld per process, %lld steps x %lld interleaved r
                   {"comm_ms", r["dist"]["comm_ms"]},
                   {"final_train_loss", r["loss"].back()},
                   {"test_accuracy", acc}};
-      std::printf("%-10s %10.2f %14.0f %10.2f %12.4f %10.2f
-", t.c_str(), median(ms[t]),
+      std::printf("%-10s %10.2f %14.0f %10.2f %12.4f %10.2f\n", t.c_str(), median(ms[t]),
                   r["dist"]["bytes_sent_per_step"].get<double>(), r["dist"]["comm_ms"].get<double>(),
                   r["loss"].back().get<double>(), acc);
       rows.push_back(row);
