@@ -202,6 +202,7 @@ void Reducer::after_optimizer_step() {
   stats_.traffic += traffic;
   stats_.comm_ms += ms;
   stats_.exposed_ms += ms;  // on the caller's thread, after the step: nothing hides it
+  stats_.exchange_ms += ms;
 }
 
 void Reducer::finalize() {

@@ -67,6 +67,9 @@ struct ReducerStats {
   Traffic traffic;              // bytes this rank handed to c10d (payload) and the ring model (wire)
   double comm_ms = 0;           // time the communication thread spent reducing buckets
   double exposed_ms = 0;        // time finalize() waited for it (communication not hidden under backward)
+  // Of comm_ms and exposed_ms: the parameter exchange after the optimiser step (ps, gossip), which runs
+  // on the caller's thread after the step runtime has timed the step.
+  double exchange_ms = 0;
   // Fraction of communication hidden under backward: 1 - exposed / comm (0 when nothing was sent).
   double overlap() const;
 };

@@ -879,6 +879,7 @@ class TrainingRun {
               {"wire_bytes_per_step", static_cast<double>(st.traffic.wire_bytes) / syncs},
               {"comm_ms", st.comm_ms / syncs},
               {"exposed_comm_ms", st.exposed_ms / syncs},
+              {"parameter_exchange_ms", st.exchange_ms / syncs},
               {"overlap", st.overlap()},
               {"error_feedback_bytes", reducer_->hook_state_bytes()}});
     // onebit: the smallest lambda_j of the last step's code per bucket; the error bound is
