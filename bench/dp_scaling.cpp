@@ -1,12 +1,15 @@
 // dp_scaling.cpp — bench_dp_scaling: data-parallel `ration train` (1 and 2 processes, one thread each)
 // against PyTorch DDP (Gloo, with and without its fp16 hook) on the same CNN and GPT, plus bytes on the
-// wire per compression, projected step times on slower links, and a convergence table.
+// wire per compression, projected step times on slower links, a convergence table, and one row per
+// dist.topology (allreduce / ps / gossip: step time, bytes sent per step, final loss and accuracy, mlp).
 // Owns: running the commands (ration launch / ration train / bench/dp_peer_ddp.py) interleaved, reading
 //       their reports, and the tables + JSON. Does not own: anything measured (the reports are the data).
 //
 //   bench_dp_scaling [--steps 30] [--reps 2] [--conv-steps 300] [--gpt-conv-steps 120] [--skip-convergence]
 //                    [--skip-speed] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt]
+//                    [--skip-topologies] [--topo-steps 300] [--topo-n 2]
 //                    [--out bench/results/dp_scaling.json]
+// Only the topology table: bench_dp_scaling --skip-speed --skip-convergence
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -87,7 +90,8 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int64_t steps = 30, reps = 2, conv_steps = 300, gpt_conv_steps = 120;
-  bool convergence = true, speed = true;
+  bool convergence = true, speed = true, topologies = true;
+  int64_t topo_steps = 300, topo_n = 2;
   std::string out_path = kSrc + "/bench/results/dp_scaling.json";
   std::string conv_filter, conv_model;  // convergence: only these runs ("label|label") / only this model
   for (int i = 1; i < argc; ++i) {
@@ -99,12 +103,15 @@ int main(int argc, char** argv) {
     else if (a == "--gpt-conv-steps") gpt_conv_steps = std::stoll(next());
     else if (a == "--skip-convergence") convergence = false;
     else if (a == "--skip-speed") speed = false;
+    else if (a == "--skip-topologies") topologies = false;
+    else if (a == "--topo-steps") topo_steps = std::stoll(next());
+    else if (a == "--topo-n") topo_n = std::stoll(next());
     else if (a == "--out") out_path = next();
     else if (a == "--conv-filter") conv_filter = next();
     else if (a == "--conv-model") conv_model = next();
     else {
       std::cerr << "usage: bench_dp_scaling [--steps N] [--reps N] [--conv-steps N] [--gpt-conv-steps N] "
-                   "[--skip-convergence] [--skip-speed] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt] [--out F]\n";
+                   "[--skip-convergence] [--skip-speed] [--skip-topologies] [--topo-steps N] [--topo-n N] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt] [--out F]\n";
       return 2;
     }
   }
@@ -223,6 +230,47 @@ int main(int argc, char** argv) {
       }
       result["convergence"][m.name] = {{"steps", model_steps}, {"global_batch", 2 * b}, {"runs", rows}};
     }
+  }
+  // ---- topologies: mlp, topo_n processes, same steps and global batch, interleaved repetitions ----
+  if (topologies) {
+    const ModelCase mlp{"mlp", 64};
+    const std::vector<std::string> kinds = {"allreduce", "ps", "gossip"};
+    std::map<std::string, std::vector<double>> ms;
+    std::map<std::string, json> last;
+    for (int64_t rep = 0; rep < reps; ++rep) {
+      for (const auto& t : kinds) {
+        json r = ration_run(mlp, static_cast<int>(topo_n), "none", topo_steps, mlp.batch,
+                            {"dist.topology=" + t, "train.eval_batches=0", "train.eval_every=0"});
+        // The step runtime times forward, backward and the optimiser; ps / gossip exchange parameters
+        // after that (dist.parameter_exchange_ms), which belongs to the step.
+        ms[t].push_back(r["time"]["step_ms_median"].get<double>() + r["dist"]["parameter_exchange_ms"].get<double>());
+        last[t] = r;
+      }
+    }
+    std::printf("\ntopologies: mlp, N=%lld, batch %lld per process, %lld steps x %lld interleaved reps "
+                "(bytes: rank 0's report)\n",
+                static_cast<long long>(topo_n), static_cast<long long>(mlp.batch), static_cast<long long>(topo_steps),
+                static_cast<long long>(reps));
+    std::printf("%-10s %10s %12s %14s %10s %12s %10s\n", "topology", "step ms", "exchange ms", "bytes/step",
+                "comm ms", "final loss", "test acc %");
+    json rows = json::array();
+    for (const auto& t : kinds) {
+      const json& r = last[t];
+      const double acc = 100 * r["eval"].back()["accuracy"].get<double>();
+      json row = {{"topology", t},
+                  {"step_ms", median(ms[t])},
+                  {"samples", ms[t]},
+                  {"bytes_sent_per_step_rank0", r["dist"]["bytes_sent_per_step"]},
+                  {"comm_ms", r["dist"]["comm_ms"]},
+                  {"parameter_exchange_ms", r["dist"]["parameter_exchange_ms"]},
+                  {"final_train_loss", r["loss"].back()},
+                  {"test_accuracy", acc}};
+      std::printf("%-10s %10.2f %12.2f %14.0f %10.2f %12.4f %10.2f\n", t.c_str(), median(ms[t]),
+                  r["dist"]["parameter_exchange_ms"].get<double>(), r["dist"]["bytes_sent_per_step"].get<double>(),
+                  r["dist"]["comm_ms"].get<double>(), r["loss"].back().get<double>(), acc);
+      rows.push_back(row);
+    }
+    result["topologies"] = {{"model", "mlp"}, {"n", topo_n}, {"steps", topo_steps}, {"runs", rows}};
   }
   fs::create_directories(fs::path(out_path).parent_path());
   std::ofstream(out_path) << result.dump(2) << "\n";

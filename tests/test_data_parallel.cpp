@@ -241,5 +241,33 @@ TEST(DataParallelConfig, FingerprintIgnoresPerHostKeysOnly) {
   }
 }
 
+// dist.topology: the three names, anything else named with the choices; compression with allreduce only.
+TEST(DataParallelConfig, TopologyKeyIsValidated) {
+  auto settings = [](const std::string& dist) {
+    Config cfg = Config::from_string("[dist]\n" + dist, "run.toml");
+    return read_data_parallel_settings(cfg);
+  };
+  EXPECT_EQ(settings("").reducer.topology, Topology::AllReduce);
+  EXPECT_EQ(settings("topology = \"ps\"\n").reducer.topology, Topology::ParameterServer);
+  EXPECT_EQ(settings("topology = \"gossip\"\n").reducer.topology, Topology::Gossip);
+  EXPECT_EQ(settings("topology = \"allreduce\"\ncompress = \"onebit\"\n").compress, "onebit");
+  auto error_of = [&](const std::string& dist) -> std::string {
+    try {
+      (void)settings(dist);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error_of("topology = \"ring\"\n").find("run.toml: dist.topology must be one of \"allreduce\", \"ps\", \"gossip\"; got \"ring\""),
+            std::string::npos)
+      << error_of("topology = \"ring\"\n");
+  for (const char* t : {"ps", "gossip"}) {
+    const std::string e = error_of(std::string("topology = \"") + t + "\"\ncompress = \"fp16\"\n");
+    EXPECT_NE(e.find(std::string("run.toml: dist.topology = \"") + t + "\""), std::string::npos) << e;
+    EXPECT_NE(e.find("dist.compress must be \"none\""), std::string::npos) << e;
+  }
+}
+
 }  // namespace
 }  // namespace ration::dist

@@ -16,6 +16,7 @@
 //     parameters.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "ration/dist/comm_hook.h"
 #include "ration/dist/data_parallel.h"
 #include "ration/dist/reducer.h"
+#include "ration/dist/topology.h"
 #include "ration/dist/world.h"
 #include "ration/memory/allocator.h"
 #include "ration/ops/ops.h"
@@ -116,6 +118,86 @@ TEST(DataParallel, UnequalLastBatchWeightingIsExact) {
   EXPECT_TRUE(saw_unequal) << "the test must include a short last batch";
   EXPECT_EQ(reducer.stats().synchronizations, 2 * loader.batches_per_epoch());
   EXPECT_EQ(reducer.stats().traffic.payload_bytes, reducer.stats().synchronizations * (4 * 8 + 4) * 4);
+}
+
+// ---- topologies (dist/topology.h) ------------------------------------------------------------------
+// max over ranks and elements of |p_r - mean_r p| / max |mean p|: how far the ranks' models are apart.
+double spread_across_ranks(const World& w, const TinyModel& m) {
+  const at::Tensor mine = at::cat({m.w.tensor().reshape({-1}), m.b.tensor().reshape({-1})}).to(at::kDouble);
+  const at::Tensor all = w.all_gather(mine).view({w.size(), -1});
+  const at::Tensor mean = all.mean(0);
+  return ((all - mean).abs().max() / mean.abs().max()).item<double>();
+}
+
+// The mean over ranks of each rank's loss on the whole set.
+double mean_loss_over_ranks(const World& w, const TinyModel& m, const TinySet& set) {
+  std::vector<int64_t> all(static_cast<size_t>(set.size()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  at::NoGradGuard no_grad;
+  const double mine = m.loss(set.get(all)).tensor().item<double>();
+  return all_reduce_doubles(w, {mine})[0] / w.size();
+}
+
+// Gossip: each rank steps on its own shard's mean gradient, then averages with its ring neighbours. The
+// loss falls and the ranks' models stay close: at N <= 3 the ring is every rank, so they agree to
+// rounding; at N >= 4 the spread stays bounded and well below that of the same local steps without the
+// exchange. Bytes: the parameters to each distinct neighbour.
+TEST(DataParallelTopology, GossipKeepsRanksCloseWhileTheLossFalls) {
+  const World& w = world();
+  const int n = w.size();
+  auto set = std::make_shared<TinySet>();
+  auto run = [&](bool exchange, std::vector<double>& spreads) {
+    data::LoaderOptions shard{4, true, 5, /*drop_last=*/true};
+    shard.shard_rank = w.rank();
+    shard.shard_count = n;
+    data::Loader loader(set, shard);
+    TinyModel m;  // the same initial parameters on every rank (same seed)
+    ReducerOptions ro;
+    ro.topology = Topology::Gossip;
+    Reducer reducer(w, m.params(), std::make_unique<AllReduceHook>(), ro);
+    const double before = mean_loss_over_ranks(w, m, *set);
+    for (int step = 0; step < 40; ++step) {
+      const std::vector<int64_t> idx = loader.next_indices();
+      reducer.prepare_backward(static_cast<double>(idx.size()) / static_cast<double>(loader.last_global_items()));
+      if (!idx.empty()) m.loss(set->get(idx)).backward();
+      reducer.finalize();
+      m.sgd(0.3);
+      if (exchange) reducer.after_optimizer_step();
+      spreads.push_back(spread_across_ranks(w, m));
+    }
+    const int64_t params = 4 * 8 + 4;
+    if (exchange) {
+      EXPECT_EQ(reducer.stats().traffic.payload_bytes, 40 * params * 4 * (n == 2 ? 1 : 2)) << "bytes of gossip";
+    }
+    return std::make_pair(before, mean_loss_over_ranks(w, m, *set));
+  };
+  std::vector<double> gossip, local;
+  const auto [before, after] = run(true, gossip);
+  (void)run(false, local);
+  EXPECT_LT(after, 0.9 * before) << "the loss falls (1.61 -> 1.39 at N = 2, 3, 4)";
+  const double worst = *std::max_element(gossip.begin(), gossip.end());
+  if (n <= 3) {
+    EXPECT_LE(worst, 1e-6) << "at N <= 3 the neighbours are every rank: gossip is the all-ranks average";
+    EXPECT_GT(local.back(), 1e3 * std::max(worst, 1e-9)) << "the shards differ: without the exchange ranks drift";
+  } else {
+    const double late = *std::max_element(gossip.begin() + 30, gossip.end());
+    const double middle = *std::max_element(gossip.begin() + 10, gossip.begin() + 20);
+    EXPECT_LE(late, 2 * middle + 1e-9) << "the spread stays bounded";
+    EXPECT_LT(gossip.back(), 0.5 * local.back()) << "the exchange keeps the ranks closer than local steps alone";
+  }
+  std::printf("[rank %d] gossip N=%d: loss %.4f -> %.4f, spread max %.3g last %.3g (local steps alone: %.3g)\n",
+              w.rank(), n, before, after, worst, gossip.back(), local.back());
+}
+
+TEST(DataParallelTopology, BadTopologyIsNamed) {
+  try {
+    (void)parse_topology("ring", "run.toml");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run.toml: dist.topology must be one of \"allreduce\", \"ps\", \"gossip\""),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- hooks through c10d ---------------------------------------------------------------------------
@@ -311,6 +393,54 @@ void check_equivalence(const std::string& model, int64_t b, Reference reference)
                       model + " resumed at step 10 with N=1");
   w.barrier();
   std::filesystem::remove_all(mine);
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// mlp at N ranks, batch 16, 20 steps; rank 0 writes dir/ckpt-10 and ckpt-20.
+nlohmann::json train_mlp(const std::filesystem::path& dir, const std::vector<std::string>& extra) {
+  train::TrainOptions o = options_for("mlp", dir, 16, world());
+  o.overrides.insert(o.overrides.end(), extra.begin(), extra.end());
+  return train::run_training(o);
+}
+
+// Parameter server (rank 0 sums the weighted gradients, steps, sends the parameters back) is the same
+// synchronous SGD as all-reduce: same parameters after 20 steps (AdamW, the mlp's own optimiser).
+// Bytes: a worker sends its gradient (4 x parameters), the server the parameters to N-1 workers.
+TEST(DataParallelTrain, ParameterServerMatchesAllReduce) {
+  const World& w = world();
+  const int n = w.size();
+  const std::filesystem::path dir = shared_dir("ps");
+  const nlohmann::json all = train_mlp(dir / "allreduce", {});
+  const nlohmann::json ps = train_mlp(dir / "ps", {"dist.topology=ps"});
+  EXPECT_EQ(ps["dist"]["topology"], "ps");
+  const double params = ps["parameters"].get<double>();
+  EXPECT_EQ(ps["dist"]["bytes_sent_per_step"].get<double>(), w.rank() == 0 ? 4.0 * params * (n - 1) : 4.0 * params);
+  w.barrier();
+  expect_same_weights((dir / "ps" / "ckpt-20").string(), (dir / "allreduce" / "ckpt-20").string(), 1e-6,
+                      "mlp ps vs allreduce N=" + std::to_string(n));
+  w.barrier();
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Gossip with SGD + momentum (linear in the gradient): at N <= 3 each rank's ring neighbours are every
+// other rank, so the neighbour average of the local steps equals the all-reduce step.
+TEST(DataParallelTrain, GossipWithSgdMatchesAllReduceWhenTheRingIsEveryRank) {
+  const World& w = world();
+  const int n = w.size();
+  if (n > 3) GTEST_SKIP() << "at N > 3 gossip is not the all-ranks average";
+  const std::filesystem::path dir = shared_dir("gossip");
+  const std::vector<std::string> sgd = {"optim.name=sgd", "optim.lr=0.05", "optim.momentum=0.9"};
+  (void)train_mlp(dir / "allreduce", sgd);
+  std::vector<std::string> gossip_keys = sgd;
+  gossip_keys.push_back("dist.topology=gossip");
+  const nlohmann::json gossip = train_mlp(dir / "gossip", gossip_keys);
+  EXPECT_EQ(gossip["dist"]["topology"], "gossip");
+  const double params = gossip["parameters"].get<double>();
+  EXPECT_EQ(gossip["dist"]["bytes_sent_per_step"].get<double>(), 4.0 * params * (n == 2 ? 1 : 2));
+  w.barrier();
+  expect_same_weights((dir / "gossip" / "ckpt-20").string(), (dir / "allreduce" / "ckpt-20").string(), 1e-6,
+                      "mlp gossip vs allreduce (sgd) N=" + std::to_string(n));
+  w.barrier();
   if (w.rank() == 0) std::filesystem::remove_all(dir);
 }
 

@@ -30,6 +30,11 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
   RATION_CHECK(s.onebit.warmup_steps >= 0, cfg.origin(),
                ": dist.compress_warmup must be an integer >= 0 (optimiser steps in fp32 before onebit), got ",
                s.onebit.warmup_steps);
+  s.reducer.topology = parse_topology(cfg.get_string("dist.topology", "allreduce"), cfg.origin());
+  RATION_CHECK(s.reducer.topology == Topology::AllReduce || s.compress == "none", cfg.origin(),
+               ": dist.topology = \"", to_string(s.reducer.topology), "\" sends fp32 gradients and parameters point "
+               "to point; dist.compress must be \"none\" with it (compression applies to dist.topology = "
+               "\"allreduce\" only), got \"", s.compress, "\"");
   s.timeout_s = cfg.get_int("dist.timeout_s", s.timeout_s);
   RATION_CHECK(s.timeout_s >= 1, cfg.origin(), ": dist.timeout_s must be a whole number of seconds >= 1, got ",
                s.timeout_s);

@@ -10,7 +10,8 @@
 //   bucket_bytes        size, default 25MiB       cap of each gradient bucket (the first: first_bucket_bytes)
 //   first_bucket_bytes  size, default 1MiB
 //   sync_every          integer >= 1, default 1   backward passes (micro-batches) per synchronisation
-//   compress            "none" | "fp16" | "onebit" (default "none")
+//   topology            "allreduce" | "ps" | "gossip" (default "allreduce"; dist/topology.h)
+//   compress            "none" | "fp16" | "onebit" (default "none"; with topology "allreduce" only)
 //   error_feedback      bool, default true        onebit: keep the residual per bucket
 //   onebit_block        integer >= 0, default 1024 onebit: elements per scale (0: one per parameter)
 //   onebit_lambda       number in [0, 1), 0.95    onebit: lambda_0 of the L2 scale (0: mean-|v| scale)

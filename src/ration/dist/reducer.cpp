@@ -104,9 +104,11 @@ void Reducer::prepare_backward(double weight) {
     next_launch_ = 0;
     reduced_ = 0;
     window_comm_ms_ = 0;
+    window_weight_ = 0;
     hook_->begin_window(context_);
   }
   weight_ = weight;
+  window_weight_ += weight;
   ++micro_;
 }
 
@@ -159,7 +161,7 @@ void Reducer::comm_loop() {
       TraceRegion span("collectives", "collective",
                        [&] { return std::string(hook_->name()) + " all-reduce, bucket " + std::to_string(b); });
       try {
-        traffic = hook_->reduce(world_, static_cast<int>(b), buckets_[b].flat);
+        traffic = send_bucket(static_cast<int>(b), buckets_[b].flat);
       } catch (...) {
         error = std::current_exception();
       }
@@ -173,6 +175,34 @@ void Reducer::comm_loop() {
     ++reduced_;
     cv_.notify_all();
   }
+}
+
+Traffic Reducer::send_bucket(int bucket, at::Tensor& flat) {
+  switch (options_.topology) {
+    case Topology::AllReduce: return hook_->reduce(world_, bucket, flat);
+    case Topology::ParameterServer: return reduce_to_server(world_, bucket, flat);
+    case Topology::Gossip: return {};  // no gradient leaves this rank
+  }
+  return {};
+}
+
+void Reducer::after_optimizer_step() {
+  if (exchange_ == ParameterExchange::Done) return;
+  exchange_ = ParameterExchange::Done;
+  if (options_.topology == Topology::AllReduce || world_.size() <= 1) return;
+  std::vector<at::Tensor> params;
+  params.reserve(slots_.size());
+  for (const Slot& s : slots_) params.push_back(s.param->tensor);
+  const auto t0 = Clock::now();
+  TraceRegion span("collectives", "collective", [&] { return std::string(to_string(options_.topology)) + " parameters"; });
+  const Traffic traffic = options_.topology == Topology::ParameterServer ? send_parameters_from_server(world_, params)
+                                                                         : average_with_ring_neighbours(world_, params);
+  const double ms = ms_between(t0, Clock::now());
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.traffic += traffic;
+  stats_.comm_ms += ms;
+  stats_.exposed_ms += ms;  // on the caller's thread, after the step: nothing hides it
+  stats_.exchange_ms += ms;
 }
 
 void Reducer::finalize() {
@@ -199,6 +229,11 @@ void Reducer::finalize() {
     std::rethrow_exception(e);
   }
   lock.unlock();
+  exchange_ = ParameterExchange::Due;
+  if (options_.topology == Topology::Gossip && window_weight_ > 0) {
+    at::NoGradGuard no_grad;
+    for (Bucket& b : buckets_) b.flat.div_(window_weight_);  // this rank's own mean gradient
+  }
   // Every param.grad becomes a view of its bucket (no copy; DDP's gradient_as_bucket_view), valid until
   // the next window starts.
   for (const Slot& s : slots_) {

@@ -37,6 +37,7 @@
 
 #include "ration/core/value.h"
 #include "ration/dist/comm_hook.h"
+#include "ration/dist/topology.h"
 #include "ration/dist/world.h"
 
 namespace ration::dist {
@@ -45,6 +46,11 @@ struct ReducerOptions {
   int64_t bucket_bytes = 25ll << 20;       // cap of every bucket but the first
   int64_t first_bucket_bytes = 1ll << 20;  // the first bucket (the last parameters) is smaller, to start early
   int64_t sync_every = 1;                  // backward passes accumulated locally per synchronisation
+  // Who exchanges with whom (dist/topology.h): AllReduce sends buckets through the hook; ParameterServer
+  // sends them to rank 0 only (the others' param.grad stays their own weighted gradient; their
+  // parameters are replaced after the step); Gossip sends no gradient: param.grad becomes this rank's
+  // own mean gradient (the weighted sum over the window divided by this rank's share).
+  Topology topology = Topology::AllReduce;
 };
 
 // One bucket: parameters (in reverse model order) packed into one flat float32 buffer.
@@ -61,6 +67,9 @@ struct ReducerStats {
   Traffic traffic;              // bytes this rank handed to c10d (payload) and the ring model (wire)
   double comm_ms = 0;           // time the communication thread spent reducing buckets
   double exposed_ms = 0;        // time finalize() waited for it (communication not hidden under backward)
+  // Of comm_ms and exposed_ms: the parameter exchange after the optimiser step (ps, gossip), which runs
+  // on the caller's thread after the step runtime has timed the step.
+  double exchange_ms = 0;
   // Fraction of communication hidden under backward: 1 - exposed / comm (0 when nothing was sent).
   double overlap() const;
 };
@@ -88,6 +97,10 @@ class Reducer {
   // waits for every reduction, and points every param.grad at its sum (a view of the bucket, valid until
   // the next window's first prepare_backward, which clears param.grad). Rethrows a communication failure.
   void finalize();
+  // After the optimiser step that followed finalize(): the topology's parameter exchange (ParameterServer:
+  // rank 0 sends its parameters to every rank; Gossip: the ring-neighbour average; AllReduce: nothing).
+  // Does nothing unless a finalize() is waiting for it, so it may be called after every backward.
+  void after_optimizer_step();
 
   const std::vector<BucketLayout>& buckets() const { return layouts_; }
   // Bytes of the flat bucket buffers (gradient memory the reducer adds) and of the hook's state.
@@ -101,6 +114,8 @@ class Reducer {
 
  private:
   enum class BucketState { Filling, Ready, Launched, Reduced };
+  enum class ParameterExchange { Done, Due };  // Due: finalize() ran, the step's parameters not yet exchanged
+  Traffic send_bucket(int bucket, at::Tensor& flat);
   struct Slot {
     std::shared_ptr<ValueImpl> param;
     size_t bucket = 0;
@@ -123,6 +138,8 @@ class Reducer {
   std::vector<std::pair<const ValueImpl*, size_t>> slot_of_;  // sorted by address -> slot index
   std::vector<Bucket> buckets_;
   double weight_ = 1;
+  double window_weight_ = 0;                          // sum of this window's weights (this rank's share)
+  ParameterExchange exchange_ = ParameterExchange::Done;
   WindowContext context_;
   int64_t micro_ = 0;                                 // backward passes of this window prepared so far
   size_t next_launch_ = 0;

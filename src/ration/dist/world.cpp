@@ -246,6 +246,37 @@ at::Tensor World::all_gather(const at::Tensor& t) const {
   return flat;
 }
 
+void World::send_recv(const PeerTensors& sends, const PeerTensors& recvs, int tag) const {
+  const State& s = state();
+  for (const auto* list : {&sends, &recvs}) {
+    for (const auto& [peer, t] : *list) {
+      RATION_CHECK(peer >= 0 && peer < s.size && peer != s.rank, "send_recv: peer ", peer,
+                   " is not another rank of this world (rank ", s.rank, " of ", s.size, ")");
+      RATION_CHECK(t.defined() && t.is_contiguous(), "send_recv: tensors must be defined and contiguous");
+    }
+  }
+  if (!s.group) return;
+  try {
+    std::vector<std::vector<at::Tensor>> bufs;
+    bufs.reserve(sends.size() + recvs.size());
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (const auto& [peer, t] : sends) {
+      bufs.push_back({t});
+      works.push_back(s.group->send(bufs.back(), peer, tag));
+    }
+    for (const auto& [peer, t] : recvs) {
+      bufs.push_back({t});
+      works.push_back(s.group->recv(bufs.back(), peer, tag));
+    }
+    for (auto& w : works) w->wait();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CollectiveError(detail::str("point-to-point send_recv (tag ", tag, ") failed on rank ", s.rank, " of ",
+                                      s.size, ": ", e.what(), " (a peer that exited or timed out shows up here)"));
+  }
+}
+
 void World::broadcast(at::Tensor& t, int root) const {
   const State& s = state();
   RATION_CHECK(t.defined(), "broadcast of an undefined tensor");

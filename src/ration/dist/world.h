@@ -27,6 +27,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ration/core/check.h"
 #include "ration/memory/saved_value.h"
@@ -93,6 +95,11 @@ class World {
   void broadcast(at::Tensor& t, int root = 0) const;
   // Returns once every rank has called it.
   void barrier() const;
+  // Point-to-point: issues every send (tensor to rank) and every receive (into tensor, from rank), then
+  // waits for all of them, so two ranks may send to each other in the same call without deadlock. The
+  // peer must issue the matching receive / send with the same tag, shape and dtype.
+  using PeerTensors = std::vector<std::pair<int, at::Tensor>>;
+  void send_recv(const PeerTensors& sends, const PeerTensors& recvs, int tag) const;
 
   // This world as a memory ReplicaGroup (one shared instance per world).
   std::shared_ptr<ReplicaGroup> replica_group() const;

@@ -392,6 +392,7 @@ class ReducerHook : public StepHook {
   void before_optimizer(int64_t step) override {
     if (reducer_.window_complete()) reducer_.finalize();
   }
+  void after_step(int64_t step, const StepStats& stats) override { reducer_.after_optimizer_step(); }
 
  private:
   dist::Reducer& reducer_;
@@ -690,6 +691,7 @@ class TrainingRun {
     if (run_.clip_grad_norm > 0) optim::clip_grad_norm(params_, run_.clip_grad_norm);
     optimizer_->step();
     optimizer_->zero_grad();
+    reducer_->after_optimizer_step();
   }
 
   void show_progress(const StepStats& st, double lr) {
@@ -866,6 +868,7 @@ class TrainingRun {
     nlohmann::json buckets = nlohmann::json::array();
     for (const auto& b : reducer_->buckets()) buckets.push_back(b.numel * 4);
     d.update({{"backend", dist::to_string(world_.backend())},
+              {"topology", dist::to_string(keys_.dp.reducer.topology)},
               {"compress", reducer_->hook().name()},
               {"error_feedback", keys_.dp.onebit.feedback == dist::ErrorFeedback::On},
               {"sync_every", keys_.dp.reducer.sync_every},
@@ -876,6 +879,7 @@ class TrainingRun {
               {"wire_bytes_per_step", static_cast<double>(st.traffic.wire_bytes) / syncs},
               {"comm_ms", st.comm_ms / syncs},
               {"exposed_comm_ms", st.exposed_ms / syncs},
+              {"parameter_exchange_ms", st.exchange_ms / syncs},
               {"overlap", st.overlap()},
               {"error_feedback_bytes", reducer_->hook_state_bytes()}});
     // onebit: the smallest lambda_j of the last step's code per bucket; the error bound is
