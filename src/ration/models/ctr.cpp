@@ -3,6 +3,7 @@
 
 #include <absl/container/flat_hash_set.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -59,6 +60,22 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
       static_cast<float>(cfg.get_double("ps.initial_accumulator", o.table.optimizer.initial_accumulator));
   RATION_CHECK(o.table.optimizer.lr > 0, cfg.origin(), ": ps.lr must be > 0");
   o.prefetch = cfg.get_bool("ps.prefetch", o.prefetch);
+  // Eviction (docs/METHODS.md, "Disabling and re-admission"): the keys are the `ration ps serve` flags'.
+  ps::EvictOptions& e = o.evict;
+  e.policy = ps::evict_policy_from_name(
+      cfg.get_choice("ps.evict", "none", {"none", "importance", "frequency", "lru", "l2"}), cfg.origin() + ": ps.evict");
+  e.max_bytes = cfg.get_bytes("ps.max_bytes", e.max_bytes);
+  e.evict_every = cfg.get_int("ps.evict_every", e.evict_every);
+  e.keep_fraction = cfg.get_double("ps.keep_fraction", e.keep_fraction);
+  e.threshold = cfg.get_double("ps.evict_threshold", e.threshold);
+  e.readmit_after = cfg.get_int("ps.readmit_after", e.readmit_after);
+  e.importance_decay = cfg.get_double("ps.importance_decay", e.importance_decay);
+  e.headroom = cfg.get_double("ps.evict_headroom", e.headroom);
+  e.validate(cfg.origin());
+  RATION_CHECK(!e.active() || o.client.endpoints.empty(), cfg.origin(), ": ps.evict = '",
+               ps::evict_policy_name(e.policy), "' configures embedded shards only; with ps.endpoints set, start each ",
+               "server with `ration ps serve --evict ", ps::evict_policy_name(e.policy),
+               " --max-bytes ...` and leave ps.evict unset (or \"none\")");
   return o;
 }
 
@@ -80,6 +97,12 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
   }
   client_ = std::make_shared<ps::PsClient>(o.client);
   if (!client_->embedded()) client_->check_health();
+  if (o.evict.active()) {
+    // The cap is the total over the embedded shards: each holds about 1/N of every table's ids.
+    ps::EvictOptions per_shard = o.evict;
+    per_shard.max_bytes = o.evict.max_bytes / client_->num_shards();
+    for (int i = 0; i < client_->num_shards(); ++i) client_->embedded_shard(i).set_eviction(per_shard);
+  }
   std::vector<ps::TableOptions> tables;
   for (int64_t f = 0; f < o.num_fields; ++f) {
     ps::TableOptions t = o.table;
@@ -360,7 +383,7 @@ std::vector<std::pair<std::string, double>> Ctr::report_metrics() {
     bytes += s.stats.bytes();
   }
   const ps::ClientTimes t = client_->times();
-  return {{"rows", static_cast<double>(rows)},
+  std::vector<std::pair<std::string, double>> metrics = {{"rows", static_cast<double>(rows)},
           {"bytes", static_cast<double>(bytes)},
           {"shards", static_cast<double>(client_->num_shards())},
           {"embedded", client_->embedded() ? 1.0 : 0.0},
@@ -375,6 +398,31 @@ std::vector<std::pair<std::string, double>> Ctr::report_metrics() {
           {"prefetch_discarded", static_cast<double>(counts_.discarded)},
           {"rows_repulled", static_cast<double>(counts_.rows_repulled)},
           {"pull_wait_ms", counts_.used > 0 ? counts_.wait_ms / static_cast<double>(counts_.used) : 0.0}};
+  if (options.evict.active()) append_eviction_metrics(metrics);
+  return metrics;
+}
+
+void Ctr::append_eviction_metrics(std::vector<std::pair<std::string, double>>& metrics) {
+  ps::EvictTotals sum;
+  int64_t bytes_after_round = 0;  // the shards' accounted bytes right after their last round
+  for (int i = 0; i < client_->num_shards(); ++i) {
+    const ps::Evictor* e = client_->embedded_shard(i).evictor();
+    if (e == nullptr) continue;
+    const ps::EvictTotals t = e->totals();
+    bytes_after_round += e->last_round().bytes_after;
+    sum.rounds = std::max(sum.rounds, t.rounds);  // every shard runs the same rounds (one per evict_every)
+    sum.disabled += t.disabled;
+    sum.readmitted += t.readmitted;
+    sum.bytes_freed += t.bytes_freed;
+    sum.disabled_now += t.disabled_now;
+  }
+  metrics.insert(metrics.end(), {{"max_bytes", static_cast<double>(options.evict.max_bytes)},
+                                 {"evict_rounds", static_cast<double>(sum.rounds)},
+                                 {"rows_disabled", static_cast<double>(sum.disabled)},
+                                 {"rows_readmitted", static_cast<double>(sum.readmitted)},
+                                 {"bytes_freed", static_cast<double>(sum.bytes_freed)},
+                                 {"disabled_ids", static_cast<double>(sum.disabled_now)},
+                                 {"bytes_after_round", static_cast<double>(bytes_after_round)}});
 }
 
 }  // namespace ration::models

@@ -15,7 +15,12 @@
 //   by the data side); [ps]: endpoints ("" = embedded), shards (1), optimizer ("adagrad"), lr (0.05),
 //   initial_accumulator, init_scale (0.01), seed (train.seed), prefetch (true: pull the next batch's
 //   rows during the current step), snapshot_dir (train.checkpoint_dir + "/ps" when embedded),
-//   auth_token_file, tls_ca, tls_cert, tls_key, tls_target_name, retries (3), timeout_ms (30000).
+//   auth_token_file, tls_ca, tls_cert, tls_key, tls_target_name, retries (3), timeout_ms (30000);
+//   eviction of embedded shards (ps/evict.h; remote shards take the same settings as `ration ps serve`
+//   flags): evict ("none"|"importance"|"frequency"|"lru"|"l2"), max_bytes (0: no cap; 123 or "4MiB";
+//   the total over the embedded shards, split evenly), evict_every (100), keep_fraction (1), evict_threshold (0),
+//   readmit_after (2), importance_decay (0.99), evict_headroom (0.9: a capped round cuts to this
+//   fraction of the cap).
 // Parameter names: bottom.0.weight, ..., top.N.weight, top.N.bias.
 #pragma once
 #include <deque>
@@ -27,6 +32,7 @@
 #include "ration/nn/layers.h"
 #include "ration/ops/ops.h"
 #include "ration/ps/client.h"
+#include "ration/ps/evict.h"
 
 namespace ration::models {
 
@@ -41,6 +47,7 @@ struct CtrOptions {
   ps::TableOptions table;  // name/seed filled per field
   bool explicit_snapshot_dir = false;
   bool prefetch = true;  // ps.prefetch
+  ps::EvictOptions evict;  // ps.evict, ps.max_bytes, ...: applied to every embedded shard
   static CtrOptions from_config(Config& cfg);
 };
 
@@ -106,6 +113,9 @@ class Ctr : public Model {
   class PsHook;
   struct Prefetch;
   std::vector<ps::PulledRows> take_prefetch(const data::Batch& batch);
+  // ps.evict_rounds, rows_disabled, rows_readmitted, bytes_freed, disabled_ids and bytes_after_round
+  // (accounted bytes right after the last round) summed over the shards.
+  void append_eviction_metrics(std::vector<std::pair<std::string, double>>& metrics);
 
   std::shared_ptr<ps::PsClient> client_;
   std::unique_ptr<PsHook> hook_;

@@ -149,7 +149,24 @@ EvictRound Evictor::run(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   ++rounds_;
   last_ = r;
+  disabled_total_ += r.disabled;
+  freed_total_ += std::max<int64_t>(0, r.bytes_before - r.bytes_after);
   return r;
+}
+
+EvictTotals Evictor::totals() const {
+  EvictTotals t;
+  for (const std::string& name : store_.table_names()) {
+    const Table* table = store_.find(name);
+    if (table == nullptr) continue;
+    t.readmitted += table->readmitted();
+    t.disabled_now += table->bytes().disabled;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  t.rounds = rounds_;
+  t.disabled = disabled_total_;
+  t.bytes_freed = freed_total_;
+  return t;
 }
 
 EvictRound Evictor::last_round() const {

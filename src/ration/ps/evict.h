@@ -41,6 +41,16 @@ struct EvictRound {
   double seconds = 0;
 };
 
+// What every round so far did together, and the re-admissions the policy's tables saw (reported by the
+// trainer next to ps.rows / ps.bytes).
+struct EvictTotals {
+  int64_t rounds = 0;
+  int64_t disabled = 0;     // rows disabled
+  int64_t readmitted = 0;   // disabled ids given a row again (summed over the store's current tables)
+  int64_t bytes_freed = 0;  // accounted bytes the rounds took off (bytes_before - bytes_after)
+  int64_t disabled_now = 0; // disabled ids remembered now
+};
+
 class Evictor {
  public:
   // Sets importance decay and re-admission on every table the store holds now and later (apply()).
@@ -57,6 +67,7 @@ class Evictor {
   float score(const Table& table, const RowInfo& info, const float* values, int64_t step) const;
   int64_t rounds() const { return rounds_; }
   EvictRound last_round() const;
+  EvictTotals totals() const;
 
  private:
   EmbeddingStore& store_;
@@ -65,6 +76,7 @@ class Evictor {
   int64_t last_step_ = -1;
   int64_t rounds_ = 0;
   EvictRound last_;
+  int64_t disabled_total_ = 0, freed_total_ = 0;
 };
 
 }  // namespace ration::ps

@@ -1,7 +1,10 @@
 // snapshot.cpp — RocksDB snapshots of a shard (see snapshot.h).
 // Keys: "spec/<table>" -> serialized wire::TableSpec; "row/<table>\0<id, 8 bytes big-endian>" -> values
-// (dim floats), state (state floats), RowInfo fields; "complete" -> row count (written last, checked on
-// read). Values are native little-endian float32.
+// (dim floats), state (state floats), RowInfo fields; "disabled/<table>\0<id, 8 bytes big-endian>" -> the
+// pushes a disabled id has seen since it was disabled (uint32), so a resumed shard neither resurrects an
+// evicted id nor forgets how close it is to re-admission; "disabled_count" -> their number; "complete" ->
+// row count (written last, checked on read). Values are native little-endian float32. A snapshot written
+// before disabled ids were saved has neither key and restores with none disabled.
 #include "ration/ps/snapshot.h"
 
 #include <fcntl.h>
@@ -31,11 +34,24 @@ std::string version_dir(const std::string& dir, int64_t version) {
   return (fs::path(dir) / ("v" + std::to_string(version))).string();
 }
 
-std::string row_key(const std::string& table, uint64_t id) {
-  std::string k = "row/" + table;
+std::string id_key(const std::string& prefix, const std::string& table, uint64_t id) {
+  std::string k = prefix + table;
   k.push_back('\0');
   for (int b = 7; b >= 0; --b) k.push_back(static_cast<char>((id >> (8 * b)) & 0xFF));
   return k;
+}
+
+std::string row_key(const std::string& table, uint64_t id) { return id_key("row/", table, id); }
+std::string disabled_key(const std::string& table, uint64_t id) { return id_key("disabled/", table, id); }
+
+// "<prefix><table>\0<8 bytes>" -> (table, id); false when malformed.
+bool parse_id_key(const std::string& k, size_t prefix, std::string& table, uint64_t& id) {
+  const size_t nul = k.find('\0', prefix);
+  if (nul == std::string::npos || k.size() != nul + 9) return false;
+  table = k.substr(prefix, nul - prefix);
+  id = 0;
+  for (size_t b = 0; b < 8; ++b) id = (id << 8) | static_cast<uint8_t>(k[nul + 1 + b]);
+  return true;
 }
 
 void fsync_path(const std::string& path) {
@@ -67,7 +83,7 @@ SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir,
   const std::string tmp = final_path + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
 
-  SnapshotInfo info{final_path, 0};
+  SnapshotInfo info{final_path, 0, 0};
   {
     rocksdb::Options opt;
     opt.create_if_missing = true;
@@ -98,7 +114,15 @@ SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir,
         check_ok(db->Write(wo, &batch), "write rows", tmp);
         info.rows += rows.size();
       }
+      rocksdb::WriteBatch batch;
+      for (const auto& [id, sightings] : t->disabled_entries()) {
+        batch.Put(disabled_key(name, id),
+                  rocksdb::Slice(reinterpret_cast<const char*>(&sightings), sizeof sightings));
+        ++info.disabled;
+      }
+      check_ok(db->Write(wo, &batch), "write disabled ids", tmp);
     }
+    check_ok(db->Put(wo, "disabled_count", std::to_string(info.disabled)), "put disabled count", tmp);
     check_ok(db->Put(wo, "complete", std::to_string(info.rows)), "put marker", tmp);
     check_ok(db->Flush(rocksdb::FlushOptions()), "flush", tmp);
     check_ok(db->Close(), "close", tmp);
@@ -160,12 +184,9 @@ SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_
   int64_t rows = 0;
   for (it->Seek("row/"); it->Valid() && it->key().starts_with("row/"); it->Next()) {
     const rocksdb::Slice key = it->key();
-    const std::string k = key.ToString();
-    const size_t nul = k.find('\0', 4);
-    RATION_CHECK(nul != std::string::npos && k.size() == nul + 9, "snapshot ", path, ": malformed row key");
-    const std::string table = k.substr(4, nul - 4);
+    std::string table;
     uint64_t id = 0;
-    for (size_t b = 0; b < 8; ++b) id = (id << 8) | static_cast<uint8_t>(k[nul + 1 + b]);
+    RATION_CHECK(parse_id_key(key.ToString(), 4, table, id), "snapshot ", path, ": malformed row key");
     Table* t = fresh.find(table);
     RATION_CHECK(t != nullptr, "snapshot ", path, ": row of table '", table, "' which has no spec");
     const int64_t dim = t->dim(), st = t->state_size();
@@ -187,8 +208,28 @@ SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_
   check_ok(it->status(), "read rows", path);
   RATION_CHECK(std::to_string(rows) == complete, "snapshot ", path, ": holds ", rows, " rows but its marker says ",
                complete);
+  int64_t disabled = 0;
+  for (it->Seek("disabled/"); it->Valid() && it->key().starts_with("disabled/"); it->Next()) {
+    std::string table;
+    uint64_t id = 0;
+    RATION_CHECK(parse_id_key(it->key().ToString(), 9, table, id), "snapshot ", path, ": malformed disabled-id key");
+    Table* t = fresh.find(table);
+    RATION_CHECK(t != nullptr, "snapshot ", path, ": disabled id of table '", table, "' which has no spec");
+    RATION_CHECK(it->value().size() == sizeof(uint32_t), "snapshot ", path, ": disabled id ", id, " of table '", table,
+                 "' has ", it->value().size(), " bytes; expected 4 (its sighting count)");
+    uint32_t sightings = 0;
+    std::memcpy(&sightings, it->value().data(), sizeof sightings);
+    t->restore_disabled(&id, &sightings, 1);
+    ++disabled;
+  }
+  check_ok(it->status(), "read disabled ids", path);
+  std::string disabled_count;
+  const rocksdb::Status ds = db->Get(ro, "disabled_count", &disabled_count);
+  RATION_CHECK(ds.ok() || ds.IsNotFound(), "snapshot ", path, ": read the disabled count failed: ", ds.ToString());
+  RATION_CHECK(!ds.ok() || std::to_string(disabled) == disabled_count, "snapshot ", path, ": holds ", disabled,
+               " disabled ids but its count says ", disabled_count);
   store.replace_tables(std::move(fresh));
-  return {path, rows};
+  return {path, rows, disabled};
 }
 
 int64_t latest_snapshot_version(const std::string& dir) {

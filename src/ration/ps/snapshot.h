@@ -1,6 +1,6 @@
 // snapshot.h — persistence of one shard's tables in RocksDB, written atomically.
 // Owns: the snapshot layout — DIR/v<version>/ a RocksDB database (table specs, then every row: values,
-//       optimiser state and RowInfo) written under a temporary name and renamed when complete; DIR/LATEST
+//       optimiser state and RowInfo, then the disabled ids with their sighting counts) written under a temporary name and renamed when complete; DIR/LATEST
 //       names the newest complete version (replaced by rename). Old versions beyond `keep` are removed.
 // Does not own: when snapshots are taken (the trainer's checkpoints through the client) or the tables.
 #pragma once
@@ -14,6 +14,7 @@ namespace ration::ps {
 struct SnapshotInfo {
   std::string path;
   int64_t rows = 0;
+  int64_t disabled = 0;  // disabled ids saved / restored
 };
 
 // Writes every table of `store` as version `version` under `dir` (created if needed).

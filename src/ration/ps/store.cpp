@@ -271,6 +271,7 @@ void Table::push(const uint64_t* ids, int64_t n, const float* grads, int64_t ste
         // Disabled: the push counts as a sighting; re-admitted at readmit_after_ sightings.
         if (static_cast<int64_t>(++d->second) < readmit_after_) return;
         st.disabled.erase(d);
+        readmitted_.fetch_add(1, std::memory_order_relaxed);
       }
       slot = create_row(st, ids[i]);
     }
@@ -353,6 +354,27 @@ std::vector<uint64_t> Table::disabled_ids() const {
     for (const auto& [id, n] : sp->disabled) out.push_back(id);
   }
   return out;
+}
+
+std::vector<std::pair<uint64_t, uint32_t>> Table::disabled_entries() const {
+  std::vector<std::pair<uint64_t, uint32_t>> out;
+  for (const auto& sp : stripes_) {
+    std::lock_guard<std::mutex> lock(sp->mu);
+    for (const auto& [id, n] : sp->disabled) out.emplace_back(id, n);
+  }
+  return out;
+}
+
+void Table::restore_disabled(const uint64_t* ids, const uint32_t* sightings, int64_t n) {
+  std::shared_lock<std::shared_mutex> writing(write_mu_);
+  for_each_by_stripe(ids, n, [&](Stripe& st, int64_t i) {
+    auto it = st.index.find(ids[i]);
+    if (it != st.index.end()) {
+      st.release(it->second);
+      st.index.erase(it);
+    }
+    st.disabled[ids[i]] = sightings[i];
+  });
 }
 
 int64_t Table::settled_version() const {

@@ -152,6 +152,14 @@ class Table {
   int64_t disable(const uint64_t* ids, int64_t n);
   bool is_disabled(uint64_t id) const;
   std::vector<uint64_t> disabled_ids() const;
+  // Every disabled id with the pushes it has seen since it was disabled (what a snapshot saves).
+  std::vector<std::pair<uint64_t, uint32_t>> disabled_entries() const;
+  // Marks ids disabled with their sighting counts, as a restored snapshot had them: no row is created,
+  // any row of theirs is freed; no version and no tombstone are taken (a restored table is a new table
+  // object with a new epoch, so a mirror copies it in full and drops what the copy does not hold).
+  void restore_disabled(const uint64_t* ids, const uint32_t* sightings, int64_t n);
+  // Disabled ids re-admitted (given a row again) by pushes since this table object was made.
+  int64_t readmitted() const { return readmitted_.load(std::memory_order_relaxed); }
 
   // ---- versions and deltas (docs/METHODS.md, "Online parameter server") ----
   int64_t version() const { return version_.load(); }
@@ -200,6 +208,7 @@ class Table {
   PushObserver observer_;
   float decay_ = 0;            // importance decay; 0: not scored
   int64_t readmit_after_ = 2;  // sightings of a disabled id before it is re-admitted
+  std::atomic<int64_t> readmitted_{0};
   // Versions: writers (push, assign, erase, disable) hold write_mu_ shared while they take a version and
   // apply it; settled_version() takes it exclusively for a moment, so every smaller version is done.
   mutable std::shared_mutex write_mu_;
