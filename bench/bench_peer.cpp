@@ -94,25 +94,6 @@ json peer_config(const std::string& family, int64_t batch, Config& cfg, const tr
   return c;
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const train::RunSettings& r, const optim::NamedParams& params) {
-  if (r.optimizer == "sgd") {
-    optim::SGDOptions o;
-    o.lr = r.lr;
-    o.momentum = r.momentum;
-    o.dampening = r.dampening;
-    o.weight_decay = r.weight_decay;
-    o.nesterov = r.nesterov;
-    return std::make_unique<optim::SGD>(params, o);
-  }
-  optim::AdamWOptions o;
-  o.lr = r.lr;
-  o.beta1 = r.beta1;
-  o.beta2 = r.beta2;
-  o.eps = r.eps;
-  o.weight_decay = r.weight_decay;
-  return std::make_unique<optim::AdamW>(params, o);
-}
-
 json threads_json() {
   const ComputeThreads t = compute_threads();
   const char* omp = std::getenv("OMP_NUM_THREADS");
@@ -155,7 +136,7 @@ int worker(const Args& a) {
               {"threads", threads_json()},
               {"allocator", a.counting_allocator ? "counting" : "default"}};
   if (a.mode == "plain") {
-    std::unique_ptr<optim::Optimizer> opt = make_optimizer(r, model.named_parameters());
+    std::unique_ptr<optim::Optimizer> opt = train::build_optimizer(r, model.named_parameters());
     train::StepRuntime rt;
     train::StepOptions o;
     o.optimizer = opt.get();

@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -382,7 +383,10 @@ int64_t Table::settled_version() const {
   return version_.load();
 }
 
-void Table::export_changed(int64_t from_version, ExportCursor& cursor, int64_t max_rows, ExportedRows& out) const {
+// One walk over the stripes for both exports: rows whose version is above `newer_than`, with or without
+// their optimiser state, resuming at `cursor`.
+void Table::export_rows(int64_t newer_than, RowState state, ExportCursor& cursor, int64_t max_rows,
+                        ExportedRows& out) const {
   const int64_t dim = options_.dim;
   int64_t taken = 0;
   while (!cursor.done && taken < max_rows) {
@@ -394,10 +398,11 @@ void Table::export_changed(int64_t from_version, ExportCursor& cursor, int64_t m
     std::lock_guard<std::mutex> lock(st.mu);
     for (; cursor.slot < st.capacity() && taken < max_rows; ++cursor.slot) {
       const uint32_t slot = static_cast<uint32_t>(cursor.slot);
-      if (!st.live(slot) || st.info(slot).version <= from_version) continue;
+      if (!st.live(slot) || st.info(slot).version <= newer_than) continue;
       const float* row = st.slot_ptr(slot);
       out.ids.push_back(st.info(slot).id);
       out.values.insert(out.values.end(), row, row + dim);
+      if (state == RowState::Included) out.state.insert(out.state.end(), row + dim, row + dim + state_);
       out.infos.push_back(st.info(slot));
       ++taken;
     }
@@ -406,6 +411,10 @@ void Table::export_changed(int64_t from_version, ExportCursor& cursor, int64_t m
       cursor.slot = 0;
     }
   }
+}
+
+void Table::export_changed(int64_t from_version, ExportCursor& cursor, int64_t max_rows, ExportedRows& out) const {
+  export_rows(from_version, RowState::Omitted, cursor, max_rows, out);
 }
 
 bool Table::tombstones_since(int64_t from_version, std::vector<std::pair<uint64_t, int64_t>>& out) const {
@@ -534,30 +543,7 @@ int64_t Table::compact() {
 }
 
 void Table::export_batch(ExportCursor& cursor, int64_t max_rows, ExportedRows& out) const {
-  const int64_t dim = options_.dim;
-  int64_t taken = 0;
-  while (!cursor.done && taken < max_rows) {
-    if (cursor.stripe >= kStripes) {
-      cursor.done = true;
-      break;
-    }
-    const Stripe& st = *stripes_[static_cast<size_t>(cursor.stripe)];
-    std::lock_guard<std::mutex> lock(st.mu);
-    for (; cursor.slot < st.capacity() && taken < max_rows; ++cursor.slot) {
-      const size_t slot = static_cast<size_t>(cursor.slot);
-      if (!st.live(static_cast<uint32_t>(slot))) continue;
-      const float* row = st.slot_ptr(static_cast<uint32_t>(slot));
-      out.ids.push_back(st.info(static_cast<uint32_t>(slot)).id);
-      out.values.insert(out.values.end(), row, row + dim);
-      out.state.insert(out.state.end(), row + dim, row + dim + state_);
-      out.infos.push_back(st.info(static_cast<uint32_t>(slot)));
-      ++taken;
-    }
-    if (cursor.slot >= st.capacity()) {
-      ++cursor.stripe;
-      cursor.slot = 0;
-    }
-  }
+  export_rows(std::numeric_limits<int64_t>::min(), RowState::Included, cursor, max_rows, out);
 }
 
 void Table::set_push_observer(PushObserver observer) { observer_ = std::move(observer); }

@@ -191,6 +191,10 @@ class Table {
   void clear();
 
  private:
+  enum class RowState { Included, Omitted };  // whether an export carries each row's optimiser state
+  void export_rows(int64_t newer_than, RowState state, ExportCursor& cursor, int64_t max_rows,
+                   ExportedRows& out) const;
+
   struct Stripe;
   Stripe& stripe_of(uint64_t id) const;
   int stripe_index(uint64_t id) const;

@@ -136,6 +136,8 @@ const std::vector<std::string> kWeightNeutralKeys = {
     "train.checkpoint_dir", "train.checkpoint_every", "train.keep_checkpoints", "train.log_every",
     "train.eval_every", "train.eval_batches", "train.steps", "train.epochs", "memory.", "offload."};
 
+}  // namespace
+
 std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params) {
   if (r.optimizer == "sgd") {
     optim::SGDOptions o;
@@ -155,8 +157,6 @@ std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const op
   o.amsgrad = r.amsgrad;
   return std::make_unique<optim::AdamW>(params, o);
 }
-
-}  // namespace
 
 RunSettings read_run_settings(Config& cfg) {
   RunSettings r;

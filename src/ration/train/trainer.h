@@ -17,6 +17,7 @@
 #include "ration/dist/world.h"
 #include "ration/memory/offload.h"
 #include "ration/models/model.h"
+#include "ration/optim/optimizer.h"
 #include "ration/config/config.h"
 
 namespace ration::train {
@@ -77,6 +78,8 @@ struct RunSettings {
   int64_t tbptt = 0;  // train.tbptt: truncated-BPTT chunk length (0: not set, full backpropagation)
 };
 RunSettings read_run_settings(Config& cfg);
+// The optimiser the run settings name (sgd or adamw, with their keys), over `params`.
+std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params);
 
 // Reads [data], [model] and train.seed/batch_size/threads. Leaves other sections for the caller.
 Setup build_setup(Config config);
