@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "gpt_fixture.h"
 #include "test_util.h"
 
 #include "ration/core/compute_threads.h"
@@ -20,24 +21,8 @@
 namespace ration {
 namespace {
 
-std::unique_ptr<models::Model> small_gpt() {
-  Config cfg = Config::from_string("[model]\ntype='gpt'\nn_layer=2\nn_head=2\nn_embd=32\nblock_size=16\ndropout=0.1\n",
-                                   "gpt.toml");
-  at::manual_seed(3);
-  auto model = models::build_model(cfg);
-  model->train();
-  return model;
-}
-
-data::Batch token_batch() {
-  at::manual_seed(5);
-  at::Tensor tokens = at::randint(0, 256, {4, 17}, at::kLong);
-  data::Batch b;
-  b.input = Value(tokens.slice(1, 0, 16).contiguous());
-  b.target = Value(tokens.slice(1, 1, 17).contiguous());
-  b.items = 64;
-  return b;
-}
+using testing::small_gpt;
+using testing::token_batch;
 
 TEST(Speed, CountingAllocatorPeaksAreExactAndDeviceIgnoresHostData) {
   memory::install_counting_allocator();

@@ -87,35 +87,35 @@ class GrpcChannel final : public ShardChannel {
   }
   std::string endpoint() const override { return endpoint_; }
   grpc::Status declare_tables(const wire::DeclareTablesRequest& q, wire::DeclareTablesResponse* r) override {
-    auto c = context();
-    return stub_->DeclareTables(c.get(), q, r);
+    return call(&wire::ParameterServer::Stub::DeclareTables, q, r);
   }
   grpc::Status pull(const wire::PullRequest& q, wire::PullResponse* r) override {
-    auto c = context();
-    return stub_->Pull(c.get(), q, r);
+    return call(&wire::ParameterServer::Stub::Pull, q, r);
   }
   grpc::Status push(const wire::PushRequest& q, wire::PushResponse* r) override {
-    auto c = context();
-    return stub_->Push(c.get(), q, r);
+    return call(&wire::ParameterServer::Stub::Push, q, r);
   }
   grpc::Status stats(const wire::StatsRequest& q, wire::StatsResponse* r) override {
-    auto c = context();
-    return stub_->Stats(c.get(), q, r);
+    return call(&wire::ParameterServer::Stub::Stats, q, r);
   }
   grpc::Status snapshot(const wire::SnapshotRequest& q, wire::SnapshotResponse* r) override {
-    auto c = context();
-    return stub_->Snapshot(c.get(), q, r);
+    return call(&wire::ParameterServer::Stub::Snapshot, q, r);
   }
   grpc::Status restore(const wire::RestoreRequest& q, wire::RestoreResponse* r) override {
-    auto c = context();
-    return stub_->Restore(c.get(), q, r);
+    return call(&wire::ParameterServer::Stub::Restore, q, r);
   }
   grpc::Status health(const wire::HealthRequest& q, wire::HealthResponse* r) override {
-    auto c = context();
-    return stub_->Health(c.get(), q, r);
+    return call(&wire::ParameterServer::Stub::Health, q, r);
   }
 
  private:
+  // Every RPC: a fresh context (deadline, token) for one call of the stub's method.
+  template <typename Request, typename Response>
+  grpc::Status call(grpc::Status (wire::ParameterServer::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& q, Response* r) {
+    auto c = context();
+    return ((*stub_).*method)(c.get(), q, r);
+  }
   std::unique_ptr<grpc::ClientContext> context() const {
     auto c = std::make_unique<grpc::ClientContext>();
     c->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.timeout_ms));
