@@ -53,15 +53,14 @@ std::vector<double> typical_forward_ms(const StepProfile& p) {
 // The saved groups of a profile, in forward order of their producers, with the number of nodes a
 // single release would re-run (the group's producer and its unsaved inputs' producers).
 std::vector<Group> groups_of(const StepProfile& profile, std::vector<int64_t>& rerun_nodes) {
-  const std::vector<Decision> none(profile.storages.size(), Decision::Keep);
-  const Simulator probe(profile, none, 0);
   std::set<ValueKey> saved_keys;
   for (const auto& node : profile.nodes)
     for (const auto& k : node.saved) saved_keys.insert(k);
   const std::vector<double> forward_ms = typical_forward_ms(profile);
   std::vector<std::pair<Group, int64_t>> found;
   for (int64_t s : profile.saved_storages()) {
-    if (!probe.droppable(s)) continue;
+    // Droppable (Simulator::droppable): saved, and allocated by a recorded node.
+    if (profile.storages[static_cast<size_t>(s)].allocated_by < 0) continue;
     Group g;
     g.storage = s;
     g.bytes = profile.storages[static_cast<size_t>(s)].bytes;
@@ -97,11 +96,14 @@ PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
     : profile_(profile), options_(options) {
   groups_ = groups_of(profile, rerun_nodes_);
   const size_t n = groups_.size();
-  unconstrained_ = predict(all_kept().decisions);
+  // Everything kept: the incremental peak equals the simulator's (no offload, no transient re-runs), and
+  // the descents start from it.
+  all_kept_peak_.emplace(profile_, groups_, options_.extra_fixed_bytes, all_kept().decisions);
+  unconstrained_peak_ = all_kept_peak_->peak();
   int64_t saved_total = 0;
   for (const auto& g : groups_) saved_total += g.bytes;
   // Fixed occupancy: the measured peak of everything that is not a saved activation.
-  fixed_bytes_ = std::max<int64_t>(0, unconstrained_.peak_bytes - saved_total);
+  fixed_bytes_ = std::max<int64_t>(0, unconstrained_peak_ - saved_total);
 
   // Knapsack order by predicted cost per byte; with offload (knapsack only) a group is offloaded where
   // the copy alone would hide better than re-running its producers.
@@ -188,26 +190,40 @@ Choice PlanContext::all_kept() const {
 
 Prediction PlanContext::predict(const std::vector<Decision>& decisions,
                                 const std::map<int64_t, int64_t>& store_from) const {
+  // A strategy's last fit check and the plan's final prediction are usually the same decisions.
+  if (last_prediction_ && last_prediction_->decisions == decisions && last_prediction_->store_from == store_from)
+    return last_prediction_->prediction;
   std::vector<Decision> by_storage(profile_.storages.size(), Decision::Keep);
   for (size_t i = 0; i < groups_.size(); ++i) by_storage[static_cast<size_t>(groups_[i].storage)] = decisions[i];
   const int64_t extra = options_.extra_fixed_bytes;
-  if (!options_.offload) return simulate(profile_, by_storage, extra, store_from);
-  const OffloadSchedule sch = schedule_offloads(profile_, by_storage, *options_.offload);
-  return simulate(profile_, by_storage, extra, store_from, &sch);
+  Prediction pred;
+  if (!options_.offload) {
+    pred = simulate(profile_, by_storage, extra, store_from);
+  } else {
+    const OffloadSchedule sch = schedule_offloads(profile_, by_storage, *options_.offload);
+    pred = simulate(profile_, by_storage, extra, store_from, &sch);
+  }
+  last_prediction_ = LastPrediction{decisions, store_from, pred};
+  return pred;
 }
 
 // Releasing is not monotone: a released run of values is rebuilt and held together in backward, so a
 // release that only adds recompute transients is undone.
-int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order) const {
+int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order,
+                             std::optional<IncrementalPeak>* reached) const {
   if (keep_or_recompute(d)) {  // the same descent, each try priced by the incremental peak
-    IncrementalPeak inc = incremental(d);
+    std::optional<IncrementalPeak> own;
+    std::optional<IncrementalPeak>& slot = reached != nullptr ? *reached : own;
+    slot.emplace(incremental(d));
+    IncrementalPeak& inc = *slot;
     int64_t peak = inc.peak();
     bool progress = true;
     while (peak > target && progress) {
       progress = false;
       for (size_t i : order) {
         if (d[i] != Decision::Keep) continue;
-        const int64_t p = inc.peak_if(i, Decision::Recompute);
+        // Only "lower than now" matters: the evaluation may stop once it reaches the current peak.
+        const int64_t p = inc.peak_if(i, Decision::Recompute, peak);
         if (p < peak) {
           inc.set(i, Decision::Recompute);
           d[i] = Decision::Recompute;
@@ -219,6 +235,7 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
     }
     return peak;
   }
+  if (reached != nullptr) reached->reset();
   int64_t peak = predict(d).peak_bytes;
   bool progress = true;
   while (peak > target && progress) {
@@ -258,7 +275,7 @@ const std::vector<ChainCandidate>& PlanContext::chain_candidates() {
 
 int64_t PlanContext::minimum_peak() {
   if (!minimum_peak_) {
-    int64_t floor = unconstrained_.peak_bytes;
+    int64_t floor = unconstrained_peak_;
     for (const auto& order : memory_orders_) {
       std::vector<Decision> lowest = all_kept().decisions;
       floor = std::min(floor, descend(lowest, 0, order));

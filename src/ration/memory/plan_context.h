@@ -44,7 +44,7 @@ class PlanContext {
   Prediction predict(const std::vector<Decision>& decisions,
                      const std::map<int64_t, int64_t>& store_from = {}) const;
   bool fits(const Choice& c) const { return predict(c.decisions, c.store_from).peak_bytes <= budget(); }
-  const Prediction& unconstrained() const { return unconstrained_; }
+  int64_t unconstrained_peak() const { return unconstrained_peak_; }  // everything kept
   int64_t fixed_bytes() const { return fixed_bytes_; }
 
   // Predictions for keep/recompute decisions (no offload, no transient re-runs) kept up to date as single
@@ -60,8 +60,11 @@ class PlanContext {
   // group that does not fit the tier is recomputed in the plan, never as a run-time fall-back.
   Decision release_decision(size_t i, const std::vector<Decision>& decisions) const;
   // Greedy descent: take releases in `order` when they lower the predicted peak, in passes, until the
-  // prediction fits `target` or no release helps. Returns the peak reached.
-  int64_t descend(std::vector<Decision>& decisions, int64_t target, const std::vector<size_t>& order) const;
+  // prediction fits `target` or no release helps. Returns the peak reached. `reached`, if given, is left
+  // holding the incremental peak of the decisions reached (keep/recompute descents; empty otherwise), so
+  // that a strategy continuing from them does not build it again.
+  int64_t descend(std::vector<Decision>& decisions, int64_t target, const std::vector<size_t>& order,
+                  std::optional<IncrementalPeak>* reached = nullptr) const;
 
   // Computed on first use.
   const std::string& why_not_chain();                      // empty: the profile is a chain
@@ -88,12 +91,18 @@ class PlanContext {
   std::vector<std::vector<size_t>> memory_orders_;
   std::vector<Decision> release_as_;  // per group: Offload or Recompute
   bool any_offload_release_ = false;
-  Prediction unconstrained_;
+  int64_t unconstrained_peak_ = 0;
   int64_t fixed_bytes_ = 0;
   std::optional<std::string> why_not_chain_;
   std::optional<std::vector<ChainCandidate>> chain_candidates_;
   std::optional<int64_t> minimum_peak_;
   mutable std::optional<IncrementalPeak> all_kept_peak_;
+  struct LastPrediction {
+    std::vector<Decision> decisions;
+    std::map<int64_t, int64_t> store_from;
+    Prediction prediction;
+  };
+  mutable std::optional<LastPrediction> last_prediction_;  // predict's last answer
 };
 
 }  // namespace ration::memory

@@ -130,6 +130,10 @@ struct StepRun {
   std::vector<int>& touched;
   std::vector<int>& restored;
   int64_t transient_bytes = 0, recompute_peak = 0;
+  // Early stop (IncrementalPeak::peak_if's stop_at): once the recompute peak reaches this the step's
+  // value reaches the caller's threshold, so the rest of the re-run cascade is not simulated.
+  int64_t stop_recompute_at = std::numeric_limits<int64_t>::max();
+  bool stopped = false;
 
   bool usable(int k) {
     if (k == kAlwaysUsable) return true;
@@ -155,6 +159,7 @@ struct StepRun {
       const int in = inputs[o][i];
       touch(in);
       if (!usable(in)) rerun(input_producers[o][i]);
+      if (stopped) return;
     }
     for (int64_t s : p.nodes[o].allocated_storage) {
       if (transient_epoch[static_cast<size_t>(s)] == transient_stamp) continue;
@@ -162,6 +167,10 @@ struct StepRun {
       transient_bytes += bytes[static_cast<size_t>(s)];
     }
     recompute_peak = std::max(recompute_peak, resident + transient_bytes + workspace[o]);
+    if (recompute_peak >= stop_recompute_at) {
+      stopped = true;
+      return;
+    }
     for (size_t j = 0; j < outputs[o].size(); ++j) {
       const int k = outputs[o][j];
       touch(k);
@@ -404,7 +413,7 @@ struct OverlayState {
 };
 }  // namespace
 
-void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e) {
+void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t stop_at) {
   e.storage = s;
   e.to = to;
   e.steps.clear();
@@ -431,10 +440,16 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e) {
     }
   }
   e.resident_delta = sign * b;
+  // Stopped early: the peak is known to reach stop_at; what was computed is a lower bound.
+  auto stop = [&] {
+    e.peak = peak;
+    e.valid = false;
+  };
   if (nb_ == 0) {
     e.peak = peak;
     return;
   }
+  if (peak >= stop_at) return stop();
   const auto& touches = touches_[s];
   if (touches.empty()) {
     e.peak = std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta);
@@ -443,6 +458,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e) {
   const int64_t first = *touches.begin();
   e.first = first;
   if (first > 0) peak = std::max(peak, backward_.max(0, static_cast<size_t>(first - 1)) + e.resident_delta);
+  if (peak >= stop_at) return stop();
 
   ++over_stamp_;
   over_keys_.clear();
@@ -460,13 +476,20 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e) {
                               st, resident, r.touched, r.restored};
     run.recompute_peak = resident;
     const auto ju = static_cast<size_t>(j);
+    if (stop_at != kExact) run.stop_recompute_at = stop_at - start_other_[ju] - extra_;
     const auto ord = static_cast<size_t>(p_.backward_order[ju]);
     for (int k : node_saved_[ord]) {
       run.touch(k);
       if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
+      if (run.stopped) break;
+    }
+    if (run.stopped) {
+      peak = std::max(peak, start_other_[ju] + run.recompute_peak + extra_);
+      return stop();
     }
     r.value = std::max(start_other_[ju] + run.recompute_peak, transient_other_[ju] + resident + run.transient_bytes) + extra_;
     peak = std::max(peak, r.value);
+    if (peak >= stop_at) return stop();
     for (int k : released_at_[ju]) {
       const State was = st.get(k);
       st.set(k, State::Released);
@@ -499,6 +522,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e) {
       const int64_t delta = resident - resident_.at(ju + 1);
       const int64_t to_step = next - 1;
       peak = std::max(peak, backward_.max(ju + 1, static_cast<size_t>(to_step)) + delta);
+      if (peak >= stop_at) return stop();
       e.shifted.push_back({j + 1, to_step, delta});
       if (next == static_cast<int64_t>(nb_)) {
         j = to_step;
@@ -524,8 +548,8 @@ int64_t IncrementalPeak::next_event(int s, int64_t j) const {
   return next;
 }
 
-int64_t IncrementalPeak::peak_if(size_t g, Decision d) {
-  evaluate(static_cast<size_t>(storage_of_group_[g]), d, last_);
+int64_t IncrementalPeak::peak_if(size_t g, Decision d, int64_t stop_at) {
+  evaluate(static_cast<size_t>(storage_of_group_[g]), d, last_, stop_at);
   return last_.peak;
 }
 

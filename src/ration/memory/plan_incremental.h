@@ -19,6 +19,7 @@
 // even where a re-run cascade keeps values restored for hundreds of steps.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -34,9 +35,17 @@ class IncrementalPeak {
   IncrementalPeak(const StepProfile& profile, const std::vector<Group>& groups, int64_t extra_fixed_bytes,
                   const std::vector<Decision>& decisions);
 
+  // No early stop: peak_if computes the exact peak.
+  static constexpr int64_t kExact = std::numeric_limits<int64_t>::max();
+
   int64_t peak() const;
-  // The peak if group `g` took decision `d` (Keep or Recompute); nothing changes.
-  int64_t peak_if(size_t g, Decision d);
+  // The peak if group `g` took decision `d` (Keep or Recompute); nothing changes. With `stop_at`, the
+  // evaluation stops as soon as some part of the step is known to reach `stop_at` and returns a value
+  // >= stop_at that is a lower bound of the peak, not the peak: enough for a caller that only asks
+  // whether the peak stays below it (a descent's "does this release lower the peak", a budget check),
+  // at a fraction of the cost where a long re-run cascade would otherwise be re-simulated to the end.
+  // Below `stop_at` the answer is always exact.
+  int64_t peak_if(size_t g, Decision d, int64_t stop_at = kExact);
   // Make group `g` take decision `d`.
   void set(size_t g, Decision d);
   Decision decision(size_t g) const { return decision_[storage_of_group_[g]]; }
@@ -84,7 +93,8 @@ class IncrementalPeak {
   State base_state(int k, int64_t j) const;
   bool dropped(int s) const { return decision_[static_cast<size_t>(s)] == Decision::Recompute; }
   void build();
-  void evaluate(size_t storage, Decision to, Evaluation& e);
+  // `stop_at`: see peak_if; an evaluation stopped early is left invalid (set() evaluates again).
+  void evaluate(size_t storage, Decision to, Evaluation& e, int64_t stop_at = kExact);
   // The first backward step from `j` on that touches group storage `s` or releases one of its keys
   // in the committed plan (nb_ when none).
   int64_t next_event(int s, int64_t j) const;

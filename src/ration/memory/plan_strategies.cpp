@@ -31,17 +31,24 @@ Choice knapsack(PlanContext& ctx) {
   ctx.check_budget_reachable();
   Choice c = ctx.all_kept();
   std::vector<Decision>& d = c.decisions;
-  if (ctx.descend(d, ctx.budget(), ctx.knapsack_order()) > ctx.budget()) {
+  std::optional<IncrementalPeak> reached_peak;  // the descent's incremental peak, reused below
+  if (ctx.descend(d, ctx.budget(), ctx.knapsack_order(), &reached_peak) > ctx.budget()) {
     // The time-ordered descent got stuck above the budget; where a memory-ordered one reaches it, take
     // that, so whether a budget is met never depends on measured times.
-    if (std::optional<Choice> reached = ctx.reach_budget_by_memory_order()) c = std::move(*reached);
+    if (std::optional<Choice> reached = ctx.reach_budget_by_memory_order()) {
+      c = std::move(*reached);
+      reached_peak.reset();
+    }
   }
   const std::vector<size_t>& order = ctx.knapsack_order();
   if (ctx.keep_or_recompute(d)) {
-    IncrementalPeak inc = ctx.incremental(d);
+    if (!reached_peak) reached_peak.emplace(ctx.incremental(d));
+    IncrementalPeak& inc = *reached_peak;
+    // Only "over the budget or not" matters: evaluations may stop once they pass it.
+    const int64_t over = ctx.budget() == IncrementalPeak::kExact ? IncrementalPeak::kExact : ctx.budget() + 1;
     for (size_t r = order.size(); r-- > 0;) {
       const size_t i = order[r];
-      if (d[i] == Decision::Keep || inc.peak_if(i, Decision::Keep) > ctx.budget()) continue;
+      if (d[i] == Decision::Keep || inc.peak_if(i, Decision::Keep, over) > ctx.budget()) continue;
       inc.set(i, Decision::Keep);
       d[i] = Decision::Keep;
     }
@@ -88,7 +95,7 @@ Choice optimal_chain(PlanContext& ctx) {
                ". Use --plan knapsack.");
   const std::vector<ChainCandidate>& candidates = ctx.chain_candidates();
   const ChainCandidate* best = best_chain_fit(candidates, ctx.budget());
-  int64_t lowest = ctx.unconstrained().peak_bytes;
+  int64_t lowest = ctx.unconstrained_peak();
   for (const auto& cp : candidates) lowest = std::min(lowest, cp.prediction.peak_bytes);
   RATION_CHECK(best != nullptr, "strategy 'optimal-chain' cannot meet the budget of ", format_bytes(ctx.budget()),
                ": its lowest schedule needs ", format_bytes(lowest), ". Raise the budget.");

@@ -140,7 +140,7 @@ Plan plan_once(const StepProfile& profile, const PlanOptions& options) {
   plan.budget_bytes = options.budget_bytes;
   plan.offload_costs = options.offload;
   plan.groups = ctx.groups();
-  plan.unconstrained_peak_bytes = ctx.unconstrained().peak_bytes;
+  plan.unconstrained_peak_bytes = ctx.unconstrained_peak();
   plan.fixed_bytes = ctx.fixed_bytes();
   plan.capacity_bytes = options.budget_bytes - plan.fixed_bytes;
   const int64_t budget = options.budget_bytes;
