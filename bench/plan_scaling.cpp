@@ -12,6 +12,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -81,9 +82,9 @@ int main(int argc, char** argv) {
   try {
     memory::install_counting_allocator();
     std::printf("gpt, %s, plan time (make_plan only; median of %d) vs depth\n", config.c_str(), reps);
-    std::printf("%8s %8s %8s %11s %17s %17s %17s %17s %17s %17s %11s\n", "n_layer", "groups", "nodes", "profile_ms",
+    std::printf("%8s %8s %8s %11s %17s %17s %17s %17s %17s %17s %11s %9s\n", "n_layer", "groups", "nodes", "profile_ms",
                 "minimum wall/cpu", "knap@0.1 w/c", "knap@0.5 w/c", "knap@0.9 w/c", "ord-sets@0.5 w/c", "uniform w/c",
-                "minimum");
+                "minimum", "sim cpu");
     nlohmann::json rows = nlohmann::json::array();
     for (int L : layers) {
       std::vector<std::string> o = overrides;
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
                                            {"uniform", memory::Strategy::Uniform, -1}};
       int64_t lo = 0, hi = 0;
       size_t groups = 0;
+      memory::Plan mid;  // knapsack@0.5: the yardstick simulation below replays it
       nlohmann::json plans = nlohmann::json::array();
       std::string line;
       for (const Column& col : columns) {
@@ -132,6 +134,7 @@ int main(int argc, char** argv) {
           hi = t.plan.unconstrained_peak_bytes;
           groups = t.plan.groups.size();
         }
+        if (col.name == "knapsack@0.5") mid = t.plan;
         char cell[64];
         std::snprintf(cell, sizeof cell, " %8.1f/%-8.1f", bench::median(wall), bench::median(cpu));
         line += cell;
@@ -140,11 +143,26 @@ int main(int argc, char** argv) {
                          {"predicted_peak_bytes", t.plan.prediction.peak_bytes}, {"kept_groups", t.plan.kept_groups},
                          {"predicted_recompute_ms", t.plan.prediction.recompute_ms}});
       }
-      std::printf("%8d %8zu %8zu %11.0f%s %11s\n", L, groups, profile.nodes.size(), profile_ms,
-                  line.c_str(), memory::format_bytes(lo).c_str());
+      // Yardstick: one whole-step simulation of the knapsack@0.5 plan, an O(n log n) pass by construction
+      // (ordered maps over the step's keys). How its time grows on this machine between depths is what
+      // n log n work measures here (cache pressure from other jobs included): the planner's growth is
+      // read next to it.
+      std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
+      for (const auto& g : mid.groups) by_storage[static_cast<size_t>(g.storage)] = g.decision;
+      std::vector<double> sim_cpu;
+      for (int r = 0; r < std::max(reps, 3); ++r) {
+        const double c0 = thread_cpu_ms();
+        const memory::Prediction p = memory::simulate(profile, by_storage, loose.extra_fixed_bytes);
+        sim_cpu.push_back(thread_cpu_ms() - c0);
+        RATION_CHECK(p.peak_bytes == mid.prediction.peak_bytes, "bench_plan_scaling: simulation disagrees with the plan");
+      }
+      const double simulate_cpu_ms = bench::median(sim_cpu);
+      std::printf("%8d %8zu %8zu %11.0f%s %11s %9.1f\n", L, groups, profile.nodes.size(), profile_ms,
+                  line.c_str(), memory::format_bytes(lo).c_str(), simulate_cpu_ms);
       std::fflush(stdout);
       rows.push_back({{"n_layer", L}, {"groups", groups}, {"nodes", profile.nodes.size()},
                       {"profile_ms", profile_ms}, {"unconstrained_peak_bytes", hi}, {"minimum_peak_bytes", lo},
+                      {"simulate_cpu_ms", simulate_cpu_ms},
                       {"plans", plans}});
     }
     // Growth from the first row with n_layer >= 96 to the last: the exponent of plan time in the number
@@ -157,6 +175,9 @@ int main(int argc, char** argv) {
       const double nlogn = g1 * std::log(g1) / (g0 * std::log(g0));
       std::printf("growth n_layer %d -> %d (groups x%.2f; n log n allows x%.2f = n^%.2f):\n", rows[from]["n_layer"].get<int>(),
                   rows[to]["n_layer"].get<int>(), g1 / g0, nlogn, std::log(nlogn) / std::log(g1 / g0));
+      const double sim = rows[to]["simulate_cpu_ms"].get<double>() / rows[from]["simulate_cpu_ms"].get<double>();
+      std::printf("  %-18s                        cpu x%5.2f (n^%.2f)  <- this machine's n log n yardstick\n",
+                  "one simulation", sim, std::log(sim) / std::log(g1 / g0));
       for (size_t c = 0; c < rows[to]["plans"].size(); ++c) {
         const auto& a = rows[from]["plans"][c];
         const auto& b = rows[to]["plans"][c];

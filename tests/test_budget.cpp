@@ -327,6 +327,12 @@ TEST(Planner, IncrementalPeakEqualsTheSimulator) {
         std::vector<memory::Decision> next = d;
         next[g] = to;
         const int64_t expected = simulated(next);
+        // Stopped early (peak_if's stop_at): exact below the threshold, a bound in [threshold, peak] at it.
+        ASSERT_EQ(inc.peak_if(g, to, expected + 1), expected) << "walk " << walk << " step " << step;
+        const int64_t cut = expected - 4096;
+        const int64_t bound = inc.peak_if(g, to, cut);
+        ASSERT_GE(bound, cut) << "walk " << walk << " step " << step;
+        ASSERT_LE(bound, expected) << "walk " << walk << " step " << step;
         ASSERT_EQ(inc.peak_if(g, to), expected) << "walk " << walk << " step " << step << " group " << g;
         if (rng() % 3 == 0) continue;  // asked about, not taken
         inc.set(g, to);

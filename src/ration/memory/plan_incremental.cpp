@@ -416,7 +416,7 @@ struct OverlayState {
 void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t stop_at) {
   e.storage = s;
   e.to = to;
-  e.steps.clear();
+  e.used = 0;  // e.steps keeps its step results (and their buffers) from earlier evaluations
   e.shifted.clear();
   e.first = e.last = -1;
   e.valid = true;
@@ -468,7 +468,10 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
   int64_t j = first;
   for (;; ++j) {
     st.step = j;
-    StepResult r;
+    if (e.used == e.steps.size()) e.steps.emplace_back();
+    StepResult& r = e.steps[e.used++];
+    r.touched.clear();
+    r.restored.clear();
     r.step = j;
     r.resident_at_start = resident;
     StepRun<OverlayState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
@@ -499,7 +502,6 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     // A key the committed plan restored here but this run did not stays dropped in this run.
     for (int k : restored_at_[ju])
       if (over_epoch_[static_cast<size_t>(k)] != over_stamp_) st.set(k, State::Dropped);
-    e.steps.push_back(std::move(r));
     // Keys in the same state as the committed plan's from the next step on need no overlay.
     size_t kept = 0;
     for (int k : over_keys_) {
@@ -574,7 +576,8 @@ void IncrementalPeak::commit(const Evaluation& e) {
     }
   }
   if (e.first >= 0) {
-    for (const StepResult& r : e.steps) {
+    for (size_t u = 0; u < e.used; ++u) {
+      const StepResult& r = e.steps[u];
       const auto ju = static_cast<size_t>(r.step);
       for (int k : restored_at_[ju]) restore_step_[static_cast<size_t>(k)] = kNever;
       for (int t : touched_at_[ju]) touches_[static_cast<size_t>(t)].erase(touches_[static_cast<size_t>(t)].find(r.step));
@@ -583,7 +586,8 @@ void IncrementalPeak::commit(const Evaluation& e) {
       backward_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
       resident_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
     }
-    for (const StepResult& r : e.steps) {
+    for (size_t u = 0; u < e.used; ++u) {
+      const StepResult& r = e.steps[u];
       const int64_t j = r.step;
       const auto ju = static_cast<size_t>(j);
       restored_at_[ju] = r.restored;

@@ -80,7 +80,8 @@ class IncrementalPeak {
     int64_t peak = 0;
     int64_t first = -1, last = -1;  // backward window [first, last] (first = -1: no window)
     int64_t resident_delta = 0;     // on backward steps before the window
-    std::vector<StepResult> steps;  // the window's re-simulated steps, in order
+    std::vector<StepResult> steps;  // the window's re-simulated steps, in order: the first `used`
+    size_t used = 0;
     // Window steps that touch no key the run holds differently: they run as in the committed plan with
     // `delta` more resident bytes, so their peaks are the committed ones plus `delta`.
     struct Shift {

@@ -110,8 +110,10 @@ Prediction Simulator::run() {
     // its backward workspace) and what was live besides saved values as it started.
     const int64_t transient_other = p_.backward_peak_bytes[j] - measured_resident;
     const int64_t start_other = p_.backward_start_bytes[j] - measured_resident;
-    cache_.clear();
-    transient_.clear();
+    // clear() of a hash set costs its bucket count, which stays at its largest cascade's: clear only
+    // what a re-run filled, or a step with nothing to clear pays for the longest cascade again.
+    if (!cache_.empty()) cache_.clear();
+    if (!transient_.empty()) transient_.clear();
     transient_bytes_ = 0;
     // Prefetch: offloaded storages whose first use is within their distance are fetched back now.
     for (auto& [s, keys] : storage_keys_)
