@@ -16,7 +16,10 @@
 // held differently runs exactly as the committed plan's with a constant difference in resident bytes:
 // those steps are not re-simulated but priced by one range max (and committed by one range add). So an
 // evaluation costs O((steps that touch the differing keys) · log n), a few steps on every model measured,
-// even where a re-run cascade keeps values restored for hundreds of steps.
+// even where a re-run cascade keeps values restored for hundreds of steps. A caller that only asks
+// whether the peak stays below a threshold (peak_if's stop_at) lets the evaluation stop at the first
+// step or re-run that reaches it; what remains super-linear is the re-simulation of one long cascade
+// step for every group it touches (BENCHMARKS.md, "Planner time vs depth").
 #pragma once
 #include <cstdint>
 #include <limits>
