@@ -132,7 +132,8 @@ int main(int argc, char** argv) {
       json one = ration_run(m, 1, "none", steps, m.batch, {"train.eval_batches=1"});
       ms["ration N=1"].push_back(one["time"]["step_ms_median"].get<double>());
       for (const auto& c : compressions) {
-        json two = ration_run(m, 2, c, steps, m.batch, {"train.eval_batches=1"});
+        // onebit from the first step (its default fp32 warm-up would cover these few steps).
+        json two = ration_run(m, 2, c, steps, m.batch, {"train.eval_batches=1", "dist.compress_warmup=0"});
         const std::string key = "ration N=2 " + c;
         ms[key].push_back(two["time"]["step_ms_median"].get<double>());
         comm[key].push_back(two["dist"]["comm_ms"].get<double>());
@@ -202,16 +203,18 @@ int main(int argc, char** argv) {
         {"N=1 (batch 2b)", 1, "none", {}},
         {"N=2 none", 2, "none", {}},
         {"N=2 fp16", 2, "fp16", {}},
-        {"N=2 onebit + EF", 2, "onebit", {"dist.error_feedback=true"}},
-        {"N=2 onebit + EF, mean-|v| scale", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_lambda=0"}},
-        {"N=2 onebit + EF, one scale per parameter", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_block=0"}},
+        {"N=2 onebit + EF", 2, "onebit", {"dist.error_feedback=true", "dist.compress_warmup=0"}},
+        {"N=2 onebit + EF, mean-|v| scale", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_lambda=0", "dist.compress_warmup=0"}},
+        {"N=2 onebit + EF, one scale per parameter", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_block=0", "dist.compress_warmup=0"}},
         {"N=2 onebit + EF, fp32 warm-up", 2, "onebit", {"dist.error_feedback=true", "dist.compress_warmup=W"}},
         {"N=2 onebit + EF, fp32 warm-up, frozen v", 2, "onebit",
          {"dist.error_feedback=true", "dist.compress_warmup=W", "dist.onebit_second_moment=freeze"}},
         {"N=2 onebit + EF, fp32 warm-up, frozen v, update space", 2, "onebit",
          {"dist.error_feedback=true", "dist.compress_warmup=W", "dist.onebit_second_moment=freeze",
           "dist.onebit_space=update"}},
-        {"N=2 onebit, no EF", 2, "onebit", {"dist.error_feedback=false"}}};
+        {"N=2 onebit + EF, fp32 warm-up, update space", 2, "onebit",
+         {"dist.error_feedback=true", "dist.compress_warmup=W", "dist.onebit_space=update"}},
+        {"N=2 onebit, no EF", 2, "onebit", {"dist.error_feedback=false", "dist.compress_warmup=0"}}};
     std::vector<Conv> runs;
     for (const auto& r : all_runs)
       if (conv_filter.empty() || ("|" + conv_filter + "|").find("|" + r.label + "|") != std::string::npos)

@@ -515,7 +515,8 @@ TEST(DataParallelTrain, OneBitResidualsResumeTheSameCurve) {
   const std::filesystem::path dir = shared_dir("onebit");
   auto onebit = [&](const std::filesystem::path& d) {
     train::TrainOptions o = options_for("gpt", d, 4, w);
-    o.overrides.insert(o.overrides.end(), {"dist.compress=onebit", "dist.error_feedback=true", "dist.onebit_block=256"});
+    o.overrides.insert(o.overrides.end(), {"dist.compress=onebit", "dist.error_feedback=true", "dist.onebit_block=256",
+                                           "dist.compress_warmup=0"});
     return o;
   };
   const nlohmann::json report = train::run_training(onebit(dir / "dp"));

@@ -122,7 +122,8 @@ struct OneBitOptions {
   int64_t block = 1024;
   // Synchronisations (optimiser steps) reduced in fp32 before the 1-bit code starts, as PowerSGD's
   // start_iter and 1-bit Adam's warm-up: the early, large and fast-changing gradients are not
-  // compressed, and the residual starts when the gradients have settled.
+  // compressed, and the residual starts when the gradients have settled. `ration train` defaults it to
+  // the learning-rate warm-up (dist/data_parallel.h).
   int64_t warmup_steps = 0;
   // lambda_0 of the L2 scale (0: the mean-|v| scale, lambda_j = rho_j); see the file comment.
   double lambda = 0.95;

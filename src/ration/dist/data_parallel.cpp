@@ -26,7 +26,9 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
   s.onebit.lambda = cfg.get_double("dist.onebit_lambda", s.onebit.lambda);
   RATION_CHECK(s.onebit.lambda >= 0 && s.onebit.lambda < 1, cfg.origin(),
                ": dist.onebit_lambda must be a number in [0, 1) (0: the mean-|v| scale), got ", s.onebit.lambda);
-  s.onebit.warmup_steps = cfg.get_int("dist.compress_warmup", s.onebit.warmup_steps);
+  // Default: the learning-rate warm-up (optim.warmup_steps), the steps whose compression costs accuracy
+  // (docs/DISTRIBUTED.md, "fp32 warm-up").
+  s.onebit.warmup_steps = cfg.get_int("dist.compress_warmup", cfg.get_int("optim.warmup_steps", 0));
   RATION_CHECK(s.onebit.warmup_steps >= 0, cfg.origin(),
                ": dist.compress_warmup must be an integer >= 0 (optimiser steps in fp32 before onebit), got ",
                s.onebit.warmup_steps);
