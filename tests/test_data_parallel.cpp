@@ -226,11 +226,14 @@ TEST(OneBitSecondMoment, FrozenAdamWKeepsTheDenominatorOfItsLastWarmupStep) {
       EXPECT_LE((d[0].second - frozen_denom).abs().max().item<double>(), 1e-14) << "step " << t;
     }
   }
-  for (const auto& [name, t] : adamw.export_state())
-    if (name == "optim.w.exp_avg_sq") EXPECT_LE((t - v).abs().max().item<double>(), 1e-14) << "v stayed that of step K";
+  for (const auto& [name, t] : adamw.export_state()) {
+    if (name == "optim.w.exp_avg_sq") {
+      EXPECT_LE((t - v).abs().max().item<double>(), 1e-14) << "v stayed that of step K";
+    }
+  }
 }
 
-TEST(DataParallelConfig, FrozenSecondMomentAndUpdateSpaceNeedWhatTheyUse) {
+TEST(DataParallelConfig, OneBitWarmupSecondMomentAndSpaceKeys) {
   auto settings = [](const std::string& dist) {
     Config cfg = Config::from_string("[dist]\ncompress = \"onebit\"\n" + dist, "run.toml");
     return read_data_parallel_settings(cfg);
@@ -252,8 +255,15 @@ TEST(DataParallelConfig, FrozenSecondMomentAndUpdateSpaceNeedWhatTheyUse) {
   const std::string no_warmup = error_of("onebit_second_moment = \"freeze\"\n");
   EXPECT_NE(no_warmup.find("run.toml: dist.onebit_second_moment = \"freeze\""), std::string::npos) << no_warmup;
   EXPECT_NE(no_warmup.find("dist.compress_warmup >= 1"), std::string::npos) << no_warmup;
-  const std::string no_freeze = error_of("compress_warmup = 5\nonebit_space = \"update\"\n");
-  EXPECT_NE(no_freeze.find("run.toml: dist.onebit_space = \"update\""), std::string::npos) << no_freeze;
+  EXPECT_EQ(settings("onebit_space = \"update\"\n").onebit.space, CodeSpace::Update) << "with v tracked too";
+  // The fp32 warm-up defaults to the learning-rate warm-up; 0 codes from the first step.
+  auto with_optim = [](const std::string& text) {
+    Config cfg = Config::from_string(text, "run.toml");
+    return read_data_parallel_settings(cfg).onebit.warmup_steps;
+  };
+  EXPECT_EQ(with_optim("[optim]\nwarmup_steps = 7\n[dist]\ncompress = \"onebit\"\n"), 7);
+  EXPECT_EQ(with_optim("[optim]\nwarmup_steps = 7\n[dist]\ncompress = \"onebit\"\ncompress_warmup = 0\n"), 0);
+  EXPECT_EQ(with_optim("[dist]\ncompress = \"onebit\"\n"), 0);
   const std::string bad = error_of("onebit_space = \"weights\"\n");
   EXPECT_NE(bad.find("dist.onebit_space"), std::string::npos) << bad;
 }
