@@ -3,9 +3,11 @@
 // one scale per block of each parameter through all-gather, with error feedback).
 // Owns: CommHook, Traffic (exact bytes handed to c10d), the 1-bit code (encode/decode, pure functions
 //       whose error bound docs/DISTRIBUTED.md states and tests check), the error-feedback residuals and
-//       their checkpoint entries.
+//       their checkpoint entries, onebit's fp32 warm-up (and its byte counts apart from the compressed
+//       steps), and the update-space denominators it is given (CodeSpace::Update).
 // Does not own: bucketing, weighting or when a bucket is launched (dist/reducer.h); the process group
-//       (dist/world.h).
+//       (dist/world.h); the optimiser, whose second moment the trainer freezes and whose denominators it
+//       hands over (train/trainer.cpp, optim/adamw.h).
 //
 // Contract of reduce(): every rank calls it for the same bucket index in the same order with a 1-D
 // float32 tensor of the same length holding this rank's already-weighted gradient for the bucket; on
@@ -163,9 +165,8 @@ class OneBitHook : public CommHook {
   const std::vector<std::vector<int64_t>>& code_segments() const { return segments_; }
   // CodeSpace::Update: whether the denominators are to be given for the synchronisation of optimiser
   // step `step` (frozen: the first compressed one, or the first after a resume; tracked: every
-  // compressed one); set_denominators
-  // takes one positive (numel) float32 tensor per bucket, identical on every rank, kept until the end
-  // (counted as optimizer memory in state_bytes()).
+  // compressed one). set_denominators takes one positive (numel) float32 tensor per bucket, identical on
+  // every rank, floors it at 1% of each segment's mean and keeps it (optimizer memory, in state_bytes()).
   bool denominators_due(int64_t step) const;
   void set_denominators(const std::vector<at::Tensor>& per_bucket);
   const std::vector<at::Tensor>& denominators() const { return denominator_; }
