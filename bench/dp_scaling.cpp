@@ -6,7 +6,7 @@
 //       their reports, and the tables + JSON. Does not own: anything measured (the reports are the data).
 //
 //   bench_dp_scaling [--steps 30] [--reps 2] [--conv-steps 300] [--gpt-conv-steps 120] [--skip-convergence]
-//                    [--skip-speed] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt]
+//                    [--skip-speed] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt] [--conv-warmup N]
 //                    [--skip-topologies] [--topo-steps 300] [--topo-n 2]
 //                    [--out bench/results/dp_scaling.json]
 // Only the topology table: bench_dp_scaling --skip-speed --skip-convergence
@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
   bool convergence = true, speed = true, topologies = true;
   int64_t topo_steps = 300, topo_n = 2;
   std::string out_path = kSrc + "/bench/results/dp_scaling.json";
+  int64_t conv_warmup = -1;  // fp32 warm-up of the onebit warm-up rows (-1: the config's lr warm-up)
   std::string conv_filter, conv_model;  // convergence: only these runs ("label|label") / only this model
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -109,9 +110,10 @@ int main(int argc, char** argv) {
     else if (a == "--out") out_path = next();
     else if (a == "--conv-filter") conv_filter = next();
     else if (a == "--conv-model") conv_model = next();
+    else if (a == "--conv-warmup") conv_warmup = std::stoll(next());
     else {
       std::cerr << "usage: bench_dp_scaling [--steps N] [--reps N] [--conv-steps N] [--gpt-conv-steps N] "
-                   "[--skip-convergence] [--skip-speed] [--skip-topologies] [--topo-steps N] [--topo-n N] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt] [--out F]\n";
+                   "[--skip-convergence] [--skip-speed] [--skip-topologies] [--topo-steps N] [--topo-n N] [--conv-filter 'LABEL|LABEL'] [--conv-model cnn|gpt] [--conv-warmup N] [--out F]\n";
       return 2;
     }
   }
@@ -130,7 +132,8 @@ int main(int argc, char** argv) {
       json one = ration_run(m, 1, "none", steps, m.batch, {"train.eval_batches=1"});
       ms["ration N=1"].push_back(one["time"]["step_ms_median"].get<double>());
       for (const auto& c : compressions) {
-        json two = ration_run(m, 2, c, steps, m.batch, {"train.eval_batches=1"});
+        // onebit from the first step (its default fp32 warm-up would cover these few steps).
+        json two = ration_run(m, 2, c, steps, m.batch, {"train.eval_batches=1", "dist.compress_warmup=0"});
         const std::string key = "ration N=2 " + c;
         ms[key].push_back(two["time"]["step_ms_median"].get<double>());
         comm[key].push_back(two["dist"]["comm_ms"].get<double>());
@@ -200,11 +203,18 @@ int main(int argc, char** argv) {
         {"N=1 (batch 2b)", 1, "none", {}},
         {"N=2 none", 2, "none", {}},
         {"N=2 fp16", 2, "fp16", {}},
-        {"N=2 onebit + EF", 2, "onebit", {"dist.error_feedback=true"}},
-        {"N=2 onebit + EF, mean-|v| scale", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_lambda=0"}},
-        {"N=2 onebit + EF, one scale per parameter", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_block=0"}},
-        {"N=2 onebit + EF, fp32 warm-up", 2, "onebit", {"dist.error_feedback=true", "dist.compress_warmup=100"}},
-        {"N=2 onebit, no EF", 2, "onebit", {"dist.error_feedback=false"}}};
+        {"N=2 onebit + EF", 2, "onebit", {"dist.error_feedback=true", "dist.compress_warmup=0"}},
+        {"N=2 onebit + EF, mean-|v| scale", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_lambda=0", "dist.compress_warmup=0"}},
+        {"N=2 onebit + EF, one scale per parameter", 2, "onebit", {"dist.error_feedback=true", "dist.onebit_block=0", "dist.compress_warmup=0"}},
+        {"N=2 onebit + EF, fp32 warm-up", 2, "onebit", {"dist.error_feedback=true", "dist.compress_warmup=W"}},
+        {"N=2 onebit + EF, fp32 warm-up, frozen v", 2, "onebit",
+         {"dist.error_feedback=true", "dist.compress_warmup=W", "dist.onebit_second_moment=freeze"}},
+        {"N=2 onebit + EF, fp32 warm-up, frozen v, update space", 2, "onebit",
+         {"dist.error_feedback=true", "dist.compress_warmup=W", "dist.onebit_second_moment=freeze",
+          "dist.onebit_space=update"}},
+        {"N=2 onebit + EF, fp32 warm-up, update space", 2, "onebit",
+         {"dist.error_feedback=true", "dist.compress_warmup=W", "dist.onebit_space=update"}},
+        {"N=2 onebit, no EF", 2, "onebit", {"dist.error_feedback=false", "dist.compress_warmup=0"}}};
     std::vector<Conv> runs;
     for (const auto& r : all_runs)
       if (conv_filter.empty() || ("|" + conv_filter + "|").find("|" + r.label + "|") != std::string::npos)
@@ -215,18 +225,31 @@ int main(int argc, char** argv) {
       const int64_t model_steps = m.name == "cnn" ? conv_steps : gpt_conv_steps;
       std::printf("\nconvergence: %s, %lld steps, global batch %lld\n", m.name.c_str(),
                   static_cast<long long>(model_steps), static_cast<long long>(2 * b));
-      std::printf("%-42s %12s %12s\n", "run", m.name == "cnn" ? "test acc %" : "val loss", "final loss");
+      std::printf("%-56s %12s %12s %14s %14s\n", "run", m.name == "cnn" ? "test acc %" : "val loss", "final loss",
+                  "B/step (run)", "B/coded step");
       json rows = json::array();
+      // W: the fp32 warm-up of the onebit rows, by default the config's learning-rate warm-up.
+      const int64_t warmup = conv_warmup >= 0 ? conv_warmup : (m.name == "cnn" ? 100 : 50);
       for (const auto& r : runs) {
         std::vector<std::string> extra = r.extra;
+        for (auto& e : extra)
+          if (e.size() > 2 && e.compare(e.size() - 2, 2, "=W") == 0) e = e.substr(0, e.size() - 1) + std::to_string(warmup);
         extra.push_back(m.name == "cnn" ? "train.eval_batches=0" : "train.eval_batches=16");
         extra.push_back("train.eval_every=0");
         json rep = ration_run(m, r.n, r.compress, model_steps, r.n == 1 ? 2 * b : b, extra);
         const json& e = rep["eval"].back();
         const double metric = m.name == "cnn" ? 100 * e["accuracy"].get<double>() : e["loss"].get<double>();
-        std::printf("%-42s %12.3f %12.4f\n", r.label.c_str(), metric, rep["loss"].back().get<double>());
+        // Bytes this rank handed to c10d: averaged over the whole run (fp32 warm-up included) and over the
+        // compressed steps alone (onebit).
+        const json& d = rep["dist"];
+        const double run_bytes = d.contains("bytes_sent_per_step") ? d["bytes_sent_per_step"].get<double>() : 0.0;
+        const double coded_bytes =
+            d.contains("onebit") ? d["onebit"]["bytes_sent_per_compressed_step"].get<double>() : run_bytes;
+        std::printf("%-56s %12.3f %12.4f %14.0f %14.0f\n", r.label.c_str(), metric, rep["loss"].back().get<double>(),
+                    run_bytes, coded_bytes);
         rows.push_back({{"run", r.label}, {m.name == "cnn" ? "test_accuracy" : "val_loss", metric},
-                        {"final_train_loss", rep["loss"].back()}});
+                        {"final_train_loss", rep["loss"].back()}, {"settings", extra},
+                        {"bytes_sent_per_step", run_bytes}, {"bytes_sent_per_compressed_step", coded_bytes}});
       }
       result["convergence"][m.name] = {{"steps", model_steps}, {"global_batch", 2 * b}, {"runs", rows}};
     }

@@ -14,6 +14,7 @@
 #include "ration/dist/data_parallel.h"
 #include "ration/dist/reducer.h"
 #include "ration/ops/ops.h"
+#include "ration/optim/adamw.h"
 #include "ration/train/trainer.h"
 
 namespace ration::dist {
@@ -154,6 +155,118 @@ class Indices : public data::Dataset {
  private:
   int64_t n_;
 };
+
+// The update-space code (dist.onebit_space = "update"): the rank codes u = v / D with D the optimiser's
+// frozen AdamW denominator and the sum over ranks is D * C(u). Its error bound is the gradient-space one
+// in the D-weighted norm: ||(v - D C(v/D)) / D|| = ||u - C(u)|| <= sqrt(1 - 2 lambda rho + lambda^2) ||u||
+// per segment (lambda, rho those of u). Checked on random and heavy-tailed vectors with a D spread over
+// four orders of magnitude, as AdamW denominators are; in that norm (the one the update is measured in)
+// the update-space code beats the gradient-space code, in the plain norm it may not.
+TEST(OneBitCode, UpdateSpaceBoundHoldsInTheDenominatorNorm) {
+  at::manual_seed(21);
+  const std::vector<int64_t> segments = onebit_blocks(5000, 1024);
+  for (int kind = 0; kind < 2; ++kind) {
+    const at::Tensor scale = at::pow(10.0, at::rand({5000}) * 4 - 5);  // D in [1e-5, 1e-1]
+    const at::Tensor noise = kind == 0 ? at::randn({5000}) : at::randn({5000}).pow(3);
+    const at::Tensor v = noise * scale;                                 // gradients scaled like D
+    const at::Tensor u = v / scale;
+    const OneBitCode code = onebit_encode(u, segments, 0.95);
+    const at::Tensor sent = onebit_decode(code) * scale;                // D * C(u)
+    const at::Tensor werr = ((v - sent) / scale).to(at::kDouble);       // D^-1 (v - sent)
+    int64_t offset = 0;
+    for (size_t j = 0; j < segments.size(); ++j) {
+      const double uj = u.narrow(0, offset, segments[j]).to(at::kDouble).norm().item<double>();
+      const double l = code.lambda[j], r = code.rho[j];
+      const double ej = werr.narrow(0, offset, segments[j]).norm().item<double>();
+      EXPECT_NEAR(ej, std::sqrt(1 - 2 * l * r + l * l) * uj, 1e-4 * uj) << "kind " << kind << " segment " << j;
+      EXPECT_LT(ej, uj) << "a contraction in the D-weighted norm";
+      offset += segments[j];
+    }
+    // The gradient-space code of the same v, measured in the same D-weighted norm, is worse.
+    const at::Tensor plain = onebit_decode(onebit_encode(v, segments, 0.95));
+    const double plain_err = ((v - plain) / scale).norm().item<double>();
+    EXPECT_LT(werr.norm().item<double>(), 0.5 * plain_err) << "kind " << kind;
+    // Same bytes: the code is the same size whatever it approximates.
+    EXPECT_EQ(onebit_pack(code).numel(), onebit_wire_bytes(5000, static_cast<int64_t>(segments.size())));
+  }
+}
+
+// AdamW with its second moment frozen after step K (dist.onebit_second_moment = "freeze"): from step
+// K + 1 on, v and the bias correction stay those of step K while m and the parameter keep updating;
+// checked against the rule computed independently in float64; denominators() is the denom of step K.
+TEST(OneBitSecondMoment, FrozenAdamWKeepsTheDenominatorOfItsLastWarmupStep) {
+  const int64_t K = 3;
+  optim::AdamWOptions o;
+  o.lr = 0.01;
+  o.beta1 = 0.9;
+  o.beta2 = 0.99;
+  o.eps = 1e-8;
+  o.weight_decay = 0.1;
+  at::manual_seed(31);
+  const at::Tensor init = at::randn({4, 6}, at::kDouble);
+  optim::NamedParams params = {{"w", parameter(init.clone(), "w")}};
+  optim::AdamW adamw(params, o);
+  adamw.freeze_second_moment(K);
+  at::Tensor p = init.clone(), m = at::zeros_like(init), v = at::zeros_like(init), frozen_denom;
+  for (int64_t t = 1; t <= 7; ++t) {
+    const at::Tensor g = at::randn({4, 6}, at::kDouble) * (t <= K ? 1.0 : 5.0);  // large later: v would move
+    params[0].second.grad() = g.clone();
+    adamw.step();
+    p = p * (1 - o.lr * o.weight_decay);
+    m = o.beta1 * m + (1 - o.beta1) * g;
+    if (t <= K) v = o.beta2 * v + (1 - o.beta2) * g * g;
+    const double tv = static_cast<double>(std::min(t, K));
+    const at::Tensor denom = v.sqrt() / std::sqrt(1 - std::pow(o.beta2, tv)) + o.eps;
+    if (t == K) frozen_denom = denom;
+    p = p - o.lr / (1 - std::pow(o.beta1, static_cast<double>(t))) * m / denom;
+    EXPECT_LE((params[0].second.tensor() - p).abs().max().item<double>(), 1e-12) << "step " << t;
+    if (t >= K) {
+      const optim::NamedTensors d = adamw.denominators();
+      ASSERT_EQ(d.size(), 1u);
+      EXPECT_LE((d[0].second - frozen_denom).abs().max().item<double>(), 1e-14) << "step " << t;
+    }
+  }
+  for (const auto& [name, t] : adamw.export_state()) {
+    if (name == "optim.w.exp_avg_sq") {
+      EXPECT_LE((t - v).abs().max().item<double>(), 1e-14) << "v stayed that of step K";
+    }
+  }
+}
+
+TEST(DataParallelConfig, OneBitWarmupSecondMomentAndSpaceKeys) {
+  auto settings = [](const std::string& dist) {
+    Config cfg = Config::from_string("[dist]\ncompress = \"onebit\"\n" + dist, "run.toml");
+    return read_data_parallel_settings(cfg);
+  };
+  auto error_of = [&](const std::string& dist) -> std::string {
+    try {
+      (void)settings(dist);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(settings("").onebit.second_moment, SecondMoment::Track);
+  EXPECT_EQ(settings("").onebit.space, CodeSpace::Gradient);
+  const OneBitOptions o = settings("compress_warmup = 20\nonebit_second_moment = \"freeze\"\nonebit_space = \"update\"\n").onebit;
+  EXPECT_EQ(o.second_moment, SecondMoment::Freeze);
+  EXPECT_EQ(o.space, CodeSpace::Update);
+  EXPECT_EQ(o.warmup_steps, 20);
+  const std::string no_warmup = error_of("onebit_second_moment = \"freeze\"\n");
+  EXPECT_NE(no_warmup.find("run.toml: dist.onebit_second_moment = \"freeze\""), std::string::npos) << no_warmup;
+  EXPECT_NE(no_warmup.find("dist.compress_warmup >= 1"), std::string::npos) << no_warmup;
+  EXPECT_EQ(settings("onebit_space = \"update\"\n").onebit.space, CodeSpace::Update) << "with v tracked too";
+  // The fp32 warm-up defaults to the learning-rate warm-up; 0 codes from the first step.
+  auto with_optim = [](const std::string& text) {
+    Config cfg = Config::from_string(text, "run.toml");
+    return read_data_parallel_settings(cfg).onebit.warmup_steps;
+  };
+  EXPECT_EQ(with_optim("[optim]\nwarmup_steps = 7\n[dist]\ncompress = \"onebit\"\n"), 7);
+  EXPECT_EQ(with_optim("[optim]\nwarmup_steps = 7\n[dist]\ncompress = \"onebit\"\ncompress_warmup = 0\n"), 0);
+  EXPECT_EQ(with_optim("[dist]\ncompress = \"onebit\"\n"), 0);
+  const std::string bad = error_of("onebit_space = \"weights\"\n");
+  EXPECT_NE(bad.find("dist.onebit_space"), std::string::npos) << bad;
+}
 
 TEST(DataParallelLoader, ShardsPartitionTheGlobalBatch) {
   auto set = std::make_shared<Indices>(37);

@@ -292,6 +292,68 @@ TEST(DataParallel, OneBitErrorFeedbackTransmitsEveryComponentOverTime) {
   EXPECT_LT(l2.error, classic.error / 3);
 }
 
+// The update-space code through c10d (dist.onebit_space = "update"): with the same positive D on every
+// rank (the optimiser's frozen denominator), the result is exactly sum_r D * C((g_r + e_r) / D) and each
+// rank's residual is v_r - D * C(v_r / D); the bytes are those of the gradient-space code, and the
+// synchronisations before the warm-up ends are fp32 all-reduces (counted apart).
+TEST(DataParallel, OneBitUpdateSpaceIsTheSumOfDenominatorTimesDecodedCodes) {
+  const World& w = world();
+  const int64_t d = 2500;
+  const std::vector<int64_t> params = {1500, 1000};
+  OneBitOptions o;
+  o.block = 512;
+  o.warmup_steps = 2;
+  o.second_moment = SecondMoment::Freeze;
+  o.space = CodeSpace::Update;
+  OneBitHook hook(o);
+  hook.init({params});
+  const std::vector<int64_t> segments = hook.code_segments()[0];
+  at::manual_seed(77);  // the same D on every rank
+  at::Tensor raw = at::pow(10.0, at::rand({d}) * 2 - 3).to(at::kFloat);  // (d) in [1e-3, 1e-1]
+  raw.narrow(0, 100, 3).fill_(1e-8f);  // AdamW's eps alone: no gradient yet
+  // The hook floors D at 1% of its segment's mean.
+  at::Tensor denom = raw.clone();
+  int64_t offset = 0;
+  for (int64_t n : segments) {
+    at::Tensor part = denom.narrow(0, offset, n);
+    part.clamp_min_(0.01 * raw.narrow(0, offset, n).to(at::kDouble).mean().item<double>());
+    offset += n;
+  }
+  std::vector<at::Tensor> residual(static_cast<size_t>(w.size()));
+  for (auto& r : residual) r = at::zeros({d});
+  for (int64_t step = 0; step < 5; ++step) {
+    EXPECT_EQ(hook.denominators_due(step), step == o.warmup_steps);
+    if (hook.denominators_due(step)) {
+      hook.set_denominators({raw});
+      EXPECT_LE(rel_diff(hook.denominators()[0], denom), 1e-6);
+      EXPECT_GT(hook.denominators()[0][100].item<float>(), 1e-4) << "floored";
+    }
+    hook.begin_window({step});
+    auto grad = [&](int rank) { return gradient_of(rank, d) * denom * static_cast<float>(step + 1); };
+    at::Tensor flat = grad(w.rank());
+    const Traffic t = hook.reduce(w, 0, flat);
+    at::Tensor expected = at::zeros({d});
+    if (step < o.warmup_steps) {
+      for (int r = 0; r < w.size(); ++r) expected += grad(r);
+      EXPECT_EQ(t.payload_bytes, 4 * d) << "fp32 warm-up";
+    } else {
+      EXPECT_EQ(t.payload_bytes, onebit_wire_bytes(d, static_cast<int64_t>(segments.size())));
+      for (int r = 0; r < w.size(); ++r) {
+        const at::Tensor v = grad(r) + residual[static_cast<size_t>(r)];
+        const at::Tensor sent = onebit_decode(onebit_encode(v / denom, segments, o.lambda)) * denom;
+        residual[static_cast<size_t>(r)] = v - sent;
+        expected += sent;
+      }
+      EXPECT_LE(rel_diff(hook.residuals()[0], residual[static_cast<size_t>(w.rank())]), 1e-6) << "step " << step;
+    }
+    EXPECT_LE(rel_diff(flat, expected), 1e-5) << "step " << step;
+  }
+  EXPECT_EQ(hook.counts().warmup_windows, 2);
+  EXPECT_EQ(hook.counts().compressed_windows, 3);
+  EXPECT_EQ(hook.counts().compressed.payload_bytes, 3 * onebit_wire_bytes(d, static_cast<int64_t>(segments.size())));
+  EXPECT_EQ(hook.state_bytes(), 2 * 4 * d) << "residual + denominator";
+}
+
 TEST(DataParallel, Fp16AllReduceIsTheSumToHalfPrecision) {
   const World& w = world();
   const int64_t d = 4096;
@@ -453,7 +515,8 @@ TEST(DataParallelTrain, OneBitResidualsResumeTheSameCurve) {
   const std::filesystem::path dir = shared_dir("onebit");
   auto onebit = [&](const std::filesystem::path& d) {
     train::TrainOptions o = options_for("gpt", d, 4, w);
-    o.overrides.insert(o.overrides.end(), {"dist.compress=onebit", "dist.error_feedback=true", "dist.onebit_block=256"});
+    o.overrides.insert(o.overrides.end(), {"dist.compress=onebit", "dist.error_feedback=true", "dist.onebit_block=256",
+                                           "dist.compress_warmup=0"});
     return o;
   };
   const nlohmann::json report = train::run_training(onebit(dir / "dp"));
@@ -477,6 +540,46 @@ TEST(DataParallelTrain, OneBitResidualsResumeTheSameCurve) {
   EXPECT_GT(residual_norm, 0);
   expect_same_weights((dir / "resumed" / "ckpt-20").string(), (dir / "dp" / "ckpt-20").string(), 1e-6,
                       "gpt onebit+EF resumed at step 10 with N=" + std::to_string(w.size()));
+  w.barrier();
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// onebit after an fp32 warm-up with AdamW's second moment frozen and the code in the update space: the
+// report separates warm-up and compressed steps (bytes per compressed step >= 30x fewer than fp32), the
+// denominators are counted with the residuals as optimizer memory, and a run resumed after the warm-up
+// takes the denominators again from the checkpoint's frozen optimiser state, so it continues the same
+// curve bitwise.
+TEST(DataParallelTrain, OneBitFrozenUpdateSpaceResumesTheSameCurve) {
+  const World& w = world();
+  const std::filesystem::path dir = shared_dir("onebit_update");
+  auto onebit = [&](const std::filesystem::path& d) {
+    train::TrainOptions o = options_for("gpt", d, 4, w);
+    // The config's AdamW (the frozen second moment is AdamW's), not the SGD the equivalence tests use.
+    o.overrides.erase(std::remove_if(o.overrides.begin(), o.overrides.end(),
+                                     [](const std::string& e) { return e.rfind("optim.", 0) == 0; }),
+                      o.overrides.end());
+    o.overrides.insert(o.overrides.end(),
+                       {"dist.compress=onebit", "dist.compress_warmup=5", "dist.onebit_second_moment=freeze",
+                        "dist.onebit_space=update"});
+    return o;
+  };
+  const nlohmann::json report = train::run_training(onebit(dir / "dp"));
+  const double params = report["parameters"].get<double>();
+  const nlohmann::json& ob = report["dist"]["onebit"];
+  EXPECT_EQ(ob["warmup_steps"].get<int64_t>(), 5);
+  EXPECT_EQ(ob["compressed_steps"].get<int64_t>(), 15);
+  EXPECT_EQ(ob["residual_bytes"].get<double>(), 4 * params);
+  EXPECT_EQ(ob["denominator_bytes"].get<double>(), 4 * params);
+  EXPECT_EQ(report["dist"]["error_feedback_bytes"].get<double>(), 8 * params);
+  EXPECT_GE(report["memory"]["category_peaks"]["optimizer"].get<double>(), 8 * params)
+      << "residuals and denominators are optimizer memory";
+  EXPECT_GE(4 * params / ob["bytes_sent_per_compressed_step"].get<double>(), 30.0);
+  train::TrainOptions again = onebit(dir / "resumed");
+  again.resume = (dir / "dp" / "ckpt-10").string();
+  (void)train::run_training(again);
+  w.barrier();
+  expect_same_weights((dir / "resumed" / "ckpt-20").string(), (dir / "dp" / "ckpt-20").string(), 1e-6,
+                      "gpt onebit frozen-v update space resumed at step 10 with N=" + std::to_string(w.size()));
   w.barrier();
   if (w.rank() == 0) std::filesystem::remove_all(dir);
 }

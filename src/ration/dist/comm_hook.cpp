@@ -147,7 +147,53 @@ void OneBitHook::init(const std::vector<std::vector<int64_t>>& bucket_segments) 
   }
 }
 
-void OneBitHook::begin_window(const WindowContext& context) { context_ = context; }
+void OneBitHook::begin_window(const WindowContext& context) {
+  context_ = context;
+  ++(warming_up() ? counts_.warmup_windows : counts_.compressed_windows);
+  RATION_ASSERT(options_.space == CodeSpace::Gradient || warming_up() || !denominator_.empty(),
+                "onebit hook: coding in the update space needs the optimiser's denominators before step ",
+                context.step);
+}
+
+namespace {
+
+// max(D_i, kDenominatorFloor * mean of D over i's segment): an element whose AdamW second moment is still
+// zero (no gradient yet) has D = eps, and its first gradient divided by eps would set its block's scale
+// for every other element of the block. Any positive D keeps the bound (docs/DISTRIBUTED.md).
+constexpr double kDenominatorFloor = 0.01;
+
+at::Tensor floored_per_segment(const at::Tensor& d, const std::vector<int64_t>& segments) {
+  const at::Tensor counts = at::tensor(segments, at::kLong);                               // (S)
+  const at::Tensor ends = counts.cumsum(0);                                                // (S)
+  const at::Tensor csum = at::cat({at::zeros({1}, at::kDouble), d.to(at::kDouble).cumsum(0)});  // (d + 1)
+  const at::Tensor sums = csum.index_select(0, ends) - csum.index_select(0, ends - counts);  // (S)
+  const at::Tensor floor = (sums / counts.to(at::kDouble) * kDenominatorFloor).to(at::kFloat);  // (S)
+  return at::maximum(d, at::repeat_interleave(floor, counts, 0, d.numel()));               // (d)
+}
+
+}  // namespace
+
+bool OneBitHook::denominators_due(int64_t step) const {
+  if (options_.space != CodeSpace::Update || step < options_.warmup_steps) return false;
+  // A frozen denominator is taken once; a tracked one before every compressed step.
+  return options_.second_moment == SecondMoment::Track || denominator_.empty();
+}
+
+void OneBitHook::set_denominators(const std::vector<at::Tensor>& per_bucket) {
+  RATION_ASSERT(per_bucket.size() == segments_.size(), "onebit hook: ", per_bucket.size(),
+                " denominators for ", segments_.size(), " buckets");
+  memory::CategoryGuard optimizer_memory(memory::Category::Optimizer);
+  denominator_.clear();
+  for (size_t b = 0; b < per_bucket.size(); ++b) {
+    int64_t n = 0;
+    for (int64_t k : segments_[b]) n += k;
+    const at::Tensor& d = per_bucket[b];
+    RATION_ASSERT(d.defined() && d.numel() == n && d.scalar_type() == at::kFloat,
+                  "onebit hook: denominator of bucket ", b, " is not a (", n, ") float32 tensor");
+    RATION_ASSERT(d.gt(0).all().item<bool>(), "onebit hook: denominator of bucket ", b, " is not positive");
+    denominator_.push_back(floored_per_segment(d.reshape({-1}), segments_[b]));
+  }
+}
 
 void OneBitHook::import_residuals(const std::vector<at::Tensor>& residuals) {
   RATION_CHECK(residuals.size() == residual_.size(), "checkpoint holds ", residuals.size(),
@@ -167,21 +213,37 @@ Traffic OneBitHook::reduce(const World& world, int bucket, at::Tensor& flat) {
   if (warming_up()) return AllReduceHook().reduce(world, bucket, flat);
   const bool feedback = options_.feedback == ErrorFeedback::On;
   if (feedback) flat.add_(residual_[b]);  // v = g + e
-  const OneBitCode mine = onebit_encode(flat, segments_[b], options_.lambda);
+  // Update space: code u = v / D; the decoded vector is D * C(u), and the residual v - D * C(u).
+  const at::Tensor* denom = denominator_.empty() ? nullptr : &denominator_[b];
+  const at::Tensor coded = denom ? flat.div(*denom) : flat;             // (d) float32
+  const OneBitCode mine = onebit_encode(coded, segments_[b], options_.lambda);
   last_lambda_[b] = *std::min_element(mine.lambda.begin(), mine.lambda.end());
-  if (feedback) at::sub_out(residual_[b], flat, onebit_decode(mine));  // e = v - C(v)
+  if (feedback) {
+    at::Tensor sent = onebit_decode(mine);                               // (d) C(u) or C(v)
+    if (denom) sent.mul_(*denom);
+    at::sub_out(residual_[b], flat, sent);                               // e = v - sent
+  }
   const at::Tensor packed = onebit_pack(mine);                          // (4 S + ceil(d/8)) uint8
   const at::Tensor gathered = world.all_gather(packed);                 // (N * (4 S + ceil(d/8))) uint8
   const int64_t unit = packed.numel();
   flat.zero_();
   for (int r = 0; r < world.size(); ++r)
     flat.add_(onebit_decode(onebit_unpack(gathered.narrow(0, r * unit, unit), segments_[b])));
-  return {unit, static_cast<int64_t>(world.size() - 1) * unit};
+  if (denom) flat.mul_(*denom);                                         // sum_r D * C(u_r)
+  const Traffic sent{unit, static_cast<int64_t>(world.size() - 1) * unit};
+  counts_.compressed += sent;
+  return sent;
+}
+
+int64_t OneBitHook::residual_bytes() const {
+  int64_t total = 0;
+  for (const auto& r : residual_) total += r.numel() * 4;
+  return total;
 }
 
 int64_t OneBitHook::state_bytes() const {
-  int64_t total = 0;
-  for (const auto& r : residual_) total += r.numel() * 4;
+  int64_t total = residual_bytes();
+  for (const auto& d : denominator_) total += d.numel() * 4;
   return total;
 }
 

@@ -3,9 +3,11 @@
 // one scale per block of each parameter through all-gather, with error feedback).
 // Owns: CommHook, Traffic (exact bytes handed to c10d), the 1-bit code (encode/decode, pure functions
 //       whose error bound docs/DISTRIBUTED.md states and tests check), the error-feedback residuals and
-//       their checkpoint entries.
+//       their checkpoint entries, onebit's fp32 warm-up (and its byte counts apart from the compressed
+//       steps), and the update-space denominators it is given (CodeSpace::Update).
 // Does not own: bucketing, weighting or when a bucket is launched (dist/reducer.h); the process group
-//       (dist/world.h).
+//       (dist/world.h); the optimiser, whose second moment the trainer freezes and whose denominators it
+//       hands over (train/trainer.cpp, optim/adamw.h).
 //
 // Contract of reduce(): every rank calls it for the same bucket index in the same order with a 1-D
 // float32 tensor of the same length holding this rank's already-weighted gradient for the bucket; on
@@ -104,6 +106,15 @@ at::Tensor onebit_pack(const OneBitCode& code);
 OneBitCode onebit_unpack(const at::Tensor& packed, const std::vector<int64_t>& segments);
 
 enum class ErrorFeedback { Off, On };
+// What the optimiser's second moment (AdamW's v) does once the 1-bit code starts: Track (it keeps
+// averaging the squared decoded gradients, which the code inflates) or Freeze (it keeps its value from
+// the last fp32 warm-up step, as 1-bit Adam does; requires a warm-up). See docs/DISTRIBUTED.md.
+enum class SecondMoment { Track, Freeze };
+// Which vector the 1-bit code approximates. Gradient: v = g + e itself. Update: u = v / D, where D is
+// the optimiser's AdamW denominator sqrt(v_hat) + eps before this step (frozen or tracked; the same on
+// every rank: every rank holds the same optimiser state), so the code's error is spread evenly in the
+// space of the update the optimiser applies; each rank sends C(u) and every rank sums D * C(u_r).
+enum class CodeSpace { Gradient, Update };
 
 struct OneBitOptions {
   ErrorFeedback feedback = ErrorFeedback::On;
@@ -113,10 +124,14 @@ struct OneBitOptions {
   int64_t block = 1024;
   // Synchronisations (optimiser steps) reduced in fp32 before the 1-bit code starts, as PowerSGD's
   // start_iter and 1-bit Adam's warm-up: the early, large and fast-changing gradients are not
-  // compressed, and the residual starts when the gradients have settled.
+  // compressed, and the residual starts when the gradients have settled. `ration train` defaults it to
+  // the learning-rate warm-up (dist/data_parallel.h).
   int64_t warmup_steps = 0;
   // lambda_0 of the L2 scale (0: the mean-|v| scale, lambda_j = rho_j); see the file comment.
   double lambda = 0.95;
+  // The optimiser's second moment during compressed steps (applied by the trainer, which owns it).
+  SecondMoment second_moment = SecondMoment::Track;
+  CodeSpace space = CodeSpace::Gradient;
 };
 
 // Each rank sends the 1-bit code of (its gradient + its residual), all-gathered; every rank sums the
@@ -128,8 +143,16 @@ class OneBitHook : public CommHook {
   void init(const std::vector<std::vector<int64_t>>& bucket_segments) override;
   void begin_window(const WindowContext& context) override;
   Traffic reduce(const World& world, int bucket, at::Tensor& flat) override;
-  int64_t state_bytes() const override;
+  int64_t state_bytes() const override;  // residuals + denominators
+  int64_t residual_bytes() const;
   const OneBitOptions& options() const { return options_; }
+  // Synchronisations in the fp32 warm-up and compressed ones, and the bytes handed to c10d by the latter.
+  struct Counts {
+    int64_t warmup_windows = 0;
+    int64_t compressed_windows = 0;
+    Traffic compressed;
+  };
+  const Counts& counts() const { return counts_; }
   // The smallest lambda_j of this rank's last code per bucket (its error bound; reports and tests).
   const std::vector<float>& last_lambda() const { return last_lambda_; }
   // Whether this synchronisation is still in the fp32 warm-up.
@@ -140,13 +163,22 @@ class OneBitHook : public CommHook {
   void import_residuals(const std::vector<at::Tensor>& residuals);
   // Per bucket, the segments the code uses (parameters split into blocks).
   const std::vector<std::vector<int64_t>>& code_segments() const { return segments_; }
+  // CodeSpace::Update: whether the denominators are to be given for the synchronisation of optimiser
+  // step `step` (frozen: the first compressed one, or the first after a resume; tracked: every
+  // compressed one). set_denominators takes one positive (numel) float32 tensor per bucket, identical on
+  // every rank, floors it at 1% of each segment's mean and keeps it (optimizer memory, in state_bytes()).
+  bool denominators_due(int64_t step) const;
+  void set_denominators(const std::vector<at::Tensor>& per_bucket);
+  const std::vector<at::Tensor>& denominators() const { return denominator_; }
 
  private:
   OneBitOptions options_;
   std::vector<std::vector<int64_t>> segments_;
   std::vector<at::Tensor> residual_;  // per bucket: (numel) float32, counted as optimizer memory
+  std::vector<at::Tensor> denominator_;  // CodeSpace::Update: per bucket (numel) float32 D, else empty
   std::vector<float> last_lambda_;
   WindowContext context_;
+  Counts counts_;
 };
 
 // The segments of a parameter of `numel` elements coded with `block` elements per scale (0: one).

@@ -26,10 +26,19 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
   s.onebit.lambda = cfg.get_double("dist.onebit_lambda", s.onebit.lambda);
   RATION_CHECK(s.onebit.lambda >= 0 && s.onebit.lambda < 1, cfg.origin(),
                ": dist.onebit_lambda must be a number in [0, 1) (0: the mean-|v| scale), got ", s.onebit.lambda);
-  s.onebit.warmup_steps = cfg.get_int("dist.compress_warmup", s.onebit.warmup_steps);
+  // Default: the learning-rate warm-up (optim.warmup_steps), the steps whose compression costs accuracy
+  // (docs/DISTRIBUTED.md, "fp32 warm-up").
+  s.onebit.warmup_steps = cfg.get_int("dist.compress_warmup", cfg.get_int("optim.warmup_steps", 0));
   RATION_CHECK(s.onebit.warmup_steps >= 0, cfg.origin(),
                ": dist.compress_warmup must be an integer >= 0 (optimiser steps in fp32 before onebit), got ",
                s.onebit.warmup_steps);
+  const std::string moment = cfg.get_choice("dist.onebit_second_moment", "track", {"track", "freeze"});
+  s.onebit.second_moment = moment == "freeze" ? SecondMoment::Freeze : SecondMoment::Track;
+  RATION_CHECK(s.onebit.second_moment == SecondMoment::Track || s.onebit.warmup_steps > 0, cfg.origin(),
+               ": dist.onebit_second_moment = \"freeze\" keeps AdamW's second moment from the last fp32 step; it "
+               "needs dist.compress_warmup >= 1, got ", s.onebit.warmup_steps);
+  const std::string space = cfg.get_choice("dist.onebit_space", "gradient", {"gradient", "update"});
+  s.onebit.space = space == "update" ? CodeSpace::Update : CodeSpace::Gradient;
   s.reducer.topology = parse_topology(cfg.get_string("dist.topology", "allreduce"), cfg.origin());
   RATION_CHECK(s.reducer.topology == Topology::AllReduce || s.compress == "none", cfg.origin(),
                ": dist.topology = \"", to_string(s.reducer.topology), "\" sends fp32 gradients and parameters point "

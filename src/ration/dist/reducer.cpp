@@ -2,6 +2,7 @@
 #include "ration/dist/reducer.h"
 
 #include <algorithm>
+#include <map>
 
 #include "ration/core/check.h"
 #include "ration/core/trace.h"
@@ -79,6 +80,25 @@ Reducer::~Reducer() {
   cv_.notify_all();
   if (comm_thread_.joinable()) comm_thread_.join();
   self_.reset();
+}
+
+std::vector<at::Tensor> Reducer::bucket_layout_of(const std::vector<std::pair<std::string, at::Tensor>>& per_param,
+                                                  float missing) const {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : per_param) by_name[name] = &t;
+  std::vector<at::Tensor> out;
+  for (const BucketLayout& l : layouts_) {
+    at::Tensor flat = at::full({l.numel}, missing, at::kFloat);  // (numel)
+    for (size_t i = 0; i < l.names.size(); ++i) {
+      const auto it = by_name.find(l.names[i]);
+      if (it == by_name.end()) continue;
+      RATION_ASSERT(it->second->numel() == l.numels[i], "Reducer::bucket_layout_of: ", l.names[i], " has ",
+                    it->second->numel(), " elements, the bucket holds ", l.numels[i]);
+      flat.narrow(0, l.offsets[i], l.numels[i]).copy_(it->second->reshape({-1}));
+    }
+    out.push_back(flat);
+  }
+  return out;
 }
 
 int64_t Reducer::bucket_bytes() const {

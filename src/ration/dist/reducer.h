@@ -103,6 +103,10 @@ class Reducer {
   void after_optimizer_step();
 
   const std::vector<BucketLayout>& buckets() const { return layouts_; }
+  // Per-parameter tensors (by name, any shape with the parameter's numel) laid out as the buckets are:
+  // one (numel) float32 tensor per bucket; parameters not named are filled with `missing`.
+  std::vector<at::Tensor> bucket_layout_of(const std::vector<std::pair<std::string, at::Tensor>>& per_param,
+                                           float missing) const;
   // Bytes of the flat bucket buffers (gradient memory the reducer adds) and of the hook's state.
   int64_t bucket_bytes() const;
   int64_t hook_state_bytes() const { return hook_->state_bytes(); }

@@ -7,6 +7,10 @@
 //   v_max = max(v_max, v)                                           (amsgrad only; then v_max replaces v below)
 //   denom = sqrt(v) / sqrt(1 - beta2^t) + eps
 //   p = p - lr / (1 - beta1^t) * m / denom
+// Frozen second moment (freeze_second_moment(K), used by data-parallel 1-bit compression, see
+// docs/METHODS.md, "Distributed training"): from a parameter's step K+1 on, v (and v_max) are no longer
+// updated and the bias correction keeps its step-K value, so denom stays the one of step K; m and the
+// parameter update as above. K = 0 (the default) never freezes.
 // State slots: "step" (int64 scalar; per parameter, as in PyTorch, so a parameter skipped for lack of a
 // gradient keeps its own bias correction), "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad only).
 #pragma once
@@ -28,6 +32,14 @@ class AdamW : public Optimizer {
   AdamW(NamedParams params, AdamWOptions options);
   const char* name() const override { return "AdamW"; }
   const AdamWOptions& options() const { return options_; }
+  // From each parameter's step `after_step` + 1 on, keep its second moment (and denom) as they were after
+  // step `after_step` (0: track it every step, the default). Deterministic from the step count, so a
+  // resumed run needs no extra state.
+  void freeze_second_moment(int64_t after_step);
+  int64_t second_moment_frozen_after() const { return freeze_after_; }
+  // Per parameter that has state: the denominator its next update divides by, sqrt(v) /
+  // sqrt(1 - beta2^t) + eps with t its step (its freeze step when frozen), as (param shape) float32.
+  NamedTensors denominators();
 
  protected:
   void update(size_t index, at::Tensor& param, const at::Tensor& grad) override;
@@ -38,6 +50,7 @@ class AdamW : public Optimizer {
 
  private:
   AdamWOptions options_;
+  int64_t freeze_after_ = 0;
 };
 
 }  // namespace ration::optim

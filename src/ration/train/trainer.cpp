@@ -383,9 +383,12 @@ DataParallelKeys read_data_parallel_keys(Config& c) {
 // clipping and the optimiser.
 class ReducerHook : public StepHook {
  public:
-  explicit ReducerHook(dist::Reducer& reducer) : reducer_(reducer) {}
+  // optimizer: the run's optimiser, whose AdamW denominators a onebit hook coding in the update space
+  // takes before its compressed steps (dist.onebit_space = "update").
+  ReducerHook(dist::Reducer& reducer, optim::Optimizer& optimizer) : reducer_(reducer), optimizer_(optimizer) {}
   void set_weight(double weight) { weight_ = weight; }
   void after_forward(int64_t step, const Value& loss) override {
+    give_denominators_if_due(step);
     reducer_.set_window_context({step});
     reducer_.prepare_backward(weight_);
   }
@@ -395,7 +398,15 @@ class ReducerHook : public StepHook {
   void after_step(int64_t step, const StepStats& stats) override { reducer_.after_optimizer_step(); }
 
  private:
+  void give_denominators_if_due(int64_t step) {
+    auto* onebit = dynamic_cast<dist::OneBitHook*>(&reducer_.hook());
+    if (!onebit || !onebit->denominators_due(step)) return;
+    auto* adamw = dynamic_cast<optim::AdamW*>(&optimizer_);
+    RATION_ASSERT(adamw != nullptr, "dist.onebit_space = \"update\" without an AdamW optimiser");
+    onebit->set_denominators(reducer_.bucket_layout_of(adamw->denominators(), 1.f));
+  }
   dist::Reducer& reducer_;
+  optim::Optimizer& optimizer_;
   double weight_ = 1;
 };
 
@@ -411,6 +422,7 @@ class TrainingRun {
     Config& c = setup_.config;
     if (world_.size() > 1) liveness_ = std::make_unique<dist::Liveness>(world_);
     optimizer_ = build_optimizer(run_, params_);
+    freeze_second_moment_for_onebit();
     per_epoch_ = (loader_.batches_per_epoch() + keys_.dp.reducer.sync_every - 1) / keys_.dp.reducer.sync_every;
     RATION_CHECK(per_epoch_ > 0, c.origin(), ": train.batch_size ", setup_.batch_size,
                  " is larger than the training set (", setup_.train_set->size(), " items)");
@@ -518,6 +530,19 @@ class TrainingRun {
     return o;
   }
   bool synchronizes() const { return world_.size() > 1 || keys_.dp.reducer.sync_every > 1; }
+  // onebit with dist.onebit_second_moment = "freeze": AdamW's second moment stays as it was after the last
+  // fp32 warm-up step; both it and dist.onebit_space = "update" use AdamW's second moment
+  // (docs/DISTRIBUTED.md, "1-bit compression").
+  void freeze_second_moment_for_onebit() {
+    if (keys_.dp.compress != "onebit") return;
+    const bool freeze = keys_.dp.onebit.second_moment == dist::SecondMoment::Freeze;
+    if (!freeze && keys_.dp.onebit.space == dist::CodeSpace::Gradient) return;
+    auto* adamw = dynamic_cast<optim::AdamW*>(optimizer_.get());
+    RATION_CHECK(adamw != nullptr, setup_.config.origin(),
+                 ": dist.onebit_second_moment = \"freeze\" and dist.onebit_space = \"update\" use AdamW's second "
+                 "moment; they need optim.name = \"adamw\" (SGD keeps none), got \"", run_.optimizer, "\"");
+    if (freeze) adamw->freeze_second_moment(keys_.dp.onebit.warmup_steps);
+  }
 
   // Gradient synchronisation (data parallel) and local accumulation (dist.sync_every): built after the
   // profiling step, whose backward must not reach the reducer.
@@ -526,7 +551,7 @@ class TrainingRun {
     reducer_ = std::make_unique<dist::Reducer>(
         world_, params_, dist::make_comm_hook(keys_.dp.compress, keys_.dp.onebit, setup_.config.origin()),
         keys_.dp.reducer);
-    reducer_hook_ = std::make_unique<ReducerHook>(*reducer_);
+    reducer_hook_ = std::make_unique<ReducerHook>(*reducer_, *optimizer_);
     const std::string note = dist::restore_hook_state(world_, reducer_->hook(), resumed_hook_state_);
     if (!note.empty()) progress_.note(note);
     resumed_hook_state_.clear();
@@ -577,12 +602,14 @@ class TrainingRun {
     const data::LoaderPosition here = loader_.position();
     const data::Batch first = loader_.next();
     loader_.set_position(here);
-    // Data parallel: the gradient buckets and (onebit with error feedback) the residuals, one float each
-    // per parameter element, are fixed memory the plan must leave room for.
+    // Data parallel: the gradient buckets, (onebit with error feedback) the residuals and (onebit in the
+    // update space) the frozen denominators, one float each per parameter element, are fixed memory the
+    // plan must leave room for.
     int64_t dist_bytes = 0;
     if (synchronizes()) {
       const bool residual = keys_.dp.compress == "onebit" && keys_.dp.onebit.feedback == dist::ErrorFeedback::On;
-      dist_bytes = (residual ? 2 : 1) * 4 * model_.num_parameters();
+      const bool denominator = keys_.dp.compress == "onebit" && keys_.dp.onebit.space == dist::CodeSpace::Update;
+      dist_bytes = (1 + (residual ? 1 : 0) + (denominator ? 1 : 0)) * 4 * model_.num_parameters();
     }
     const memory::Plan* plan = runtime_.prepare(
         model_, first, setup_.seed,
@@ -884,8 +911,20 @@ class TrainingRun {
               {"error_feedback_bytes", reducer_->hook_state_bytes()}});
     // onebit: the smallest lambda_j of the last step's code per bucket; the error bound is
     // sqrt(1 - lambda^2) ||v|| (docs/DISTRIBUTED.md).
-    if (const auto* onebit = dynamic_cast<const dist::OneBitHook*>(&reducer_->hook()))
+    // Bytes per compressed step apart from the fp32 warm-up (dist.compress_warmup), whose steps the
+    // whole-run average bytes_sent_per_step includes.
+    if (const auto* onebit = dynamic_cast<const dist::OneBitHook*>(&reducer_->hook())) {
       d["onebit_lambda"] = onebit->last_lambda();
+      const dist::OneBitHook::Counts& c = onebit->counts();
+      d["onebit"] = {{"warmup_steps", c.warmup_windows},
+                     {"compressed_steps", c.compressed_windows},
+                     {"bytes_sent_per_compressed_step",
+                      c.compressed_windows ? static_cast<double>(c.compressed.payload_bytes) / c.compressed_windows : 0.0},
+                     {"second_moment", keys_.dp.onebit.second_moment == dist::SecondMoment::Freeze ? "freeze" : "track"},
+                     {"space", keys_.dp.onebit.space == dist::CodeSpace::Update ? "update" : "gradient"},
+                     {"residual_bytes", onebit->residual_bytes()},
+                     {"denominator_bytes", onebit->state_bytes() - onebit->residual_bytes()}};
+    }
     return d;
   }
 
