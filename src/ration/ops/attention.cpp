@@ -59,13 +59,6 @@ at::Tensor causal_weights(const at::Tensor& q, const at::Tensor& k, double scale
   return at::_softmax(scores, -1, /*half_to_float=*/false);
 }
 
-// att * keep * keep_scale with one (Tq, Tk) temporary: forward's y and backward's v-gradient both read
-// this, so they see bitwise the same dropped-out weights.
-at::Tensor dropped_out(const at::Tensor& att, const at::Tensor& keep, double keep_scale) {
-  at::Tensor a = att.mul(keep);
-  return a.requires_grad() ? a.mul(keep_scale) : a.mul_(keep_scale);
-}
-
 // Node 1: (q, k) -> att. Backward: the softmax gradient, then q's and k's.
 Value attention_weights(const Value& q, const Value& k, double scale, int64_t window) {
   OpSpec s = spec("causal_attention_weights", {0, 1}, {0});
@@ -94,9 +87,8 @@ Value attention_apply(const Value& att, const Value& v, double dropout_p, bool u
         const at::Tensor &a = in[0], &vt = in[1];
         if (!use_dropout) return Tensors{at::matmul(a, vt)};
         RATION_ASSERT(ctx.generator.has_value(), "causal_attention ran without its recorded generator");
-        at::Tensor keep = at::empty_like(a, a.options().dtype(at::kBool).requires_grad(false));
-        keep.bernoulli_(1.0 - dropout_p, *ctx.generator);
-        return Tensors{at::matmul(dropped_out(a, keep, keep_scale), vt), keep};
+        at::Tensor keep = keep_mask(a, 1.0 - dropout_p, *ctx.generator);
+        return Tensors{at::matmul(masked_scaled(a, keep, keep_scale), vt), keep};
       },
       [=](BackwardCtx& ctx, const Tensors& g) {
         Tensors d(2);
@@ -104,11 +96,11 @@ Value attention_apply(const Value& att, const Value& v, double dropout_p, bool u
         if (use_dropout) keep = ctx.output(1);
         if (ctx.needs_input_grad(1)) {
           const at::Tensor a = ctx.input(0);
-          d[1] = at::matmul((use_dropout ? dropped_out(a, keep, keep_scale) : a).transpose(-2, -1), g[0]);
+          d[1] = at::matmul((use_dropout ? masked_scaled(a, keep, keep_scale) : a).transpose(-2, -1), g[0]);
         }
         if (ctx.needs_input_grad(0)) {
           d[0] = at::matmul(g[0], ctx.input(1).transpose(-2, -1));  // (B, H, T, T)
-          if (use_dropout) d[0].mul_(keep).mul_(keep_scale);       // dropout's backward, in place
+          if (use_dropout) d[0] = masked_scaled(d[0], keep, keep_scale);
         }
         return d;
       }));
