@@ -262,23 +262,90 @@ TEST(OpsNn, CausalAttention) {
   // Dropout in eval mode is off.
   EXPECT_TRUE(at::allclose(ops::causal_attention(Value(q), Value(k), Value(v), 0.5, false).tensor(),
                            attention_reference(q, k, v), 1e-13, 1e-13));
-  // Saved: q, k, v and lse (B, H, T, 1); never the (B, H, T, T) weights. With dropout, also the bool mask.
+  // Two nodes: causal_attention (att, v) -> y saves att and v (with dropout also its bool keep-mask, an
+  // internal output); its input 0 comes from causal_attention_weights (q, k) -> att, which saves q, k and
+  // att — the same handle, so the (B, H, T, T) weights are one saved storage the memory plan keeps or drops.
   Value qv(q, true), kv(k, true), vv(v, true);
-  int64_t float_bytes_tt = 0;
-  for (const auto& s : saved_of(ops::causal_attention(qv, kv, vv))) {
-    if (s.is_output) EXPECT_EQ(s.numel, 2 * 2 * 5);
-    if (s.numel == 2 * 2 * 5 * 5) float_bytes_tt += s.numel;
-  }
-  EXPECT_EQ(float_bytes_tt, 0);
-  bool has_mask = false;
-  for (const auto& s : saved_of(ops::causal_attention(qv, kv, vv, 0.2, true))) {
-    if (s.numel == 2 * 2 * 5 * 5) {
-      EXPECT_EQ(s.dtype, at::kBool);
-      has_mask = true;
+  for (const bool drop : {false, true}) {
+    const Value y = ops::causal_attention(qv, kv, vv, 0.2, /*training=*/drop);
+    const Node& apply = *y.grad_fn();
+    EXPECT_EQ(apply.spec.name, "causal_attention");
+    ASSERT_NE(apply.next_edges.at(0).node, nullptr);
+    const Node& weights = *apply.next_edges[0].node;
+    EXPECT_EQ(weights.spec.name, "causal_attention_weights");
+    EXPECT_EQ(apply.spec.uses_rng, drop);
+    EXPECT_FALSE(weights.spec.uses_rng);
+    int apply_inputs = 0, masks = 0;
+    for (const auto& s : saved_of(y)) {
+      if (!s.is_output) {
+        ++apply_inputs;
+        EXPECT_EQ(s.numel, s.index == 0 ? 2 * 2 * 5 * 5 : 2 * 2 * 5 * 4);  // att, v
+        EXPECT_EQ(s.dtype, at::kDouble);
+      } else {
+        EXPECT_EQ(s.index, 1);
+        EXPECT_EQ(s.numel, 2 * 2 * 5 * 5);
+        EXPECT_EQ(s.dtype, at::kBool);
+        ++masks;
+      }
     }
+    EXPECT_EQ(apply_inputs, 2);
+    EXPECT_EQ(masks, drop ? 1 : 0);
+    ASSERT_EQ(weights.saved.size(), 3u);  // q, k, att
+    std::shared_ptr<SavedValue> att_handle;
+    for (const auto& ref : weights.saved)
+      if (ref.is_output) att_handle = ref.value;
+    ASSERT_NE(att_handle, nullptr);
+    EXPECT_EQ(att_handle->data().numel(), 2 * 2 * 5 * 5);
+    bool shared = false;
+    for (const auto& ref : apply.saved) shared = shared || (!ref.is_output && ref.index == 0 && ref.value == att_handle);
+    EXPECT_TRUE(shared) << "the weights node and the apply node must save one handle for att";
+    // The kept weights are softmax rows: 0 above the diagonal, each row sums to 1.
+    const at::Tensor att = att_handle->data();
+    EXPECT_TRUE(at::allclose(att.sum(-1), at::ones({2, 2, 5}, att.options()), 1e-13, 1e-13));
+    EXPECT_EQ(att.masked_select(at::ones({5, 5}, at::kBool).triu(1)).abs().max().item<double>(), 0.0);
   }
-  EXPECT_TRUE(has_mask);
   EXPECT_THROW(ops::causal_attention(Value(q), Value(k.slice(2, 0, 4)), Value(v)), Error);
+}
+
+// Drops only the attention weights (the input 0 the apply node saves) after the apply node's forward, and
+// records which nodes backward re-ran.
+class DropAttentionWeights : public MemoryPolicy {
+ public:
+  explicit DropAttentionWeights(bool drop_weights) : drop_weights_(drop_weights) {}
+  void after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) override {
+    if (!drop_weights_ || node.spec.name != "causal_attention") return;
+    for (auto& ref : node.saved)
+      if (!ref.is_output && ref.index == 0 && ref.value->state() == SavedState::Resident) ref.value->drop();
+  }
+  void on_recompute(Node& node, double) override { reran.push_back(node.spec.name); }
+  std::vector<std::string> reran;
+
+ private:
+  bool drop_weights_;
+};
+
+// A plan that drops the weights pays one re-run of the weights node (never the apply node, its matmul
+// with v or its dropout draw) and gets bitwise the gradients of keeping them; kept, nothing re-runs.
+TEST(OpsNn, CausalAttentionDroppedWeightsRerunOnlyTheWeightsNode) {
+  const at::Tensor q = randd({2, 2, 6, 4}), k = randd({2, 2, 6, 4}), v = randd({2, 2, 6, 4});
+  const at::Tensor upstream = randd({2, 2, 6, 4});
+  for (const bool dropout : {false, true}) {
+    auto run = [&](MemoryPolicy* policy) {
+      Value qv(q.clone(), true), kv(k.clone(), true), vv(v.clone(), true);
+      manual_seed(77);
+      PolicyScope scope(policy);
+      Value y = ops::causal_attention(qv, kv, vv, 0.25, /*training=*/dropout);
+      y.backward(upstream);
+      return std::vector<at::Tensor>{qv.grad(), kv.grad(), vv.grad()};
+    };
+    DropAttentionWeights keeping(/*drop_weights=*/false), dropping(/*drop_weights=*/true);
+    const std::vector<at::Tensor> kept = run(&keeping);
+    const std::vector<at::Tensor> rebuilt = run(&dropping);
+    EXPECT_TRUE(keeping.reran.empty());
+    ASSERT_EQ(dropping.reran.size(), 1u);
+    EXPECT_EQ(dropping.reran[0], "causal_attention_weights");
+    for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(at::equal(kept[i], rebuilt[i])) << "input " << i;
+  }
 }
 
 TEST(OpsNn, LstmCell) {

@@ -220,6 +220,10 @@ int64_t Simulator::rerun(int64_t ord, int out, bool store_required, Prediction& 
   std::vector<std::pair<int64_t, int64_t>> held;  // (storage, bytes) of inputs this re-run holds
   for (const auto& in : n.inputs) {
     if (usable(in)) continue;
+    if (auto st = state_.find(in); st != state_.end() && st->second == KeyState::Offloaded) {
+      fetch(p_.storage_of(in));  // as SavedValue::materialize: an offloaded input is fetched, not re-run
+      continue;
+    }
     const int64_t b = rerun(in.producer, in.output, /*store_required=*/false, pred);
     if (b > 0) {
       held.emplace_back(p_.storage_of(in), b);

@@ -1,20 +1,26 @@
 // attention.cpp — causal scaled-dot-product attention with optional dropout on the attention weights.
+// Owns: ops::causal_attention — its maths, what each of its two nodes saves, and their backward.
+// Does not own: whether the weights stay resident (the memory plan decides, see below).
 //
-//   scores = q k^T / sqrt(D)           (B, H, T, T), entries above the diagonal set to -inf
+//   scores = q k^T / sqrt(D)           (B, H, Tq, Tk), entries above the diagonal set to -inf
 //                                      (window L > 0: also entries more than L below the diagonal)
-//   lse    = logsumexp(scores, -1)     (B, H, T, 1)
-//   att    = exp(scores - lse)         (B, H, T, T)  == softmax(scores, -1)
-//   att_d  = att * keep / (1 - p)      (B, H, T, T)  only when dropout is active
-//   y      = att_d v                   (B, H, T, D)
+//   att    = softmax(scores, -1)       (B, H, Tq, Tk)
+//   att_d  = att * keep / (1 - p)      (B, H, Tq, Tk)  only when dropout is active
+//   y      = att_d v                   (B, H, Tq, D)
 // With Tk > Tq keys (a chunk of queries after Tk - Tq cached steps, see ops.h) the diagonal is shifted by
-// Tk - Tq; window 0 and Tk == Tq build exactly the mask this op always built (bitwise the same results).
+// Tk - Tq; window 0 and Tk == Tq build the causal mask.
 //
-// What backward keeps: q, k, v (inputs; each is needed for another's gradient), lse (internal output 1,
-// (B, H, T, 1)) and, only with dropout, the bool keep-mask (internal output 2, (B, H, T, T), 1 byte each).
-// The (B, H, T, T) weights are NOT kept: backward rebuilds att = exp(q k^T / sqrt(D) - lse) with the
-// very same ops as forward (so bitwise the same att), paying one extra (T x T) matmul to save
-// O(B H T^2) floats — the largest activation of a transformer block. The softmax gradient is then
-// ATen's _softmax_backward_data on the rebuilt att.
+// Two nodes, so that the (B, H, T, T) weights are a saved value like any other (docs/METHODS.md,
+// "Attention weights as a saved value"):
+//   causal_attention_weights  (q, k) -> att      saves q, k and att (softmax backward reads att)
+//   causal_attention          (att, v) -> y      saves att and v; with dropout, its bool keep-mask
+//                                                (internal output 1, 1 byte per weight)
+// Unconstrained, att stays resident until the weights node's backward: backward never rebuilds it. Under a
+// memory budget the plan may drop att like any other saved storage (its bytes against its producer's
+// forward time, which the profile measured); a dropped att is rebuilt by re-running the weights node from
+// q and k — the same closure, so bitwise the same weights — when the first of its two readers' backward
+// needs it. Only the weights node re-runs: y, v and the keep-mask are untouched. The dropout generator
+// belongs to the second node, so the masks drawn are independent of how att was obtained.
 #include <cmath>
 #include <limits>
 
@@ -37,12 +43,67 @@ at::Tensor future_mask(int64_t tq, int64_t tk, int64_t window, const at::Device&
   return mask;
 }
 
-// q k^T * scale with the masked positions set to -inf: (B, H, Tq, Tk). Forward and backward both build the
-// weights as exp(causal_scores - lse) from this, so backward's rebuilt weights are bitwise forward's.
-at::Tensor causal_scores(const at::Tensor& q, const at::Tensor& k, double scale, int64_t window) {
-  return at::matmul(q, k.transpose(-2, -1))
-      .mul(scale)
-      .masked_fill(future_mask(q.size(2), k.size(2), window, q.device()), -std::numeric_limits<double>::infinity());
+// softmax(q k^T * scale with the masked positions at -inf): (B, H, Tq, Tk), 0 at the masked positions.
+// The scores are scaled and masked in place, so at most two (Tq, Tk) planes per head are live at once —
+// in forward and in a plan's re-run alike. Under oracle mode (torch autograd tensors) the out-of-place
+// forms keep autograd's graph valid.
+at::Tensor causal_weights(const at::Tensor& q, const at::Tensor& k, double scale, int64_t window) {
+  const at::Tensor mask = future_mask(q.size(2), k.size(2), window, q.device());
+  constexpr double kMasked = -std::numeric_limits<double>::infinity();
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+  if (scores.requires_grad()) {
+    scores = scores.mul(scale).masked_fill(mask, kMasked);
+  } else {
+    scores.mul_(scale).masked_fill_(mask, kMasked);
+  }
+  return at::_softmax(scores, -1, /*half_to_float=*/false);
+}
+
+// Node 1: (q, k) -> att. Backward: the softmax gradient, then q's and k's.
+Value attention_weights(const Value& q, const Value& k, double scale, int64_t window) {
+  OpSpec s = spec("causal_attention_weights", {0, 1}, {0});
+  return single(apply_op(
+      s, {q, k},
+      [=](const Tensors& in, ForwardCtx&) { return Tensors{causal_weights(in[0], in[1], scale, window)}; },
+      [=](BackwardCtx& ctx, const Tensors& g) {
+        const at::Tensor att = ctx.output(0);
+        const at::Tensor dscores = at::_softmax_backward_data(g[0], att, -1, att.scalar_type()).mul_(scale);
+        Tensors d(2);
+        if (ctx.needs_input_grad(0)) d[0] = at::matmul(dscores, ctx.input(1));
+        if (ctx.needs_input_grad(1)) d[1] = at::matmul(dscores.transpose(-2, -1), ctx.input(0));
+        return d;
+      }));
+}
+
+// Node 2: (att, v) -> y, with dropout on att. Backward: v's gradient from (dropped-out) att, att's from v.
+Value attention_apply(const Value& att, const Value& v, double dropout_p, bool use_dropout) {
+  const double keep_scale = use_dropout ? 1.0 / (1.0 - dropout_p) : 1.0;
+  // outputs: 0 y (B, H, T, D); 1 keep-mask (B, H, T, T) bool, internal, dropout only
+  OpSpec s = spec("causal_attention", {0, 1}, use_dropout ? std::vector<int>{1} : std::vector<int>{}, 1,
+                  /*uses_rng=*/use_dropout);
+  return single(apply_op(
+      s, {att, v},
+      [=](const Tensors& in, ForwardCtx& ctx) {
+        const at::Tensor &a = in[0], &vt = in[1];
+        if (!use_dropout) return Tensors{at::matmul(a, vt)};
+        RATION_ASSERT(ctx.generator.has_value(), "causal_attention ran without its recorded generator");
+        at::Tensor keep = keep_mask(a, 1.0 - dropout_p, *ctx.generator);
+        return Tensors{at::matmul(masked_scaled(a, keep, keep_scale), vt), keep};
+      },
+      [=](BackwardCtx& ctx, const Tensors& g) {
+        Tensors d(2);
+        at::Tensor keep;
+        if (use_dropout) keep = ctx.output(1);
+        if (ctx.needs_input_grad(1)) {
+          const at::Tensor a = ctx.input(0);
+          d[1] = at::matmul((use_dropout ? masked_scaled(a, keep, keep_scale) : a).transpose(-2, -1), g[0]);
+        }
+        if (ctx.needs_input_grad(0)) {
+          d[0] = at::matmul(g[0], ctx.input(1).transpose(-2, -1));  // (B, H, T, T)
+          if (use_dropout) d[0] = masked_scaled(d[0], keep, keep_scale);
+        }
+        return d;
+      }));
 }
 }  // namespace
 
@@ -56,43 +117,7 @@ Value causal_attention(const Value& q, const Value& k, const Value& v, double dr
   RATION_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_attention dropout_p must be in [0, 1); got ", dropout_p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   const bool use_dropout = training && dropout_p > 0.0;
-  const double keep_scale = use_dropout ? 1.0 / (1.0 - dropout_p) : 1.0;
-
-  // outputs: 0 y (B, H, T, D); 1 lse (B, H, T, 1), internal; 2 keep-mask (B, H, T, T) bool, internal, dropout only
-  OpSpec s = spec("causal_attention", {0, 1, 2}, use_dropout ? std::vector<int>{1, 2} : std::vector<int>{1}, 1,
-                  /*uses_rng=*/use_dropout);
-  return single(apply_op(
-      s, {q, k, v},
-      [=](const Tensors& in, ForwardCtx& ctx) {
-        const at::Tensor &qt = in[0], &kt = in[1], &vt = in[2];
-        const at::Tensor scores = causal_scores(qt, kt, scale, window);       // (B, H, T, T)
-        const at::Tensor lse = at::logsumexp(scores, {-1}, /*keepdim=*/true);  // (B, H, T, 1)
-        const at::Tensor att = at::exp(at::sub(scores, lse));                 // (B, H, T, T), 0 in the future
-        if (!use_dropout) return Tensors{at::matmul(att, vt), lse};
-        RATION_ASSERT(ctx.generator.has_value(), "causal_attention ran without its recorded generator");
-        at::Tensor keep = at::empty_like(att, att.options().dtype(at::kBool).requires_grad(false));
-        keep.bernoulli_(1.0 - dropout_p, *ctx.generator);
-        return Tensors{at::matmul(att.mul(keep).mul(keep_scale), vt), lse, keep};
-      },
-      [=](BackwardCtx& ctx, const Tensors& g) {
-        const at::Tensor qt = ctx.input(0), kt = ctx.input(1), vt = ctx.input(2);
-        const at::Tensor att = at::exp(at::sub(causal_scores(qt, kt, scale, window), ctx.output(1)));  // (B, H, T, T)
-        at::Tensor keep;
-        if (use_dropout) keep = ctx.output(2);
-        Tensors d(3);
-        if (ctx.needs_input_grad(2)) {
-          const at::Tensor att_d = use_dropout ? att.mul(keep).mul(keep_scale) : att;
-          d[2] = at::matmul(att_d.transpose(-2, -1), g[0]);
-        }
-        if (ctx.needs_input_grad(0) || ctx.needs_input_grad(1)) {
-          at::Tensor datt = at::matmul(g[0], vt.transpose(-2, -1));  // (B, H, T, T)
-          if (use_dropout) datt = at::native_dropout_backward(datt, keep, keep_scale);
-          const at::Tensor dscores = at::_softmax_backward_data(datt, att, -1, att.scalar_type()).mul(scale);
-          if (ctx.needs_input_grad(0)) d[0] = at::matmul(dscores, kt);
-          if (ctx.needs_input_grad(1)) d[1] = at::matmul(dscores.transpose(-2, -1), qt);
-        }
-        return d;
-      }));
+  return attention_apply(attention_weights(q, k, scale, window), v, dropout_p, use_dropout);
 }
 
 }  // namespace ration::ops

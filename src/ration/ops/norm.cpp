@@ -4,6 +4,7 @@
 //   batch_norm  train: x, w and the internal outputs save_mean/save_invstd (C);
 //               eval: x, w and the running stats (inputs, so an in-place change before backward is caught).
 //   dropout     the bool keep-mask (internal output 1, shape of x): 1 byte per element, never x or y.
+//               y = x * mask * scale and dx = g * mask * scale in one buffer each (op_util.h, masked_scaled).
 //   embedding   the int64 indices only.
 //
 // batch_norm running statistics (the buffers, not graph values) are updated OUTSIDE the forward closure,
@@ -129,13 +130,10 @@ Value dropout(const Value& x, double p, bool training) {
       spec("dropout", {}, {1}, 1, /*uses_rng=*/true), {x},
       [p, scale](const Tensors& in, ForwardCtx& ctx) {
         RATION_ASSERT(ctx.generator.has_value(), "dropout ran without its recorded generator");
-        at::Tensor mask = at::empty_like(in[0], in[0].options().dtype(at::kBool).requires_grad(false));
-        mask.bernoulli_(1.0 - p, *ctx.generator);
-        return Tensors{in[0].mul(mask).mul(scale), mask};
+        at::Tensor mask = keep_mask(in[0], 1.0 - p, *ctx.generator);
+        return Tensors{masked_scaled(in[0], mask, scale), mask};
       },
-      [scale](BackwardCtx& ctx, const Tensors& g) {
-        return Tensors{at::native_dropout_backward(g[0], ctx.output(1), scale)};
-      }));
+      [scale](BackwardCtx& ctx, const Tensors& g) { return Tensors{masked_scaled(g[0], ctx.output(1), scale)}; }));
 }
 
 Value embedding(const Value& weight, const Value& indices, int64_t padding_idx) {
