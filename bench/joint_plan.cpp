@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
       const memory::OffloadStats timed_to = joint.engine()->stats();
       const int64_t deadline_waits = timed_to.deadline_waits - timed_from.deadline_waits;
       const int64_t pool_misses = timed_to.pool_misses - timed_from.pool_misses;
+      const int64_t by_waiter = timed_to.copies_by_waiter - timed_from.copies_by_waiter;
       const double fetch_wait_ms = (timed_to.fetch_wait_ms - timed_from.fetch_wait_ms) / std::max(steps, 1);
       const double forward_pause_ms = (timed_to.forward_pause_ms - timed_from.forward_pause_ms) / std::max(steps, 1);
       const double gain = 1.0 - median(jw) / median(rw);
@@ -163,7 +164,8 @@ int main(int argc, char** argv) {
                                  {"forward_pause_ms_per_step", forward_pause_ms},
                                  {"fetch_wait_ms_per_step", fetch_wait_ms},
                                  {"copy_in_pool_bytes", jplan.prediction.copy_in_pool_bytes},
-                                 {"copy_in_pool_misses", pool_misses}}},
+                                 {"copy_in_pool_misses", pool_misses},
+                                 {"copies_by_waiting_thread", by_waiter}}},
                       {"plain_step_ms_median", median(pw)},
                       {"joint_faster_by", gain},
                       {"gradients_bitwise_equal", equal}});

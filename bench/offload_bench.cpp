@@ -7,10 +7,13 @@
 //                  write(), later pread() into a preallocated buffer, close(); no fsync
 //      tier        memory::SpillTier::write() / read() into the same preallocated buffers, slot freed
 //      engine      an OffloadEngine's copy queues (Q2 out, Q4 in), asynchronously: every buffer is
-//                  submitted as a saved value, then forward waits once for all writes; backward issues
-//                  every read at once and fetches each. One engine per buffer size for all passes, its
-//                  copy-in pool reserved for these buffers (reserve_copy_in: made and faulted once), so
-//                  reads land in memory the previous pass released
+//                  submitted as a saved value, then forward waits once for all writes (and, waiting,
+//                  runs queued copies itself: CopyWaits::RunQueuedCopies, the engine's default); backward
+//                  issues every read at once and fetches each. One engine per buffer size for all passes,
+//                  its copy-in pool reserved for these buffers (reserve_copy_in: made and faulted once),
+//                  so reads land in memory the previous pass released
+//      engine queue-only  the same engine settings, the waits only blocking (CopyWaits::Block): the
+//                  queues' threads alone, what copies get beside compute
 //      engine cold the same with the pool a training step has: none reserved, so this pass (which
 //                  holds every value at once, nothing released to reuse) makes a buffer per read
 //      raw new-dst raw, reading into buffers allocated just before each read (first-touch page faults)
@@ -131,6 +134,7 @@ struct Phase {
   double write_ms = 0, read_ms = 0, write_cpu_ms = 0, read_cpu_ms = 0;
   double queue_write_ms = 0, queue_read_ms = 0;  // engine only: time its queues spent copying
   int64_t pool_misses = 0;                         // engine only: reads that had to make a pool buffer
+  int64_t copies_by_waiter = 0;                    // engine only: copies the waiting thread ran itself
   bool equal = true;
 };
 
@@ -246,6 +250,7 @@ Phase run_engine(BufferSet& b, memory::OffloadEngine& engine) {
   ph.queue_write_ms = s.write_ms;
   ph.queue_read_ms = s.read_ms;
   ph.pool_misses = s.pool_misses - before.pool_misses;
+  ph.copies_by_waiter = s.copies_by_waiter - before.copies_by_waiter;
   RATION_CHECK(s.written_bytes == b.count * b.size && s.read_bytes == b.count * b.size && s.fallbacks == 0,
                "engine moved ", s.written_bytes, " / ", s.read_bytes, " bytes of ", b.count * b.size, " (", s.fallbacks,
                " fallbacks)");
@@ -346,14 +351,14 @@ int main(int argc, char** argv) {
   if (do_throughput) {
     const int64_t total = total_mib << 20;
     const std::vector<int64_t> sizes = {int64_t{256} << 10, int64_t{4} << 20, int64_t{64} << 20};
-    const std::vector<std::string> modes = {"raw",         "tier",      "engine",      "engine cold",
+    const std::vector<std::string> modes = {"raw",         "tier",      "engine",       "engine queue-only", "engine cold",
                                             "raw new-dst", "raw+fsync", "raw O_DIRECT"};
     std::printf("spill directory %s; %s per buffer size; %d repetitions (rotated order), medians; MB/s = 1e6 B/s\n",
                 dir.c_str(), mib(total).c_str(), reps);
     at::manual_seed(0);
     const at::Tensor pattern = at::randint(0, 256, {total}, at::kByte);  // (total,) the bytes every mode moves
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("\n%-9s %-13s %6s %11s %11s %10s %10s %9s %9s\n", "buffer", "mode", "files", "write MB/s", "read MB/s",
+    std::printf("\n%-9s %-17s %6s %11s %11s %10s %10s %9s %9s\n", "buffer", "mode", "files", "write MB/s", "read MB/s",
                 "write/raw", "read/raw", "wr cpu ms", "rd cpu ms");
     for (const int64_t size : sizes) {
       BufferSet b;
@@ -370,6 +375,9 @@ int main(int argc, char** argv) {
       std::vector<std::vector<Phase>> by_mode(modes.size());
       auto engine = std::make_unique<memory::OffloadEngine>(engine_options(dir));  // every pass of this size
       engine->reserve_copy_in({{size, b.count}});
+      auto queue_only = std::make_unique<memory::OffloadEngine>(engine_options(dir));
+      queue_only->reserve_copy_in({{size, b.count}});
+      queue_only->set_copy_waits(memory::CopyWaits::Block);
       for (int r = -1; r < reps; ++r) {  // r = -1: warm-up pass, not recorded
         for (size_t k = 0; k < modes.size(); ++k) {
           // Rotated, and reversed every other pass, so no mode always follows the same one.
@@ -382,6 +390,7 @@ int main(int argc, char** argv) {
           if (modes[m] == "raw") ph = run_raw(b, dir, false, false);
           else if (modes[m] == "tier") ph = run_tier(b, dir);
           else if (modes[m] == "engine") ph = run_engine(b, *engine);
+          else if (modes[m] == "engine queue-only") ph = run_engine(b, *queue_only);
           else if (modes[m] == "engine cold") {
             memory::OffloadEngine cold(engine_options(dir));
             ph = run_engine(b, cold);
@@ -411,7 +420,7 @@ int main(int argc, char** argv) {
       const double raw_w = mbps(by_mode[0], &Phase::write_ms), raw_r = mbps(by_mode[0], &Phase::read_ms);
       for (size_t m = 0; m < modes.size(); ++m) {
         const double w = mbps(by_mode[m], &Phase::write_ms), rd = mbps(by_mode[m], &Phase::read_ms);
-        std::printf("%-9s %-13s %6lld %11.0f %11.0f %10.2f %10.2f %9.1f %9.1f\n", mib(size).c_str(), modes[m].c_str(),
+        std::printf("%-9s %-17s %6lld %11.0f %11.0f %10.2f %10.2f %9.1f %9.1f\n", mib(size).c_str(), modes[m].c_str(),
                     static_cast<long long>(b.count), w, rd, w / raw_w, rd / raw_r, med(by_mode[m], &Phase::write_cpu_ms),
                     med(by_mode[m], &Phase::read_cpu_ms));
         nlohmann::json row{{"buffer_bytes", size},
@@ -429,19 +438,23 @@ int main(int argc, char** argv) {
           row["write_ms"].push_back(p.write_ms);
           row["read_ms"].push_back(p.read_ms);
         }
-        if (modes[m] == "engine" || modes[m] == "engine cold") {
+        if (modes[m].rfind("engine", 0) == 0) {
           row["queue_write_ms_median"] = med(by_mode[m], &Phase::queue_write_ms);
           row["queue_read_ms_median"] = med(by_mode[m], &Phase::queue_read_ms);
           int64_t misses = 0;
           for (const auto& p : by_mode[m]) misses += p.pool_misses;
           row["copy_in_pool_misses"] = misses;  // engine: 0 once the warm-up pass made the pool
+          int64_t by_waiter = 0;
+          for (const auto& p : by_mode[m]) by_waiter += p.copies_by_waiter;
+          row["copies_by_waiting_thread"] = by_waiter;  // over all recorded passes
         }
         rows.push_back(row);
       }
     }
     std::printf("(raw: write() to a fresh O_TMPFILE file per buffer, no fsync, then pread() + close(); tier: "
                 "SpillTier::write/read; engine: OffloadEngine queues, all submitted then waited on, reads into its "
-                "copy-in pool, reserved for these buffers; engine cold: a new engine per pass, no pool reserved (as in "
+                "copy-in pool, reserved for these buffers, the waiting thread running queued copies too; engine queue-only: "
+                "the same, waits only blocking (the queues' threads alone); engine cold: a new engine per pass, no pool reserved (as in "
                 "training; all values held at once, so nothing to reuse); raw new-dst: raw reading into buffers allocated just before each read; ratios vs raw)\n");
     result["throughput"] = {{"total_bytes_per_size", total}, {"repetitions", reps}, {"rows", rows}};
   }

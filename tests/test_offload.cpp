@@ -10,12 +10,14 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "test_util.h"
 
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
 #include "ration/memory/offload.h"
+#include "ration/memory/plan_simulator.h"
 #include "ration/train/step_runtime.h"
 #include "ration/models/model.h"
 #include "ration/train/budget.h"
@@ -373,6 +375,48 @@ TEST_F(OffloadModel, JointPlanPrefersRecomputeWhenTheTierCannotHide) {
   EXPECT_LE(with_fast.prediction.offload_stall_ms, 1.0);
 }
 
+TEST_F(OffloadModel, CopyDeadlinesGetSlackWithoutRaisingThePeak) {
+  const memory::StepProfile profile = train::profile_step(*model_, batch_, 11);
+  memory::PlanOptions po;
+  po.budget_bytes = int64_t{1} << 40;
+  memory::OffloadCosts fast{1e7, 1e7, 0.01, 16 << 10, 2};
+  fast.copy_in = memory::CopyInMemory::Pooled;
+  po.offload = fast;
+  const memory::Plan loose = memory::make_plan(profile, po);
+  int64_t later = 0, offloaded = 0;
+  for (double f : {0.5, 0.25}) {
+    po.budget_bytes = loose.minimum_peak_bytes +
+                      static_cast<int64_t>(f * static_cast<double>(loose.unconstrained_peak_bytes - loose.minimum_peak_bytes));
+    const memory::Plan plan = memory::make_plan(profile, po);
+    SCOPED_TRACE(plan.to_table());
+    std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
+    for (const auto& g : plan.groups) by_storage[static_cast<size_t>(g.storage)] = g.decision;
+    const memory::OffloadSchedule tight = memory::schedule_offloads(profile, by_storage, fast);
+    memory::OffloadSchedule relaxed = tight;
+    for (const auto& g : plan.groups) {
+      if (g.decision != memory::Decision::Offload) continue;
+      ++offloaded;
+      const int64_t at = tight.deadline[static_cast<size_t>(g.storage)];
+      EXPECT_GE(g.deadline, at) << "a deadline moved earlier than the copy is predicted to land";
+      EXPECT_LT(g.deadline, static_cast<int64_t>(profile.nodes.size()));
+      later += g.deadline > at ? 1 : 0;
+      relaxed.deadline[static_cast<size_t>(g.storage)] = g.deadline;
+    }
+    // The plan's prediction is the simulation with its own (relaxed) deadlines, and its peak is the one
+    // the tight deadlines give: the slack is taken only where a node stays below the peak.
+    const memory::Prediction with_tight =
+        memory::simulate(profile, by_storage, po.extra_fixed_bytes, plan.store_from, &tight);
+    const memory::Prediction with_relaxed =
+        memory::simulate(profile, by_storage, po.extra_fixed_bytes, plan.store_from, &relaxed);
+    EXPECT_EQ(plan.prediction.peak_bytes, with_tight.peak_bytes);
+    EXPECT_EQ(plan.prediction.peak_bytes, with_relaxed.peak_bytes);
+    EXPECT_EQ(plan.prediction.forward_peaks, with_relaxed.forward_peaks);
+    EXPECT_LE(plan.prediction.peak_bytes, po.budget_bytes);
+  }
+  EXPECT_GT(offloaded, 0);
+  EXPECT_GT(later, 0) << "no copy-out got any slack";
+}
+
 
 // ---- the copy-in pool and O(1) fetch -------------------------------------------------------------------
 
@@ -493,6 +537,70 @@ TEST(OffloadEngine, CostsAreMeasuredThroughTheEngineWithItsPool) {
   EXPECT_EQ(d.copy_in, memory::CopyInMemory::Pooled);
   EXPECT_GT(d.read_bytes_per_ms, 1e3);
   EXPECT_EQ(spill.used_bytes(), 0);
+}
+
+// A host tier whose copies take a while and remember the thread that ran them.
+class RecordingTier : public memory::Tier {
+ public:
+  std::string name() const override { return "recording"; }
+  std::unique_ptr<Slot> write(const at::Tensor& src) override {
+    note();
+    return inner_.write(src);
+  }
+  void read(const Slot& slot, at::Tensor& dst) override {
+    note();
+    inner_.read(slot, dst);
+  }
+  int64_t on(std::thread::id id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::count(threads_.begin(), threads_.end(), id);
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads_.clear();
+  }
+
+ private:
+  void note() {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::lock_guard<std::mutex> lock(mu_);
+    threads_.push_back(std::this_thread::get_id());
+  }
+  memory::HostTier inner_;
+  mutable std::mutex mu_;
+  std::vector<std::thread::id> threads_;
+};
+
+TEST(OffloadEngine, AWaitingComputeThreadRunsTheQueuedCopiesItWaitsFor) {
+  OffloadOptions o;
+  o.min_bytes = 0;
+  auto owned = std::make_unique<RecordingTier>();
+  RecordingTier& tier = *owned;
+  memory::OffloadEngine engine(std::move(owned), o);
+  std::vector<at::Tensor> src;
+  for (int i = 0; i < 6; ++i) src.push_back(bytes(64 << 10, 20 + i));
+  const auto me = std::this_thread::get_id();
+  {
+    // Every copy-out is due at node 0: the wait there runs queued copies on this thread, and the fetches
+    // (all issued at once, each waited for in order) run the queued reads up to their own.
+    EngineRound r = engine_round(engine, src);
+    for (size_t i = 0; i < src.size(); ++i) EXPECT_TRUE(at::equal(r.back[i], src[i]));
+    EXPECT_GE(tier.on(me), 1) << "the waiting thread copied nothing itself";
+    // Each copy not done at its deadline counts (50 ms each: only a preemption that long between the
+    // first offload and the deadline check would let the first one finish before it).
+    EXPECT_GE(engine.stats().deadline_waits, 5);
+  }
+  engine.end_step();
+  tier.clear();
+  engine.set_copy_waits(memory::CopyWaits::Block);
+  {
+    EngineRound r = engine_round(engine, src);
+    for (size_t i = 0; i < src.size(); ++i) EXPECT_TRUE(at::equal(r.back[i], src[i]));
+    EXPECT_EQ(tier.on(me), 0) << "CopyWaits::Block leaves every copy to the queues";
+  }
+  engine.end_step();
+  EXPECT_EQ(engine.pending_entries(), 0);
+  EXPECT_EQ(engine.stats().written_bytes, 2 * 6 * (64 << 10));
 }
 
 }  // namespace

@@ -115,6 +115,7 @@ struct OffloadStats {
   double fetch_wait_ms = 0;         // backward blocked waiting for Q4
   int64_t pool_reads = 0;           // copy-ins into a free copy-in pool buffer (already faulted)
   int64_t pool_misses = 0;          // copy-ins that had to add a buffer to the pool
+  int64_t copies_by_waiter = 0;     // copies a waiting compute thread ran itself (CopyWaits)
   int64_t max_usage_bytes = 0;      // highest usage seen at a control point
 };
 
@@ -122,6 +123,12 @@ struct OffloadStats {
 // into a full tier never needs more memory than not offloading) and stops offloading once the tier has
 // been full; a plan recomputes it (the plan counted on its memory being free).
 enum class WhenTierFull { KeepResident, Recompute };
+
+// What the compute thread does while it waits for a copy (a forward deadline or T2 pause, a fetch):
+// RunQueuedCopies takes the queued copies up to the awaited one off the queue and runs them itself (it
+// is idle anyway; two threads copy faster than one), Block only waits. Measuring the queues' own
+// bandwidth (measure_offload_costs: what copies get while compute runs) blocks.
+enum class CopyWaits { RunQueuedCopies, Block };
 
 class OffloadEngine {
  public:
@@ -173,6 +180,7 @@ class OffloadEngine {
   // forward); a caller that knows its sizes may. Made on the device of the values offloaded so far
   // (the CPU before any; remade if it changes).
   void reserve_copy_in(const std::map<int64_t, int64_t>& buffers);
+  void set_copy_waits(CopyWaits waits) { copy_waits_ = waits; }
   int64_t copy_in_pool_bytes() const { return pool_.bytes(); }
 
   struct CopyStreams;  // the GPU copy-out / copy-in streams (offload.cpp; empty without RATION_CUDA)
@@ -199,6 +207,7 @@ class OffloadEngine {
   CopyInPool pool_;                                                     // copy-in destinations
   std::optional<std::map<int64_t, int64_t>> pool_plan_;                 // reserve_copy_in's (none: empty)
   int64_t forward_ordinal_ = -1;                                        // the node whose saves are offloaded now
+  CopyWaits copy_waits_ = CopyWaits::RunQueuedCopies;
   std::atomic<bool> tier_was_full_{false};  // a copy-out failed: KeepResident offloads stop
   at::Device device_ = at::kCPU;
   mutable std::mutex stats_mu_;

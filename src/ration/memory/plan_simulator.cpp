@@ -335,6 +335,33 @@ OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<Decisi
   return sch;
 }
 
+void relax_deadlines(const StepProfile& p, const std::vector<Decision>& decision, const std::vector<int64_t>& forward_peaks,
+                     int64_t bound, OffloadSchedule& sch) {
+  const auto nn = static_cast<int64_t>(p.nodes.size());
+  if (nn == 0 || static_cast<int64_t>(forward_peaks.size()) != nn) return;
+  std::vector<int64_t> peaks = forward_peaks;  // with the storages held so far
+  const std::vector<int64_t>& saved_at = save_span(p).saved_at;
+  std::vector<size_t> order;  // Q2's order: saving order
+  for (size_t s = 0; s < decision.size(); ++s)
+    if (decision[s] == Decision::Offload && saved_at[s] >= 0 && sch.deadline[s] >= 0) order.push_back(s);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return saved_at[a] < saved_at[b]; });
+  // One node at a time, round robin, so the copies that share headroom share it evenly. Holding a
+  // storage through node k is counted as its bytes on top of k's peak (an upper bound: a storage model
+  // code still holds there costs nothing more).
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t s : order) {
+      const int64_t next = sch.deadline[s] + 1;
+      if (next >= nn) continue;
+      const int64_t bytes = p.storages[s].bytes;
+      if (peaks[static_cast<size_t>(next)] + bytes > bound) continue;
+      peaks[static_cast<size_t>(next)] += bytes;
+      sch.deadline[s] = next;
+      moved = true;
+    }
+  }
+}
+
 Prediction simulate(const StepProfile& profile, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule) {
   RATION_ASSERT(decision.size() == profile.storages.size(), "decision vector size mismatch");

@@ -160,6 +160,13 @@ Prediction simulate(const StepProfile& profile, const std::vector<Decision>& dec
 // at the first node whose end the copy has reached; fetch-back early enough to land before first use.
 OffloadSchedule schedule_offloads(const StepProfile& profile, const std::vector<Decision>& decision,
                                   const OffloadCosts& costs);
+// Slack for the copy-outs: schedule_offloads puts each deadline at the node where its copy is predicted
+// to land, so a copy slower than predicted (compute beside it, other processes) makes forward wait.
+// Moves each deadline later while every forward node it passes stays at or below `bound` with the
+// storage still held (`forward_peaks`: the prediction with `sch`); with bound = the plan's predicted
+// peak, the peak, and so the measured one, is unchanged. docs/METHODS.md, "Joint keep/recompute/offload plan".
+void relax_deadlines(const StepProfile& profile, const std::vector<Decision>& decision,
+                     const std::vector<int64_t>& forward_peaks, int64_t bound, OffloadSchedule& sch);
 
 // Plan. Throws ration::Error when the budget is below the feasible minimum (stating it), when the
 // strategy cannot meet the budget, or when an override asks to keep more than the initial figure.

@@ -240,10 +240,18 @@ void ChainTier::read(const Slot& slot_in, at::Tensor& dst) {
 ThrottledTier::ThrottledTier(std::unique_ptr<Tier> inner, double bytes_per_second, int64_t fail_after_bytes)
     : inner_(std::move(inner)), bytes_per_second_(bytes_per_second), fail_after_(fail_after_bytes) {}
 
-void ThrottledTier::pace(int64_t bytes, double seconds_taken) const {
+void ThrottledTier::pace(int64_t bytes, std::chrono::steady_clock::time_point started,
+                         std::chrono::steady_clock::time_point& next_free) const {
   if (bytes_per_second_ <= 0) return;
-  const double want = static_cast<double>(bytes) / bytes_per_second_;
-  if (want > seconds_taken) std::this_thread::sleep_for(std::chrono::duration<double>(want - seconds_taken));
+  const auto need = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(static_cast<double>(bytes) / bytes_per_second_));
+  std::chrono::steady_clock::time_point until;
+  {
+    std::lock_guard<std::mutex> lock(pace_mu_);
+    until = std::max(started, next_free) + need;
+    next_free = until;
+  }
+  std::this_thread::sleep_until(until);
 }
 
 std::unique_ptr<Tier::Slot> ThrottledTier::write(const at::Tensor& src) {
@@ -252,7 +260,7 @@ std::unique_ptr<Tier::Slot> ThrottledTier::write(const at::Tensor& src) {
   const auto t0 = std::chrono::steady_clock::now();
   auto slot = inner_->write(src);
   written_ += src.numel();
-  pace(src.numel(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  pace(src.numel(), t0, writes_free_);
   return slot;
 }
 
@@ -264,7 +272,7 @@ int64_t ThrottledTier::free_bytes() const {
 void ThrottledTier::read(const Slot& slot, at::Tensor& dst) {
   const auto t0 = std::chrono::steady_clock::now();
   inner_->read(slot, dst);
-  pace(slot.bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  pace(slot.bytes, t0, reads_free_);
 }
 
 }  // namespace ration::memory

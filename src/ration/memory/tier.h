@@ -8,13 +8,14 @@
 //   HostTier      — host memory outside the device budget: pinned memory on a GPU build, plain memory
 //                   on CPU (where it stands in for the GPU's host tier in tests); an optional byte limit.
 //   ChainTier     — first tier while it has room, then the second (device → host → disk).
-//   ThrottledTier — wraps a tier and limits its bandwidth / fails after N bytes: tests and benches use it
+//   ThrottledTier — wraps a tier and limits its bandwidth (shared by concurrent copies) / fails after N bytes: tests and benches use it
 //                   to make back-pressure and full-disk behaviour deterministic.
 // Does not own: when to offload or fetch (offload.h).
 #pragma once
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -110,9 +111,16 @@ class ThrottledTier : public Tier {
   int64_t free_bytes() const override;
 
  private:
-  void pace(int64_t bytes, double seconds_taken) const;
+  // Sleeps until the copy that started at `started` has used its share of the bandwidth: copies in one
+  // direction running at once (the queue's thread and a waiting compute thread) share it, each after the
+  // ones before; writes and reads are paced apart (each has the whole bandwidth, as before).
+  void pace(int64_t bytes, std::chrono::steady_clock::time_point started,
+            std::chrono::steady_clock::time_point& next_free) const;
   std::unique_ptr<Tier> inner_;
   double bytes_per_second_;
+  mutable std::mutex pace_mu_;
+  // When the write / read bandwidth is free again.
+  mutable std::chrono::steady_clock::time_point writes_free_{}, reads_free_{};
   int64_t fail_after_;
   std::atomic<int64_t> written_{0};
 };
