@@ -373,8 +373,7 @@ Reply PsClient::exchange(const Push& push, at::Tensor& params) {
 void PsClient::finish() {
   at::Tensor h = header();
   h.data_ptr<double>()[0] = static_cast<double>(PushKind::Finished);
-  channel_.send_recv({{0, h}}, {}, kPushHeaderTag);
-  bytes_sent_ += h.numel() * 8;
+  channel_.send_recv({{0, h}}, {}, kPushHeaderTag);  // not counted: bytes_sent() counts the pushes
 }
 
 }  // namespace ration::dist

@@ -1,6 +1,8 @@
 // ps_exchange.cpp — the server's copy of the global model and the per-step push/pull (see ps_exchange.h).
 #include "ration/train/ps_exchange.h"
 
+#include <algorithm>
+
 #include "ration/core/check.h"
 #include "ration/optim/clip.h"
 
@@ -147,6 +149,8 @@ nlohmann::json PsExchange::report() {
     j["pushes"] = pushes_;
     j["dropped"] = dropped_;
     j["bytes_pushed"] = client_->bytes_sent();
+    // Per step, exactly: the gradient (4 x numel) and the 64-byte header of each push.
+    j["bytes_sent_per_step"] = static_cast<double>(client_->bytes_sent()) / static_cast<double>(std::max<int64_t>(pushes_, 1));
     return j;
   }
   const dist::PsAggregationStats st = aggregator_->stats();
@@ -163,6 +167,8 @@ nlohmann::json PsExchange::report() {
     wait[r] = st.pushes[r] > 0 ? st.wait_ms[r] / static_cast<double>(st.pushes[r]) : 0.0;
   j["reply_wait_ms_by_rank"] = wait;
   j["bytes_sent_to_workers"] = links_->bytes_sent();
+  // Per step of rank 0's own: the replies (parameters and header) it sent to the workers meanwhile.
+  j["bytes_sent_per_step"] = static_cast<double>(links_->bytes_sent()) / static_cast<double>(std::max<int64_t>(pushes_, 1));
   return j;
 }
 
