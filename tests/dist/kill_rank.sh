@@ -1,10 +1,11 @@
 #!/bin/bash
-# kill_rank.sh BUILD_DIR SOURCE_DIR N VICTIM — `ration launch -n N` trains gpt; once rank 0 has logged a
+# kill_rank.sh BUILD_DIR SOURCE_DIR N VICTIM [TRAIN ARGS...] — `ration launch -n N` trains gpt; once rank 0 has logged a
 # few steps, rank VICTIM is killed with SIGKILL (mid-step: a step takes ~100 ms, the kill lands anywhere).
 # Passes when, within dist.timeout_s (20 s here), the launcher exits non-zero naming the victim and its
 # signal, and every surviving rank exits non-zero with an error naming the lost rank.
 set -u
 build=$1 src=$2 n=$3 victim=$4
+shift 4  # the rest: extra `ration train` arguments (e.g. --set dist.topology=ps --set dist.backup_workers=1)
 timeout_s=20
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -12,7 +13,7 @@ fail() { echo "---- launcher output ----"; cat "$log"; echo "FAIL: $*"; exit 1; 
 
 "$build/ration" launch -n "$n" --master-port 0 --grace 30 -- train "$src/configs/gpt.toml" --steps 100000 \
   --set model.n_layer=2 --set model.n_embd=64 \
-  --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=1 --set dist.timeout_s=$timeout_s \
+  --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=1 --set dist.timeout_s=$timeout_s "$@" \
   >"$log" 2>&1 &
 launcher=$!
 for _ in $(seq 1 900); do grep -q "step 3/" "$log" && break; sleep 0.1; done

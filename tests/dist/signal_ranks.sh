@@ -1,5 +1,5 @@
 #!/bin/bash
-# signal_ranks.sh BUILD_DIR SOURCE_DIR TARGET — `ration launch -n 2` trains gpt with a checkpoint
+# signal_ranks.sh BUILD_DIR SOURCE_DIR TARGET [TRAIN ARGS...] — `ration launch -n 2` trains gpt with a checkpoint
 # directory; once rank 0 has logged a few steps, SIGINT goes to one rank only (TARGET=rank1) or SIGTERM
 # to the launcher (TARGET=launcher, which forwards it to every rank). Every rank carries its stop request
 # in the step's loss all-reduce, so both ranks stop after the same step: passes when both exit with the
@@ -7,6 +7,7 @@
 # "stopped by SIG... after step K" and rank 0's checkpoint of step K exists.
 set -u
 build=$1 src=$2 target=$3
+shift 3  # the rest: extra `ration train` arguments
 timeout_s=30
 log=$(mktemp)
 ckpt=$(mktemp -d)
@@ -15,7 +16,7 @@ fail() { echo "---- launcher output ----"; cat "$log"; echo "FAIL: $*"; exit 1; 
 
 "$build/ration" launch -n 2 --master-port 0 --grace 30 -- train "$src/configs/gpt.toml" --steps 100000 \
   --set model.n_layer=2 --set model.n_embd=64 --set train.threads=1 --set train.checkpoint_dir="$ckpt" \
-  --set train.checkpoint_every=100000 --set train.log_every=1 --set dist.timeout_s=$timeout_s >"$log" 2>&1 &
+  --set train.checkpoint_every=100000 --set train.log_every=1 --set dist.timeout_s=$timeout_s "$@" >"$log" 2>&1 &
 launcher=$!
 for _ in $(seq 1 900); do grep -q "step 3/" "$log" && break; sleep 0.1; done
 grep -q "step 3/" "$log" || fail "training did not start"

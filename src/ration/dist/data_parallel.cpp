@@ -8,6 +8,47 @@
 
 namespace ration::dist {
 
+namespace {
+
+// ---- partial and asynchronous aggregation (dist/ps_aggregation.h) and the slow-rank test aid ----------
+void read_partial_aggregation(Config& cfg, DataParallelSettings& s) {
+  s.ps.backup_workers = cfg.get_int("dist.backup_workers", 0);
+  RATION_CHECK(s.ps.backup_workers >= 0, cfg.origin(), ": dist.backup_workers must be an integer >= 0 (k: each "
+               "round aggregates the first N - k pushes), got ", s.ps.backup_workers);
+  const bool async = cfg.get_choice("dist.sync", "sync", {"sync", "async"}) == "async";
+  s.ps.max_staleness = cfg.get_int("dist.max_staleness", 1);
+  RATION_CHECK(s.ps.max_staleness >= 0, cfg.origin(), ": dist.max_staleness must be an integer >= 0 (pushes a "
+               "worker may run ahead of the slowest; 0 is synchronous), got ", s.ps.max_staleness);
+  RATION_CHECK(!(async && s.ps.backup_workers > 0), cfg.origin(), ": dist.sync = \"async\" and dist.backup_workers = ",
+               s.ps.backup_workers, " do not combine (backup workers close synchronous rounds; asynchronous pushes have "
+               "none); set one of them");
+  s.ps.mode = async ? PsAggregation::BoundedAsync
+                    : s.ps.backup_workers > 0 ? PsAggregation::BackupWorkers : PsAggregation::Synchronous;
+  RATION_CHECK(s.ps.mode == PsAggregation::Synchronous || s.reducer.topology == Topology::ParameterServer, cfg.origin(),
+               ": ", async ? "dist.sync = \"async\"" : "dist.backup_workers > 0", " needs dist.topology = \"ps\" (the "
+               "server is where a late gradient can be dropped or a push applied on its own; \"allreduce\" and "
+               "\"gossip\" sum every rank in every collective), got dist.topology = \"",
+               to_string(s.reducer.topology), "\"");
+  s.reducer.ps_aggregation = s.ps.mode;
+  s.reducer.aggregate = parse_aggregate(cfg.get_string("dist.aggregate", "gradients"), cfg.origin());
+  if (s.reducer.aggregate == Aggregate::Parameters) {
+    RATION_CHECK(s.reducer.topology == Topology::AllReduce && s.compress == "none" &&
+                     s.ps.mode == PsAggregation::Synchronous,
+                 cfg.origin(), ": dist.aggregate = \"parameters\" (model averaging) all-reduces fp32 parameters; it "
+                 "needs dist.topology = \"allreduce\", dist.compress = \"none\" and no backup workers or async, got "
+                 "dist.topology = \"", to_string(s.reducer.topology), "\", dist.compress = \"", s.compress, "\"");
+    s.reducer.average_every = s.reducer.sync_every;  // K: local steps between averages, one micro-batch each
+    s.reducer.sync_every = 1;
+  }
+  s.debug_delay_ms = cfg.get_int("dist.debug_delay_ms", 0);
+  s.debug_delay_rank = cfg.get_int("dist.debug_delay_rank", -1);
+  RATION_CHECK(s.debug_delay_ms >= 0 && s.debug_delay_rank >= -1, cfg.origin(), ": dist.debug_delay_ms must be an "
+               "integer >= 0 and dist.debug_delay_rank an integer >= -1 (test aid: that rank sleeps this long per "
+               "step), got ", s.debug_delay_ms, " and ", s.debug_delay_rank);
+}
+
+}  // namespace
+
 DataParallelSettings read_data_parallel_settings(Config& cfg) {
   DataParallelSettings s;
   s.reducer.bucket_bytes = cfg.get_bytes("dist.bucket_bytes", s.reducer.bucket_bytes);
@@ -47,6 +88,7 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
   s.timeout_s = cfg.get_int("dist.timeout_s", s.timeout_s);
   RATION_CHECK(s.timeout_s >= 1, cfg.origin(), ": dist.timeout_s must be a whole number of seconds >= 1, got ",
                s.timeout_s);
+  read_partial_aggregation(cfg, s);
   return s;
 }
 

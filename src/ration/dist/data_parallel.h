@@ -20,6 +20,13 @@
 //   onebit_space        "gradient" | "update"     onebit: code g + e, or (g + e) / AdamW's denominator
 //   timeout_s           integer >= 1, default 60  rendezvous and every collective; a lost rank is named
 //                                                 within about this long
+//   backup_workers      integer >= 0, default 0   topology "ps": each round aggregates the first N-k pushes
+//   sync                "sync" | "async"          topology "ps": "async" applies each push as it arrives
+//   max_staleness       integer >= 0, default 1   async: a worker runs at most this many pushes ahead
+//   aggregate           "gradients" | "parameters"  "parameters": local steps, parameters averaged every
+//                                                 sync_every steps (model averaging; allreduce only)
+//   debug_delay_ms      integer >= 0, default 0   test aid: rank debug_delay_rank sleeps this long per step
+//   debug_delay_rank    integer, default -1       (-1: none)
 #pragma once
 #include <cstdint>
 #include <map>
@@ -29,6 +36,7 @@
 
 #include "ration/core/value.h"
 #include "ration/dist/comm_hook.h"
+#include "ration/dist/ps_aggregation.h"
 #include "ration/dist/reducer.h"
 #include "ration/dist/world.h"
 #include "ration/config/config.h"
@@ -40,6 +48,9 @@ struct DataParallelSettings {
   std::string compress = "none";
   OneBitOptions onebit;  // error_feedback, onebit_block, compress_warmup
   int64_t timeout_s = 60;
+  PsAggregationOptions ps;        // backup_workers, sync, max_staleness (dist/ps_aggregation.h)
+  int64_t debug_delay_ms = 0;     // test aid: one rank made slow, deterministically
+  int64_t debug_delay_rank = -1;
 };
 DataParallelSettings read_data_parallel_settings(Config& cfg);
 

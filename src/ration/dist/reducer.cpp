@@ -199,8 +199,10 @@ void Reducer::comm_loop() {
 
 Traffic Reducer::send_bucket(int bucket, at::Tensor& flat) {
   switch (options_.topology) {
-    case Topology::AllReduce: return hook_->reduce(world_, bucket, flat);
-    case Topology::ParameterServer: return reduce_to_server(world_, bucket, flat);
+    case Topology::AllReduce:  // model averaging: no gradient leaves this rank
+      return options_.aggregate == Aggregate::Gradients ? hook_->reduce(world_, bucket, flat) : Traffic{};
+    case Topology::ParameterServer:  // partial / asynchronous aggregation: the caller pushes after finalize()
+      return options_.ps_aggregation == PsAggregation::Synchronous ? reduce_to_server(world_, bucket, flat) : Traffic{};
     case Topology::Gossip: return {};  // no gradient leaves this rank
   }
   return {};
@@ -209,7 +211,12 @@ Traffic Reducer::send_bucket(int bucket, at::Tensor& flat) {
 void Reducer::after_optimizer_step() {
   if (exchange_ == ParameterExchange::Done) return;
   exchange_ = ParameterExchange::Done;
+  if (options_.aggregate == Aggregate::Parameters) {
+    if (++steps_since_average_ >= options_.average_every) average_parameters_now();
+    return;
+  }
   if (options_.topology == Topology::AllReduce || world_.size() <= 1) return;
+  if (options_.ps_aggregation != PsAggregation::Synchronous) return;  // the caller pulled (ps_aggregation.h)
   std::vector<at::Tensor> params;
   params.reserve(slots_.size());
   for (const Slot& s : slots_) params.push_back(s.param->tensor);
@@ -223,6 +230,25 @@ void Reducer::after_optimizer_step() {
   stats_.comm_ms += ms;
   stats_.exposed_ms += ms;  // on the caller's thread, after the step: nothing hides it
   stats_.exchange_ms += ms;
+}
+
+void Reducer::average_parameters_now() {
+  if (options_.aggregate != Aggregate::Parameters || steps_since_average_ == 0 || world_.size() <= 1) return;
+  std::vector<at::Tensor> params;
+  params.reserve(slots_.size());
+  for (const Slot& s : slots_) params.push_back(s.param->tensor);
+  const auto t0 = Clock::now();
+  TraceRegion span("collectives", "collective", "parameter average");
+  const Traffic traffic = average_parameters(world_, params, weight_since_average_);
+  const double ms = ms_between(t0, Clock::now());
+  steps_since_average_ = 0;
+  weight_since_average_ = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.traffic += traffic;
+  stats_.comm_ms += ms;
+  stats_.exposed_ms += ms;
+  stats_.exchange_ms += ms;
+  ++stats_.averages;
 }
 
 void Reducer::finalize() {
@@ -250,7 +276,9 @@ void Reducer::finalize() {
   }
   lock.unlock();
   exchange_ = ParameterExchange::Due;
-  if (options_.topology == Topology::Gossip && window_weight_ > 0) {
+  weight_since_average_ += window_weight_;
+  const bool own_gradient = options_.topology == Topology::Gossip || options_.aggregate == Aggregate::Parameters;
+  if (own_gradient && window_weight_ > 0) {
     at::NoGradGuard no_grad;
     for (Bucket& b : buckets_) b.flat.div_(window_weight_);  // this rank's own mean gradient
   }

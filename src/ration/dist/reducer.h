@@ -37,6 +37,7 @@
 
 #include "ration/core/value.h"
 #include "ration/dist/comm_hook.h"
+#include "ration/dist/ps_aggregation.h"
 #include "ration/dist/topology.h"
 #include "ration/dist/world.h"
 
@@ -51,6 +52,15 @@ struct ReducerOptions {
   // parameters are replaced after the step); Gossip sends no gradient: param.grad becomes this rank's
   // own mean gradient (the weighted sum over the window divided by this rank's share).
   Topology topology = Topology::AllReduce;
+  // ParameterServer only: Synchronous sends buckets to rank 0 during backward and exchanges parameters
+  // after the step (dist/topology.h); BackupWorkers and BoundedAsync send nothing here: the caller pushes
+  // the window's weighted gradient after finalize() (dist/ps_aggregation.h).
+  PsAggregation ps_aggregation = PsAggregation::Synchronous;
+  // AllReduce only: Gradients all-reduces every window's buckets; Parameters sends no gradient (param.grad
+  // is this rank's own mean gradient, as with Gossip) and, after every average_every-th optimiser step,
+  // replaces every rank's parameters by their sample-weighted mean (model averaging, local SGD).
+  Aggregate aggregate = Aggregate::Gradients;
+  int64_t average_every = 1;
 };
 
 // One bucket: parameters (in reverse model order) packed into one flat float32 buffer.
@@ -70,6 +80,7 @@ struct ReducerStats {
   // Of comm_ms and exposed_ms: the parameter exchange after the optimiser step (ps, gossip), which runs
   // on the caller's thread after the step runtime has timed the step.
   double exchange_ms = 0;
+  int64_t averages = 0;         // Aggregate::Parameters: parameter averages taken
   // Fraction of communication hidden under backward: 1 - exposed / comm (0 when nothing was sent).
   double overlap() const;
 };
@@ -101,6 +112,9 @@ class Reducer {
   // rank 0 sends its parameters to every rank; Gossip: the ring-neighbour average; AllReduce: nothing).
   // Does nothing unless a finalize() is waiting for it, so it may be called after every backward.
   void after_optimizer_step();
+  // Aggregate::Parameters: averages the parameters now if any local step happened since the last average
+  // (every rank must call it: the end of a run, so that every rank holds the same final model).
+  void average_parameters_now();
 
   const std::vector<BucketLayout>& buckets() const { return layouts_; }
   // Per-parameter tensors (by name, any shape with the parameter's numel) laid out as the buckets are:
@@ -144,6 +158,8 @@ class Reducer {
   double weight_ = 1;
   double window_weight_ = 0;                          // sum of this window's weights (this rank's share)
   ParameterExchange exchange_ = ParameterExchange::Done;
+  int64_t steps_since_average_ = 0;                   // Aggregate::Parameters: local steps not yet averaged
+  double weight_since_average_ = 0;                   // and this rank's share of their samples
   WindowContext context_;
   int64_t micro_ = 0;                                 // backward passes of this window prepared so far
   size_t next_launch_ = 0;

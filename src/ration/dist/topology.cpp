@@ -44,6 +44,33 @@ Topology parse_topology(const std::string& text, const std::string& origin) {
                           "\""));
 }
 
+const char* to_string(Aggregate a) { return a == Aggregate::Gradients ? "gradients" : "parameters"; }
+
+Aggregate parse_aggregate(const std::string& text, const std::string& origin) {
+  for (Aggregate a : {Aggregate::Gradients, Aggregate::Parameters})
+    if (text == to_string(a)) return a;
+  throw Error(detail::str(origin, ": dist.aggregate must be one of \"gradients\", \"parameters\"; got \"", text,
+                          "\""));
+}
+
+Traffic average_parameters(const World& world, const std::vector<at::Tensor>& params, double weight) {
+  if (world.size() <= 1) return {};
+  at::NoGradGuard no_grad;
+  const at::Tensor mine = pack(params);
+  at::Tensor flat = at::empty({mine.numel() + 1}, at::kFloat);  // (P + 1) w * params, then w
+  flat.narrow(0, 0, mine.numel()).copy_(mine).mul_(weight);
+  flat[mine.numel()] = static_cast<float>(weight);
+  world.all_reduce_sum(flat);
+  const float total = flat[mine.numel()].item<float>();
+  at::Tensor mean = flat.narrow(0, 0, mine.numel());
+  if (total > 0) mean.div_(total);
+  unpack(mean, params);
+  Traffic traffic;
+  traffic.payload_bytes = bytes_of(flat);
+  traffic.wire_bytes = 2 * (world.size() - 1) * bytes_of(flat) / world.size();
+  return traffic;
+}
+
 Traffic reduce_to_server(const World& world, int bucket, at::Tensor& flat) {
   const int n = world.size();
   if (n <= 1) return {};

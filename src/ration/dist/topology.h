@@ -2,8 +2,9 @@
 // gradient sum), a centralised parameter server (rank 0 sums the gradients, steps, and sends the
 // parameters back) or gossip (each rank steps on its own gradient, then averages its parameters with its
 // ring neighbours). See docs/DISTRIBUTED.md, "Topologies", and docs/METHODS.md.
-// Owns: the Topology names, the server's gradient gather-and-sum, the server's parameter send, the
-//       gossip neighbour average, and the exact bytes each of them hands to c10d.
+// Owns: the Topology and Aggregate names, the server's gradient gather-and-sum, the server's parameter
+//       send, the gossip neighbour average, the weighted parameter average (model averaging), and the
+//       exact bytes each of them hands to c10d.
 // Does not own: bucketing, weighting and when a bucket leaves (dist/reducer.h), how an all-reduce bucket
 //       is coded (dist/comm_hook.h), the optimiser.
 #pragma once
@@ -34,6 +35,19 @@ Traffic reduce_to_server(const World& world, int bucket, at::Tensor& flat);
 // buffer) to every worker, which overwrites its own. Traffic: the server sends (N-1) x the parameters'
 // bytes, a worker none.
 Traffic send_parameters_from_server(const World& world, const std::vector<at::Tensor>& params);
+
+// What the ranks combine (dist.aggregate): their gradients before every optimiser step (full or partial
+// aggregation), or their parameters every K steps after local steps (model averaging, local SGD: the
+// ensemble-style aggregation of docs/METHODS.md, "Distributed training").
+enum class Aggregate { Gradients, Parameters };
+const char* to_string(Aggregate a);
+// "gradients" | "parameters"; anything else: ration::Error naming `origin`, dist.aggregate and the choices.
+Aggregate parse_aggregate(const std::string& text, const std::string& origin);
+
+// Model averaging: every rank's parameters become the weighted mean over ranks, sum_r w_r p_r / sum_r w_r
+// (one all-reduce of the weighted parameters and the weight; `weight` is this rank's share of the samples
+// since the last average). Traffic: the parameters' bytes plus one float, all-reduced.
+Traffic average_parameters(const World& world, const std::vector<at::Tensor>& params, double weight);
 
 // Gossip, after every rank's own optimiser step: each rank's parameters become the mean of its own and
 // its ring neighbours' (rank-1 and rank+1 mod N: weights 1/3 each for N >= 3; for N = 2 the one

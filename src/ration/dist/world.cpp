@@ -34,6 +34,9 @@ struct World::State {
   at::Device device = at::kCPU;
   c10::intrusive_ptr<c10d::Store> store;          // null for init_single
   c10::intrusive_ptr<Collectives> group;          // null for init_single
+  std::chrono::milliseconds timeout{0};           // of rendezvous and every collective (open_channel reuses it)
+  std::shared_ptr<::gloo::transport::Device> gloo_device;  // Gloo: the device the group binds (open_channel too)
+  int channels_opened = 0;  // open_channel calls so far: each channel's store keys are its own
   std::mutex replica_mu;
   std::weak_ptr<ReplicaGroup> replica_group;      // weak: the group holds a World (no cycle)
 };
@@ -169,11 +172,13 @@ World World::init_from(const Env& env, const WorldOptions& options) {
     }
   }
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ration/world", state->store);
+  state->timeout = timeout;
 
   try {
     if (state->backend == Backend::Gloo) {
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-      opts->devices.push_back(gloo_device(env, master));
+      state->gloo_device = gloo_device(env, master);
+      opts->devices.push_back(state->gloo_device);
       state->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, state->rank, state->size, opts);
     }
 #ifdef RATION_CUDA
@@ -294,6 +299,44 @@ void World::barrier() const {
   const State& s = state();
   if (!s.group) return;
   run_collective("barrier", s.rank, s.size, [&] { return s.group->barrier(); });
+}
+
+World World::open_channel(const std::string& name) const {
+  const State& s = state();
+  World w;
+  w.state_ = std::make_shared<State>();
+  if (!s.group) return w;  // one process
+  State& c = *w.state_;
+  c.rank = s.rank;
+  c.size = s.size;
+  c.backend = s.backend;
+  c.device = s.device;
+  c.store = s.store;
+  c.timeout = s.timeout;
+  c.gloo_device = s.gloo_device;
+  // Every rank opens channels in the same order, so the count names the same keys everywhere; a second
+  // channel of the same name (a second run in one process) must not meet the first one's addresses.
+  const int serial = const_cast<State&>(s).channels_opened++;
+  auto prefixed =
+      c10::make_intrusive<c10d::PrefixStore>("ration/" + name + "/" + std::to_string(serial), s.store);
+  try {
+    if (s.backend == Backend::Gloo) {
+      auto opts = c10d::ProcessGroupGloo::Options::create(s.timeout);
+      opts->devices.push_back(s.gloo_device);
+      c.group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, s.rank, s.size, opts);
+    }
+#ifdef RATION_CUDA
+    else {
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = s.timeout;
+      c.group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, s.rank, s.size, opts);
+    }
+#endif
+  } catch (const std::exception& e) {
+    throw CollectiveError(detail::str("rank ", s.rank, " of ", s.size, " could not open the process group '", name,
+                                      "': ", e.what()));
+  }
+  return w;
 }
 
 std::shared_ptr<ReplicaGroup> World::replica_group() const {

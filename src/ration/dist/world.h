@@ -101,6 +101,13 @@ class World {
   using PeerTensors = std::vector<std::pair<int, at::Tensor>>;
   void send_recv(const PeerTensors& sends, const PeerTensors& recvs, int tag) const;
 
+  // A second process group over the same ranks and rendezvous store (key prefix "ration/<name>"), with
+  // this world's backend and timeout: traffic on it never pairs with this world's collectives, so one
+  // thread may use it while another issues collectives here. Every rank must call it, in the same order,
+  // with the same name (store keys "ration/<name>/<how many channels this world opened before>"). A
+  // one-process world returns another one-process world.
+  World open_channel(const std::string& name) const;
+
   // This world as a memory ReplicaGroup (one shared instance per world).
   std::shared_ptr<ReplicaGroup> replica_group() const;
 

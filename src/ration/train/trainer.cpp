@@ -33,6 +33,7 @@
 #include "ration/train/budget.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/progress.h"
+#include "ration/train/ps_exchange.h"
 #include "ration/train/signals.h"
 #include "ration/seq/tbptt.h"
 #include "ration/train/step_runtime.h"
@@ -480,6 +481,7 @@ class TrainingRun {
       runtime_.add_hook(op_profile_.get());
     }
     for (; step_ < total_steps_; ++step_) {
+      step_begin_ = step_;
       train_one_step();
       after_step_duties();
       if ((stop_signal_ = reducer_ ? agreed_stop_ : InterruptScope::requested()) != 0) {
@@ -487,6 +489,8 @@ class TrainingRun {
         break;
       }
     }
+    if (ps_) ps_->finish(*optimizer_);  // rank 0: every worker done; the model holds the final global one
+    if (reducer_) reducer_->average_parameters_now();  // dist.aggregate = "parameters": one final model
     progress_.finish();
     // A stopped run skips the final evaluation (the user is waiting) and saves where it stopped.
     if (stop_signal_ != 0) {
@@ -552,11 +556,25 @@ class TrainingRun {
         world_, params_, dist::make_comm_hook(keys_.dp.compress, keys_.dp.onebit, setup_.config.origin()),
         keys_.dp.reducer);
     reducer_hook_ = std::make_unique<ReducerHook>(*reducer_, *optimizer_);
+    attach_partial_aggregation();
     const std::string note = dist::restore_hook_state(world_, reducer_->hook(), resumed_hook_state_);
     if (!note.empty()) progress_.note(note);
     resumed_hook_state_.clear();
     runtime_.add_hook(reducer_hook_.get());
   }
+  // dist.backup_workers / dist.sync = "async" (train/ps_exchange.h): every rank opens the parameter
+  // server's channel; rank 0 builds the global model's copy and serves it.
+  void attach_partial_aggregation() {
+    const int n = world_.size();
+    RATION_CHECK(keys_.dp.debug_delay_ms == 0 || keys_.dp.debug_delay_rank < n, setup_.config.origin(),
+                 ": dist.debug_delay_rank must name a rank in [0, ", n, ") or be -1, got ", keys_.dp.debug_delay_rank);
+    if (keys_.dp.ps.mode == dist::PsAggregation::Synchronous || n <= 1) return;
+    RATION_CHECK(keys_.dp.ps.mode != dist::PsAggregation::BackupWorkers || keys_.dp.ps.backup_workers < n,
+                 setup_.config.origin(), ": dist.backup_workers must be in [1, ", n - 1, "] with ", n,
+                 " ranks (each round aggregates the first N - k pushes), got ", keys_.dp.ps.backup_workers);
+    ps_ = std::make_unique<PsExchange>(world_, keys_.dp.ps, params_, run_, *optimizer_, *schedule_, step_);
+  }
+  bool loose() const { return ps_ != nullptr; }  // partial or asynchronous aggregation: no per-step collective
   bool is_lm() const { return setup_.data_kind == "text"; }
   bool is_ctr() const { return setup_.data_kind == "synthetic_ctr" || setup_.data_kind == "movielens"; }
 
@@ -671,6 +689,10 @@ class TrainingRun {
   // samples over every rank (known before the first from the shard arithmetic); the last one's backward
   // launches the buckets and the runtime's before_optimizer hook waits for them.
   StepStats synchronized_step() {
+    const auto t0 = Clock::now();
+    // Test aid (dist.debug_delay_ms): this rank computes slowly, so its gradient comes late.
+    if (keys_.dp.debug_delay_ms > 0 && world_.rank() == keys_.dp.debug_delay_rank)
+      std::this_thread::sleep_for(std::chrono::milliseconds(keys_.dp.debug_delay_ms));
     const auto micro_batches = static_cast<size_t>(keys_.dp.reducer.sync_every);
     std::vector<std::vector<int64_t>> micro(micro_batches);
     int64_t step_samples = 0;
@@ -685,10 +707,10 @@ class TrainingRun {
       const double weight = static_cast<double>(micro[k].size()) / static_cast<double>(step_samples);
       StepOptions o = step_options(k);
       const bool last = k + 1 == micro.size();
-      if (!last) o.optimizer = nullptr;  // accumulate: the reducer holds the weighted gradients
+      if (!last || loose()) o.optimizer = nullptr;  // accumulate (or the server steps): the reducer holds them
       if (micro[k].empty()) {  // a short last batch left this rank nothing: it contributes zeros
         reducer_->prepare_backward(0);
-        if (last) finish_without_batch();
+        if (last && !loose()) finish_without_batch();
         continue;
       }
       const data::Batch batch = setup_.train_set->get(micro[k]);  // workspace: device memory
@@ -699,6 +721,7 @@ class TrainingRun {
       samples += static_cast<int64_t>(micro[k].size());
       items += batch.items;
     }
+    if (loose()) return exchange_with_server(st, t0, loss_sum, samples, items, step_samples);
     // The step's loss: the mean over every rank's samples. The same message carries each rank's stop
     // request (SIGINT / SIGTERM seen so far), so every rank stops after the same step.
     const int signal = InterruptScope::requested();
@@ -709,6 +732,28 @@ class TrainingRun {
     st.loss = sums[0] / std::max(sums[1], 1.0);
     st.ms = ms;
     step_items_ = static_cast<int64_t>(sums[2]);
+    return st;
+  }
+
+  // Partial / asynchronous aggregation: push this rank's weighted gradient, take the global parameters
+  // back. No collective: the step's loss is the mean over the pushes the server's last update aggregated,
+  // and a stop request travels in the push (every rank stops at its next reply). With backup workers a
+  // late rank adopts the server's version as its step and skips the data of the steps it missed.
+  StepStats exchange_with_server(StepStats st, Clock::time_point t0, double loss_sum, int64_t samples, int64_t items,
+                                 int64_t step_samples) {
+    reducer_->finalize();
+    const double share = static_cast<double>(samples) / static_cast<double>(std::max<int64_t>(step_samples, 1));
+    const dist::Reply reply = ps_->exchange(step_, share, loss_sum, static_cast<double>(samples),
+                                            InterruptScope::requested());
+    agreed_stop_ = reply.stop_signal;
+    if (keys_.dp.ps.mode == dist::PsAggregation::BackupWorkers && reply.version > step_ + 1) {
+      for (int64_t skipped = step_ + 1; skipped < reply.version; ++skipped)
+        for (int64_t k = 0; k < keys_.dp.reducer.sync_every; ++k) (void)loader_.next_indices();
+      step_ = reply.version - 1;  // the loop's ++step_ makes it the server's version
+    }
+    st.loss = reply.loss;
+    st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    step_items_ = items;  // this rank's (there is no per-step sum over ranks)
     return st;
   }
 
@@ -738,10 +783,12 @@ class TrainingRun {
 
   // Evaluation (train.eval_every, or each epoch's end for classifiers) and periodic checkpoints.
   void after_step_duties() {
-    const int64_t done = step_ + 1;
-    const bool epoch_end = !is_lm() && done % per_epoch_ == 0;
-    if ((run_.eval_every > 0 && done % run_.eval_every == 0) || (run_.eval_every == 0 && epoch_end)) evaluate_now(done);
-    if (run_.checkpoint_every > 0 && done % run_.checkpoint_every == 0 && done < total_steps_) {
+    // A multiple of `every` reached since the iteration began (a late backup worker may skip steps).
+    const int64_t done = step_ + 1, before = step_begin_;
+    auto crossed = [&](int64_t every) { return every > 0 && done / every > before / every; };
+    const bool epoch_end = !is_lm() && crossed(per_epoch_);
+    if (crossed(run_.eval_every) || (run_.eval_every == 0 && epoch_end)) evaluate_now(done);
+    if (crossed(run_.checkpoint_every) && done < total_steps_) {
       const std::string path = save(done);
       if (!path.empty()) progress_.note("checkpoint " + path);
     }
@@ -749,9 +796,12 @@ class TrainingRun {
 
   void evaluate_now(int64_t at_step) {
     const auto t0 = Clock::now();
+    // Partial / asynchronous aggregation: rank 0 evaluates the whole set alone (no rank waits for another).
+    if (loose() && world_.rank() != 0) return;
     // Buffers (batch-norm running statistics) are each rank's own: evaluate rank 0's everywhere.
-    dist::broadcast_from_rank0(world_, {}, model_.named_buffers());
-    const EvalResult r = evaluate(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches, world_);
+    if (!loose()) dist::broadcast_from_rank0(world_, {}, model_.named_buffers());
+    const EvalResult r = evaluate(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches,
+                                  loose() ? dist::World::init_single() : world_);
     nlohmann::json e = {{"step", at_step}, {"loss", r.loss}, {"items", r.count}, {"seconds", seconds_since(t0)}};
     char line[256];
     if (is_lm()) {
@@ -780,7 +830,8 @@ class TrainingRun {
 
   std::string save(int64_t at_step) {
     // Every rank's error-feedback residuals travel to rank 0 (a collective: every rank calls save).
-    const NamedTensors residuals = reducer_ ? dist::gather_hook_state(world_, reducer_->hook()) : NamedTensors{};
+    const NamedTensors residuals =
+        reducer_ && !loose() ? dist::gather_hook_state(world_, reducer_->hook()) : NamedTensors{};
     if (run_.checkpoint_dir.empty() || world_.rank() != 0) return std::string();
     Metadata meta;
     meta.ints["epoch"] = trained_position().epoch;
@@ -791,10 +842,14 @@ class TrainingRun {
     meta.ints["global_batch"] = setup_.batch_size * world_.size();
     model_.save_external_state(run_.checkpoint_dir, at_step);  // parameter-server snapshot of these weights
     meta.ints["external_state_step"] = at_step;
-    NamedTensors weights;
-    for (auto& [n, p] : params_) weights.emplace_back(n, p.tensor());
+    NamedTensors weights, state;
+    if (loose()) {
+      ps_->snapshot(weights, state);  // the server's global model and optimiser, not rank 0's working copy
+    } else {
+      for (auto& [n, p] : params_) weights.emplace_back(n, p.tensor());
+      state = optimizer_->export_state();
+    }
     for (auto& [n, b] : model_.named_buffers()) weights.emplace_back(n, b);
-    NamedTensors state = optimizer_->export_state();
     state.insert(state.end(), residuals.begin(), residuals.end());
     return save_checkpoint(run_.checkpoint_dir, at_step, weights, state, meta,
                            static_cast<int>(run_.keep_checkpoints), fingerprint_);
@@ -925,6 +980,9 @@ class TrainingRun {
                      {"residual_bytes", onebit->residual_bytes()},
                      {"denominator_bytes", onebit->state_bytes() - onebit->residual_bytes()}};
     }
+    if (keys_.dp.reducer.aggregate == dist::Aggregate::Parameters)
+      d.update({{"aggregate", "parameters"}, {"average_every", keys_.dp.reducer.average_every}, {"averages", st.averages}});
+    if (ps_) d.update(ps_->report());
     return d;
   }
 
@@ -972,6 +1030,8 @@ class TrainingRun {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::WarmupCosine> schedule_;
   std::optional<BudgetCorrector> corrector_;
+  std::unique_ptr<PsExchange> ps_;  // dist.backup_workers / dist.sync = "async" (after optimizer_, schedule_)
+  int64_t step_begin_ = 0;          // step_ when the current iteration began
   int64_t per_epoch_ = 0, total_steps_ = 0, step_ = 0, first_step_ = 0;
   std::string fingerprint_;                            // this run's identity in its checkpoints
   std::optional<CheckpointDirLock> checkpoint_lock_;  // held from before the first step to the end
