@@ -415,7 +415,7 @@ int compare_variants(const Args& a) {
         const int t = variant_threads(fam, variant);
         std::string cmd = "env OMP_NUM_THREADS=" + std::to_string(t) + " OPENBLAS_NUM_THREADS=" + std::to_string(t) +
                           " " + exe + " --worker ration --family " + fam + " --steps " + std::to_string(a.steps) +
-                          " --warmup " + std::to_string(a.warmup);
+                          " --warmup " + std::to_string(a.warmup) + " --threads " + std::to_string(t);
         for (const auto& o : split(variant, ',')) cmd += " --set " + o;
         std::fprintf(stderr, "[rep %d] %s %s ...\n", rep + 1, fam.c_str(), variant.c_str());
         json r = last_json_line(run_command(cmd), cmd);
