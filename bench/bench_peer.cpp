@@ -18,6 +18,12 @@
 //
 // usage: bench_peer [--reps 3] [--steps 20] [--warmup 3] [--threads N] [--families mlp,cnn,gpt,lstm_lm]
 //                   [--no-budgets] [--fractions 0.75,0.5,0.25,0] [--json FILE]
+//        bench_peer --variants 'train.threads=1|train.threads=2' [--reps 3] [--families ...] [--json FILE]
+//          ration only: each family's step under each variant (config overrides, ',' within a variant,
+//          '|' between variants), interleaved per repetition (the order rotates), OMP_NUM_THREADS =
+//          OPENBLAS_NUM_THREADS = the variant's train.threads (else the family's); the table names the
+//          fastest variant per family by median wall and by median CPU time (how the per-family
+//          train.threads defaults were chosen; also train.malloc_keep_freed=0 against the default).
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -57,6 +63,8 @@ struct Args {
   std::string worker, family, mode = "plain";
   bool counting_allocator = true;  // worker: false measures the counting allocator's own cost
   std::vector<double> fractions;
+  std::vector<std::string> sets;      // worker: config overrides (--set k=v)
+  std::vector<std::string> variants;  // orchestrator: ration-only comparison of override sets (--variants)
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -126,6 +134,7 @@ int worker(const Args& a) {
   if (a.counting_allocator) memory::install_counting_allocator();
   std::vector<std::string> overrides;
   if (a.threads > 0) overrides.push_back("train.threads=" + std::to_string(a.threads));
+  for (const auto& o : a.sets) overrides.push_back(o);
   train::Setup setup = train::build_setup(train::load_config(config_path(a.family), overrides));
   Config& cfg = setup.config;
   const train::RunSettings r = train::read_run_settings(cfg);
@@ -134,7 +143,7 @@ int worker(const Args& a) {
   const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
   json out = {{"side", "ration"}, {"family", a.family}, {"mode", a.mode}, {"steps", a.steps}, {"warmup", a.warmup},
               {"threads", threads_json()},
-              {"allocator", a.counting_allocator ? "counting" : "default"}};
+              {"allocator", a.counting_allocator ? "counting" : "default"}, {"overrides", overrides}};
   if (a.mode == "plain") {
     std::unique_ptr<optim::Optimizer> opt = train::build_optimizer(r, model.named_parameters());
     train::StepRuntime rt;
@@ -388,6 +397,75 @@ int orchestrate(const Args& a) {
   return 0;
 }
 
+// ration only: every family under every variant (a list of config overrides), interleaved.
+int compare_variants(const Args& a) {
+  const std::string exe = self_exe();
+  json runs = json::array();
+  const size_t nv = a.variants.size();
+  auto variant_threads = [&](const std::string& fam, const std::string& variant) {
+    int t = family_threads(fam, a.threads);
+    for (const auto& o : split(variant, ','))
+      if (o.rfind("train.threads=", 0) == 0) t = std::stoi(o.substr(std::string("train.threads=").size()));
+    return t;
+  };
+  for (int rep = 0; rep < a.reps; ++rep) {
+    for (const std::string& fam : a.families) {
+      for (size_t k = 0; k < nv; ++k) {
+        const std::string& variant = a.variants[(k + static_cast<size_t>(rep)) % nv];  // rotate who goes first
+        const int t = variant_threads(fam, variant);
+        std::string cmd = "env OMP_NUM_THREADS=" + std::to_string(t) + " OPENBLAS_NUM_THREADS=" + std::to_string(t) +
+                          " " + exe + " --worker ration --family " + fam + " --steps " + std::to_string(a.steps) +
+                          " --warmup " + std::to_string(a.warmup) + " --threads " + std::to_string(t);
+        for (const auto& o : split(variant, ',')) cmd += " --set " + o;
+        std::fprintf(stderr, "[rep %d] %s %s ...\n", rep + 1, fam.c_str(), variant.c_str());
+        json r = last_json_line(run_command(cmd), cmd);
+        r["rep"] = rep + 1;
+        r["variant"] = variant;
+        std::fprintf(stderr, "         wall %.1f ms, cpu %.1f ms\n", r["step_ms_median"].get<double>(),
+                     r["step_cpu_ms_median"].get<double>());
+        runs.push_back(r);
+      }
+    }
+  }
+  json summary = json::object();
+  std::printf("\n%-8s %-40s %9s %9s %20s\n", "family", "variant (ration)", "wall ms", "cpu ms", "reps wall");
+  for (const std::string& fam : a.families) {
+    json fs = json::object();
+    std::string best_wall, best_cpu;
+    double bw = 0, bc = 0;
+    for (const std::string& variant : a.variants) {
+      std::vector<double> w, c;
+      std::string reps;
+      for (const auto& r : runs) {
+        if (r["family"] != fam || r["variant"] != variant) continue;
+        w.push_back(r["step_ms_median"].get<double>());
+        c.push_back(r["step_cpu_ms_median"].get<double>());
+        char b[24];
+        std::snprintf(b, sizeof b, "%s%.1f", reps.empty() ? "" : "/", w.back());
+        reps += b;
+      }
+      const double mw = median(w), mc = median(c);
+      fs[variant] = {{"wall_ms_median", mw}, {"cpu_ms_median", mc}, {"wall_ms_reps", w}, {"cpu_ms_reps", c}};
+      if (best_wall.empty() || mw < bw) best_wall = variant, bw = mw;
+      if (best_cpu.empty() || mc < bc) best_cpu = variant, bc = mc;
+      std::printf("%-8s %-40s %9.1f %9.1f %20s\n", fam.c_str(), variant.c_str(), mw, mc, reps.c_str());
+    }
+    fs["fastest_wall"] = best_wall;
+    fs["fastest_cpu"] = best_cpu;
+    std::printf("%-8s fastest: wall %s, cpu %s\n", fam.c_str(), best_wall.c_str(), best_cpu.c_str());
+    summary[fam] = fs;
+  }
+  const auto slash = a.json_path.find_last_of('/');
+  if (slash != std::string::npos) std::system(("mkdir -p " + a.json_path.substr(0, slash)).c_str());
+  std::ofstream(a.json_path) << json{{"benchmark", "bench_peer --variants"}, {"reps", a.reps}, {"steps", a.steps},
+                                     {"warmup", a.warmup}, {"variants", a.variants}, {"summary", summary},
+                                     {"runs", runs}}
+                                    .dump(2)
+                             << "\n";
+  std::printf("wrote %s\n", a.json_path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -410,14 +488,17 @@ int main(int argc, char** argv) {
       else if (s == "--worker") a.worker = next();
       else if (s == "--family") a.family = next();
       else if (s == "--mode") a.mode = next();
+      else if (s == "--set") a.sets.push_back(next());
+      else if (s == "--variants") a.variants = split(next(), '|');
       else if (s == "--fractions") {
         for (const auto& f : split(next(), ',')) a.fractions.push_back(std::stod(f));
       } else
         throw Error("bench_peer: unknown argument " + s +
                     " (expected --reps N --steps N --warmup N --threads N --families a,b --no-budgets "
-                    "--fractions f,g --json FILE)");
+                    "--fractions f,g --json FILE --variants 'k=v,k=v|k=v' --set k=v)");
     }
-    return a.worker.empty() ? orchestrate(a) : worker(a);
+    if (!a.worker.empty()) return worker(a);
+    return a.variants.empty() ? orchestrate(a) : compare_variants(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "ration/core/check.h"
+#include "ration/memory/host_malloc.h"
 
 #ifdef RATION_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -80,6 +81,7 @@ struct Block {
   c10::DataPtr inner;  // the base allocator's pointer; destroying it frees the memory
   int64_t size;
   Category category;
+  void* raw = nullptr;  // or, for a host_block_alloc block (inner empty), what host_block_free takes
 };
 struct Shard {
   std::mutex mu;
@@ -94,6 +96,7 @@ Shard& shard_of(const void* ptr) {
 
 void delete_block(void* ptr) {
   c10::DataPtr inner;
+  void* raw = nullptr;
   int64_t size = 0;
   Category c = Category::Other;
   {
@@ -102,12 +105,14 @@ void delete_block(void* ptr) {
     auto it = shard.blocks.find(ptr);
     if (it == shard.blocks.end()) return;
     inner = std::move(it->second.inner);
+    raw = it->second.raw;
     size = it->second.size;
     c = it->second.category;
     shard.blocks.erase(it);
   }
   account(-size, c);
-  // `inner` frees the memory here, outside the lock.
+  if (raw != nullptr) host_block_free(raw);
+  // `inner` (when set) frees the memory here, outside the lock.
 }
 
 // The machine's physical memory (0 if unknown).
@@ -141,22 +146,33 @@ void refuse_beyond_machine(int64_t n) {
 #define RATION_COPY_DATA_OVERRIDE
 #endif
 
+void record(void* ptr, Block block) {
+  const int64_t n = block.size;
+  const Category c = block.category;
+  {
+    Shard& shard = shard_of(ptr);
+    std::lock_guard<std::mutex> lock(shard.mu);
+    shard.blocks.emplace(ptr, std::move(block));
+  }
+  account(n, c);
+}
+
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
   c10::DataPtr allocate(size_t n) RATION_ALLOCATE_CONST override {
     refuse_beyond_machine(static_cast<int64_t>(n));
+    if (n > 0 && host_blocks_from_malloc()) {  // see memory/host_malloc.h
+      void* raw = nullptr;
+      void* ptr = host_block_alloc(n, &raw);
+      record(ptr, Block{c10::DataPtr(), static_cast<int64_t>(n), t_category, raw});
+      return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CPU)};
+    }
     c10::DataPtr inner = base_->allocate(n);
     void* ptr = inner.get();
     const c10::Device device = inner.device();
     if (ptr == nullptr) return inner;  // zero-size allocation
-    const Category c = t_category;
-    {
-      Shard& shard = shard_of(ptr);
-      std::lock_guard<std::mutex> lock(shard.mu);
-      shard.blocks.emplace(ptr, Block{std::move(inner), static_cast<int64_t>(n), c});
-    }
-    account(static_cast<int64_t>(n), c);
+    record(ptr, Block{std::move(inner), static_cast<int64_t>(n), t_category});
     return {ptr, ptr, &delete_block, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }

@@ -25,6 +25,7 @@
 #include "ration/dist/liveness.h"
 #include "ration/dist/reducer.h"
 #include "ration/memory/allocator.h"
+#include "ration/memory/host_malloc.h"
 #include "ration/optim/adamw.h"
 #include "ration/optim/clip.h"
 #include "ration/optim/schedule.h"
@@ -135,7 +136,8 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
 // (checkpoints it writes at a step hold the same weights). Budgets and offload are bitwise-neutral.
 const std::vector<std::string> kWeightNeutralKeys = {
     "train.checkpoint_dir", "train.checkpoint_every", "train.keep_checkpoints", "train.log_every",
-    "train.eval_every", "train.eval_batches", "train.steps", "train.epochs", "memory.", "offload."};
+    "train.eval_every", "train.eval_batches", "train.steps", "train.epochs", "train.malloc_keep_freed", "memory.",
+    "offload."};
 
 }  // namespace
 
@@ -223,6 +225,10 @@ Setup build_setup(Config config) {
   const int64_t threads = cfg.get_int("train.threads", std::max(1u, std::thread::hardware_concurrency()));
   RATION_CHECK(threads > 0, cfg.origin(), ": train.threads must be >= 1");
   set_compute_threads(static_cast<int>(threads));  // ATen and OpenBLAS together
+  // Freed host memory glibc keeps for the next step instead of trimming it and faulting it in again
+  // (memory/host_malloc.h); default 1 GiB; 0 leaves glibc's own thresholds.
+  const int64_t keep_freed = cfg.get_bytes("train.malloc_keep_freed", int64_t{1} << 30);
+  if (keep_freed > 0) memory::keep_freed_host_memory(keep_freed);
   at::manual_seed(s.seed);
   manual_seed(s.seed);
 
