@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <random>
+#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
@@ -204,6 +206,140 @@ TEST(Evict, EvictingHalfTheRowsReturnsAccountedBytesAndRss) {
   std::iota(more.begin(), more.end(), static_cast<uint64_t>(n + 1));
   t.find_or_insert(more.data(), n / 2);
   EXPECT_LT(store.stats().bytes, bytes_before * 1.1);
+}
+
+// Grace period, the same rule for every policy: rows first pushed fewer than grace_steps ago rank above
+// every older row. Old rows 0..9 (pushed 3 times at step 1, values 1..10), young rows 100..104 (pushed
+// once at step 45, small values): a round at step 50 keeping 7 of 15 keeps the 5 young rows and the best 2
+// old ones by the policy; with no grace, frequency and l2 disable the young rows first.
+TEST(Evict, YoungRowsRankAboveOlderRowsUnderEveryPolicy) {
+  for (int64_t grace : {20, 0}) {
+    for (EvictPolicy policy : {EvictPolicy::Frequency, EvictPolicy::Lru, EvictPolicy::L2, EvictPolicy::Importance}) {
+      EmbeddingStore store;
+      Table& t = store.ensure_table(opts("t", 2));
+      EvictOptions o;
+      o.policy = policy;
+      o.keep_fraction = 7.0 / 15.0 + 1e-9;
+      o.grace_steps = grace;
+      Evictor ev(store, o);
+      std::vector<float> g = {1.0f, 0.0f};
+      for (uint64_t id = 0; id < 10; ++id) {
+        std::vector<float> row = {static_cast<float>(id + 1), 0.0f};
+        t.assign(&id, 1, row.data());
+        for (int k = 0; k < 3; ++k) t.push(&id, 1, g.data(), 1);
+      }
+      for (uint64_t id = 100; id < 105; ++id) t.push(&id, 1, g.data(), 45);
+      const EvictRound r = ev.run(50);
+      EXPECT_EQ(r.rows_after, 7) << evict_policy_name(policy);
+      EXPECT_EQ(r.young, grace > 0 ? 5 : 0);
+      int64_t young_kept = 0;
+      for (uint64_t id = 100; id < 105; ++id) young_kept += t.contains(id);
+      if (grace > 0) {
+        EXPECT_EQ(young_kept, 5) << evict_policy_name(policy);
+        // The 2 old rows kept are the policy's best old rows: largest values (l2, importance — |w.g|
+        // grows with the value), ties (frequency, lru: equal) broken by the lowest id.
+        const bool by_value = policy == EvictPolicy::L2 || policy == EvictPolicy::Importance;
+        for (uint64_t id = 0; id < 10; ++id)
+          EXPECT_EQ(t.contains(id), by_value ? id >= 8 : id < 2) << evict_policy_name(policy) << " id " << id;
+      } else if (policy == EvictPolicy::Frequency || policy == EvictPolicy::L2) {
+        EXPECT_EQ(young_kept, 0) << evict_policy_name(policy);  // the cold-start penalty grace removes
+      }
+    }
+  }
+}
+
+// The round selects in O(n) (nth_element) but keeps exactly the rows a full sort by (score desc, id asc)
+// would: random values, l2 policy, keep 30 %.
+TEST(Evict, LinearSelectionKeepsTheRowsAFullSortKeeps) {
+  EmbeddingStore store;
+  Table& t = store.ensure_table(opts("t", 4));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<std::pair<float, uint64_t>> ref;
+  for (uint64_t id = 1; id <= 5000; ++id) {
+    std::vector<float> v(4);
+    for (float& x : v) x = std::round(u(rng) * 8) / 8;  // many equal norms: ties matter
+    t.assign(&id, 1, v.data());
+    double s = 0;
+    for (float x : v) s += static_cast<double>(x) * x;
+    ref.emplace_back(static_cast<float>(std::sqrt(s)), id);
+  }
+  std::sort(ref.begin(), ref.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  EvictOptions o;
+  o.policy = EvictPolicy::L2;
+  o.keep_fraction = 0.3;
+  Evictor ev(store, o);
+  ev.run(1);
+  ASSERT_EQ(t.size(), 1500);
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(t.contains(ref[i].second), i < 1500) << "rank " << i;
+}
+
+// Bounded memory for remembered disabled ids: forget_disabled keeps the most recently disabled; a
+// forgotten id is unknown again (a pull creates its row with the initial value). A capped round keeps
+// the remembered ids within disabled_share of max_bytes.
+TEST(Evict, RememberedDisabledIdsAreBoundedNewestKept) {
+  Table t(opts("t", 2));
+  std::vector<uint64_t> first(10), second(10);
+  std::iota(first.begin(), first.end(), 1);
+  std::iota(second.begin(), second.end(), 11);
+  t.find_or_insert(first.data(), 10);
+  t.find_or_insert(second.data(), 10);
+  t.disable(first.data(), 10);
+  t.disable(second.data(), 10);
+  EXPECT_EQ(t.forget_disabled(12), 8);
+  EXPECT_EQ(t.bytes().disabled, 12);
+  for (uint64_t id : second) EXPECT_TRUE(t.is_disabled(id)) << id;
+  int64_t first_left = 0;
+  for (uint64_t id : first) first_left += t.is_disabled(id);
+  EXPECT_EQ(first_left, 2);  // ties within a round: the lowest ids stay
+  EXPECT_TRUE(t.is_disabled(1) && t.is_disabled(2));
+  Table fresh(opts("t", 2));
+  EXPECT_EQ(pull1(t, 10, MissingRow::Create), pull1(fresh, 10));  // forgotten: an unknown id again
+  EXPECT_TRUE(t.contains(10));
+  EXPECT_EQ(pull1(t, 11, MissingRow::Create), std::vector<float>(2, 0.0f));  // still disabled
+
+  EmbeddingStore store;
+  Table& big = store.ensure_table(opts("big", 16, OptimizerKind::Adagrad));
+  std::vector<uint64_t> ids(40000);
+  std::iota(ids.begin(), ids.end(), 1);
+  big.find_or_insert(ids.data(), 40000);
+  EvictOptions o;
+  o.policy = EvictPolicy::Lru;
+  o.max_bytes = store.stats().bytes / 10;
+  o.disabled_share = 0.05;
+  Evictor ev(store, o);
+  const EvictRound r = ev.run(1);
+  EXPECT_GT(r.forgotten, 0);
+  EXPECT_LE(big.bytes().disabled, static_cast<int64_t>(0.05 * o.max_bytes) / Table::kDisabledEntryBytes);
+  EXPECT_LE(store.stats().bytes, o.max_bytes);
+}
+
+// Caps of 25 % and 10 % are met on small tables (16-row chunks, bounded disabled-id memory), across four
+// tables of different sizes as the ctr model has.
+TEST(Evict, SmallCapsAreReachedOnSmallTables) {
+  for (double cap : {0.25, 0.1}) {
+    EmbeddingStore store;
+    const std::vector<int64_t> sizes = {20000, 5000, 500, 50};
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      Table& t = store.ensure_table(opts("f" + std::to_string(k), 8, OptimizerKind::Adagrad));
+      std::vector<uint64_t> ids(static_cast<size_t>(sizes[k]));
+      std::iota(ids.begin(), ids.end(), 1);
+      std::vector<float> g(ids.size() * 8, 0.01f);
+      t.push(ids.data(), sizes[k], g.data(), 1);
+    }
+    const int64_t full = store.stats().bytes;
+    EvictOptions o;
+    o.policy = EvictPolicy::Importance;
+    o.max_bytes = static_cast<int64_t>(cap * static_cast<double>(full));
+    Evictor ev(store, o);
+    const EvictRound r = ev.run(100);
+    std::printf("[evict] cap %.0f%%: %.1f -> %.1f KiB (cap %.1f KiB), %lld rows left\n", cap * 100, full / 1024.0,
+                r.bytes_after / 1024.0, o.max_bytes / 1024.0, static_cast<long long>(r.rows_after));
+    EXPECT_LE(r.bytes_after, o.max_bytes) << cap;
+    EXPECT_GT(r.rows_after, static_cast<int64_t>(0.5 * cap * 25550)) << cap;  // not emptied to get there
+  }
 }
 
 TEST(Evict, BadOptionsNameTheField) {
