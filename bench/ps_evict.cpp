@@ -7,6 +7,7 @@
 //            data order, steps and seeds for every policy) — plus an SVG plot of AUC vs cap.
 // Usage: bench_ps_evict [--merge A.json,B.json] [--quick] [--parts scoring,rounds,auc] [--datasets synthetic,movielens]
 //                       [--movielens CSV] [--seeds N] [--grace STEPS] [--disabled-share F] [--importance-decay G]
+//                       [--readmit-after N] [--headroom F]
 //                       [--caps 1,0.5,...] [--policies importance,...]
 //                       [--json OUT] [--svg OUT]
 #include <nlohmann/json.hpp>
@@ -174,6 +175,7 @@ nlohmann::json bench_rounds(bool quick) {
 struct RunResult {
   double auc = 0, logloss = 0;
   int64_t bytes = 0, rows = 0, disabled = 0;
+  int64_t round_bytes = 0;  // accounted bytes right after the last round (new rows grow it until the next)
 };
 
 // Trains the ctr model in data order (a stream: later samples drift) and evaluates on the later samples.
@@ -222,6 +224,7 @@ RunResult train_once(const std::string& toml, const ps::EvictOptions& evict, int
     r.bytes += st.bytes;
     r.rows += st.rows;
     for (const auto& [name, tb] : st.tables) r.disabled += tb.disabled;
+    if (ps::Evictor* ev = model->client().embedded_shard(s).evictor()) r.round_bytes += ev->last_round().bytes_after;
   }
   return r;
 }
@@ -246,7 +249,8 @@ std::string movielens_toml(const std::string& csv, uint64_t seed) {
 
 const std::vector<std::string> kPolicies = {"importance", "frequency", "lru", "l2"};
 const std::vector<double> kCaps = {1.0, 0.5, 0.25, 0.1};
-// Settings every policy shares (--grace, --disabled-share, --caps, --policies: for exploring; the
+// Settings every policy shares (--grace, --disabled-share, --importance-decay, --readmit-after,
+// --headroom, --caps, --policies: for exploring; the
 // recorded runs use the defaults of ps::EvictOptions and every cap and policy).
 struct AucSettings {
   ps::EvictOptions shared;
@@ -274,7 +278,7 @@ nlohmann::json bench_auc(const std::string& dataset, const std::function<std::st
   std::map<std::string, std::map<double, std::vector<double>>> auc;
   std::vector<double> base;
   std::vector<int64_t> base_bytes;
-  std::map<std::string, std::map<double, std::vector<double>>> bytes;
+  std::map<std::string, std::map<double, std::vector<double>>> bytes, round_bytes;
   for (int s = 0; s < seeds; ++s) {
     const std::string cfg = toml(static_cast<uint64_t>(s + 1));
     const RunResult full = train_once(cfg, ps::EvictOptions{}, epochs);
@@ -288,10 +292,13 @@ nlohmann::json bench_auc(const std::string& dataset, const std::function<std::st
         o.max_bytes = static_cast<int64_t>(cap * static_cast<double>(full.bytes));
         o.evict_every = evict_every;
         const RunResult r = train_once(cfg, o, epochs);
-        std::printf("  seed %d cap %3.0f%% %-10s AUC %.4f  %.1f MiB  %lld disabled\n", s + 1, cap * 100, p.c_str(), r.auc,
-                    static_cast<double>(r.bytes) / 1048576.0, static_cast<long long>(r.disabled));
+        std::printf("  seed %d cap %3.0f%% %-10s AUC %.4f  %.2f MiB at the end, %.2f MiB after the last round (cap %.2f)  %lld disabled\n",
+                    s + 1, cap * 100, p.c_str(), r.auc, static_cast<double>(r.bytes) / 1048576.0,
+                    static_cast<double>(r.round_bytes) / 1048576.0, static_cast<double>(o.max_bytes) / 1048576.0,
+                    static_cast<long long>(r.disabled));
         auc[p][cap].push_back(r.auc);
         bytes[p][cap].push_back(static_cast<double>(r.bytes));
+        round_bytes[p][cap].push_back(static_cast<double>(r.round_bytes));
       }
     }
   }
@@ -307,7 +314,8 @@ nlohmann::json bench_auc(const std::string& dataset, const std::function<std::st
     std::printf("\n");
     for (double cap : g_auc.caps)
       out["policies"][p].push_back({{"cap", cap}, {"auc", mean_of(auc[p][cap])}, {"auc_sd", sd_of(auc[p][cap])},
-                                    {"auc_per_seed", auc[p][cap]}, {"final_bytes", mean_of(bytes[p][cap])}});
+                                    {"auc_per_seed", auc[p][cap]}, {"final_bytes", mean_of(bytes[p][cap])},
+                                    {"bytes_after_last_round", mean_of(round_bytes[p][cap])}});
   }
   // Paired differences (importance minus each baseline, per seed): the comparison without seed noise.
   if (std::find(g_auc.policies.begin(), g_auc.policies.end(), "importance") != g_auc.policies.end()) {
@@ -425,6 +433,8 @@ int main(int argc, char** argv) {
     else if (a == "--grace") g_auc.shared.grace_steps = std::stoll(next());
     else if (a == "--disabled-share") g_auc.shared.disabled_share = std::stod(next());
     else if (a == "--importance-decay") g_auc.shared.importance_decay = std::stod(next());
+    else if (a == "--readmit-after") g_auc.shared.readmit_after = std::stoll(next());
+    else if (a == "--headroom") g_auc.shared.headroom = std::stod(next());
     else if (a == "--caps" || a == "--policies") {
       std::stringstream list(next());
       std::string item;
@@ -433,7 +443,7 @@ int main(int argc, char** argv) {
         if (a == "--caps") g_auc.caps.push_back(std::stod(item)); else g_auc.policies.push_back(item);
       }
     }
-    else RATION_CHECK(false, "bench_ps_evict: unknown argument '", a, "'; valid: --quick --parts --json --svg --movielens --seeds --datasets --merge --grace --disabled-share --importance-decay --caps --policies");
+    else RATION_CHECK(false, "bench_ps_evict: unknown argument '", a, "'; valid: --quick --parts --json --svg --movielens --seeds --datasets --merge --grace --disabled-share --importance-decay --readmit-after --headroom --caps --policies");
   }
   if (!merge.empty()) {
     nlohmann::json out, curves;

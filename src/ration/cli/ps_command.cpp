@@ -29,7 +29,7 @@ std::unique_ptr<PsCommand> add_ps_command(CLI::App& app) {
   cmd->serve->add_option("--keep-fraction", o.evict.keep_fraction, "each round keeps at most this fraction of rows");
   cmd->serve->add_option("--evict-threshold", o.evict.threshold, "each round disables rows scoring below it");
   cmd->serve->add_option("--readmit-after", o.evict.readmit_after, "pushes a disabled id needs to come back (2)");
-  cmd->serve->add_option("--importance-decay", o.evict.importance_decay, "per-step decay of the importance (0.99)");
+  cmd->serve->add_option("--importance-decay", o.evict.importance_decay, "per-step decay of the importance (0.95)");
   cmd->serve->add_option("--evict-grace", o.evict.grace_steps, "steps a new row ranks above older ones (0: off)");
   cmd->serve->add_option("--disabled-share", o.evict.disabled_share,
                          "share of the byte budget remembered disabled ids may use (0.05)");

@@ -27,7 +27,9 @@ struct EvictOptions {
   double keep_fraction = 1.0;   // (0, 1]: each round also keeps at most this fraction of the live rows
   double threshold = 0;         // > 0: each round also disables rows scoring below it
   int64_t readmit_after = 2;    // pushes a disabled id must see before it gets a row again
-  double importance_decay = 0.99;  // per-step decay of the importance mean (importance only)
+  // Per-step decay γ of the importance (docs/METHODS.md, "Importance"): 0.95 (a time constant of ~20
+  // steps) was the best single value over the synthetic drifting clicks and MovieLens (BENCHMARKS.md).
+  double importance_decay = 0.95;
   double headroom = 0.9;        // a capped round cuts to this fraction of max_bytes (room for new ids)
   // Grace period, the same for every policy: a row pushed first fewer than this many steps ago (or
   // never pushed) ranks above every older row, so it is disabled only when the older rows alone cannot
