@@ -127,7 +127,7 @@ struct Table::Stripe {
   std::vector<uint32_t> free_slots;               // freed slots, reused before fresh ones
   struct Disabled {
     uint32_t sightings = 0;  // pushes seen since it was disabled
-    uint32_t round = 0;      // the disable() call that disabled it (forget_disabled keeps the latest)
+    uint32_t round = 0;      // the disable() call that disabled it (reported, not used for ordering)
   };
   absl::flat_hash_map<uint64_t, Disabled> disabled;  // disabled id -> its sightings and round
   // Change log (Table::enable_change_log): (id, version) per row change, in the order the changes were
@@ -357,21 +357,28 @@ int64_t Table::disable(const uint64_t* ids, int64_t n) {
 
 int64_t Table::forget_disabled(int64_t keep) {
   RATION_CHECK(keep >= 0, "embedding table '", options_.name, "': forget_disabled keeps >= 0 ids; got ", keep);
-  // Newest first: (round, id) of every remembered id, the `keep` newest selected in O(n).
-  std::vector<std::pair<uint32_t, uint64_t>> all;
+  // Most sightings first, then a hash of the id: only state a snapshot keeps decides, so a restored
+  // shard forgets exactly what the uninterrupted one would. The `keep` first selected in O(n).
+  struct Entry {
+    uint32_t sightings;
+    uint64_t hash;
+    uint64_t id;
+  };
+  std::vector<Entry> all;
   for (const auto& sp : stripes_) {
     std::lock_guard<std::mutex> lock(sp->mu);
-    for (const auto& [id, d] : sp->disabled) all.emplace_back(d.round, id);
+    for (const auto& [id, d] : sp->disabled) all.push_back({d.sightings, mix64(id ^ 0x5DEECE66DULL), id});
   }
   if (static_cast<int64_t>(all.size()) <= keep) return 0;
-  const auto newer = [](const std::pair<uint32_t, uint64_t>& a, const std::pair<uint32_t, uint64_t>& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  const auto first = [](const Entry& a, const Entry& b) {
+    if (a.sightings != b.sightings) return a.sightings > b.sightings;
+    return a.hash != b.hash ? a.hash < b.hash : a.id < b.id;
   };
-  std::nth_element(all.begin(), all.begin() + keep, all.end(), newer);
+  std::nth_element(all.begin(), all.begin() + keep, all.end(), first);
   std::vector<uint64_t> gone;
   gone.reserve(all.size() - static_cast<size_t>(keep));
-  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) gone.push_back(all[i].second);
-  std::vector<std::pair<uint32_t, uint64_t>>().swap(all);
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) gone.push_back(all[i].id);
+  std::vector<Entry>().swap(all);
   int64_t forgotten = 0;
   for_each_by_stripe(gone.data(), static_cast<int64_t>(gone.size()),
                      [&](Stripe& st, int64_t i) { forgotten += static_cast<int64_t>(st.disabled.erase(gone[static_cast<size_t>(i)])); });

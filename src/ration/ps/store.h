@@ -153,12 +153,13 @@ class Table {
   // score(info, values) for every live row, appended to out.
   void score_rows(const std::function<float(const RowInfo&, const float*)>& score, std::vector<ScoredId>& out) const;
   // Frees the rows of ids (as erase) and remembers them as disabled, each a tombstone of this table
-  // version. Returns how many rows were freed. Each call is one disabling round (forget_disabled's age).
+  // version. Returns how many rows were freed. Each call is one disabling round.
   int64_t disable(const uint64_t* ids, int64_t n);
-  // Bounded memory for the remembered disabled ids: keeps the `keep` most recently disabled (later
-  // rounds first, ties by id) and forgets the rest — a forgotten id is an unknown id again (its next pull
-  // creates a row; its tombstone stays in the log for mirrors). Shrinks the index. Returns how many
-  // were forgotten.
+  // Bounded memory for the remembered disabled ids: keeps the `keep` with the most sightings since they
+  // were disabled (the closest to re-admission), ties by a hash of the id (a deterministic sample that a
+  // snapshot's restore reproduces), and forgets the rest — a forgotten id is an unknown id again (its
+  // next pull creates a row; its tombstone stays in the log for mirrors). Shrinks the index. Returns how
+  // many were forgotten.
   int64_t forget_disabled(int64_t keep);
   // Bytes the disabled-id index takes per remembered id at its current load (for sizing `keep`).
   static constexpr int64_t kDisabledEntryBytes = 16 + 1;
@@ -255,7 +256,7 @@ class Table {
   uint64_t epoch_ = 0;
   std::atomic<bool> logging_{false};
   int64_t log_floor_ = 0;        // the version at which the change log started
-  std::atomic<uint32_t> disable_round_{0};  // disable() calls so far (the age forget_disabled orders by)
+  std::atomic<uint32_t> disable_round_{0};  // disable() calls so far
 };
 
 struct StoreStats {
