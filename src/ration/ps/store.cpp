@@ -650,7 +650,15 @@ int64_t Table::compact() {
     const int64_t live_rows = static_cast<int64_t>(st.index.size());
     const int64_t keep_chunks = (live_rows + kChunkRows - 1) / kChunkRows;
     const int64_t keep_slots = keep_chunks * kChunkRows;
-    if (keep_chunks == static_cast<int64_t>(st.chunks.size())) continue;
+    if (keep_chunks == static_cast<int64_t>(st.chunks.size())) {
+      // Nothing to release, but the indexes and the free list are brought to the size their contents
+      // need, so the accounted bytes depend on what the table holds, not on its history (a table restored
+      // from a snapshot then measures the same as the one that wrote it: eviction cuts are repeatable).
+      st.index.rehash(0);
+      st.disabled.rehash(0);
+      st.free_slots.shrink_to_fit();
+      continue;
+    }
     // Free slots below the cut, lowest first; live rows above it move there.
     std::vector<uint32_t> holes;
     for (int64_t s = 0; s < keep_slots; ++s)
@@ -674,8 +682,9 @@ int64_t Table::compact() {
       if (!st.live(static_cast<uint32_t>(s))) st.free_slots.push_back(static_cast<uint32_t>(s));
     st.free_slots.shrink_to_fit();
     st.fresh = keep_slots;
-    // The index shrinks too (absl rehash(0) sizes it to its contents).
+    // The indexes shrink too (absl rehash(0) sizes them to their contents).
     st.index.rehash(0);
+    st.disabled.rehash(0);
   }
   // Hand the freed chunks back to the operating system (glibc keeps small frees in its heap otherwise).
   if (released > 0) malloc_trim(0);
@@ -710,8 +719,9 @@ TableBytes Table::bytes() const {
     std::lock_guard<std::mutex> lock(sp->mu);
     b.rows += static_cast<int64_t>(sp->index.size());
     b.arena_bytes += sp->capacity() * stride_ * static_cast<int64_t>(sizeof(float));
-    b.meta_bytes += sp->capacity() * static_cast<int64_t>(sizeof(RowInfo) + 1) +
-                    static_cast<int64_t>(sp->free_slots.capacity() * sizeof(uint32_t));
+    // (The free list, fewer than kChunkRows entries per stripe after compact(), is not counted: its
+    // size depends on the table's history, and the bytes must not — see compact().)
+    b.meta_bytes += sp->capacity() * static_cast<int64_t>(sizeof(RowInfo) + 1);
     // flat_hash_map: one slot plus one control byte per bucket (and a group of trailing control bytes).
     const int64_t cap = static_cast<int64_t>(sp->index.capacity());
     b.index_bytes += cap == 0 ? 0 : cap * static_cast<int64_t>(sizeof(Slot) + 1) + 16;
