@@ -34,7 +34,9 @@ struct EvictOptions {
   // Grace period, the same for every policy: a row pushed first fewer than this many steps ago (or
   // never pushed) ranks above every older row, so it is disabled only when the older rows alone cannot
   // meet the cap; among themselves young rows are ordered by the policy's score. 0 (default): off — on
-  // the drifting-click and MovieLens benches it lowered every policy's AUC (BENCHMARKS.md).
+  // the drifting-click and MovieLens benches it lowered every policy's AUC (BENCHMARKS.md). Whatever the
+  // grace, a row not pushed yet (pulled for the step in progress, whose push is still to come) ranks as
+  // young: a round never takes a row from under the step that just pulled it.
   int64_t grace_steps = 0;
   // Bounded memory for remembered disabled ids: a round forgets the oldest-disabled ids beyond this
   // fraction of the byte budget (max_bytes, or the store's bytes at the round's start when uncapped).
