@@ -6,7 +6,9 @@
 //            for importance, frequency, lru and l2 — on synthetic drifting clicks and on MovieLens (same
 //            data order, steps and seeds for every policy) — plus an SVG plot of AUC vs cap.
 // Usage: bench_ps_evict [--merge A.json,B.json] [--quick] [--parts scoring,rounds,auc] [--datasets synthetic,movielens]
-//                       [--movielens CSV] [--seeds N]
+//                       [--movielens CSV] [--seeds N] [--grace STEPS] [--disabled-share F] [--importance-decay G]
+//                       [--readmit-after N] [--headroom F]
+//                       [--caps 1,0.5,...] [--policies importance,...]
 //                       [--json OUT] [--svg OUT]
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -30,6 +32,7 @@
 #include "ration/optim/adamw.h"
 #include "ration/ps/evict.h"
 #include "ration/ps/store.h"
+#include "ration/train/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using Clock = std::chrono::steady_clock;
@@ -93,14 +96,48 @@ nlohmann::json bench_scoring(bool quick) {
 }
 
 // ---- eviction rounds ----------------------------------------------------------------------------------
+// The round's selection was a full sort of every scored row (O(n log n)); it is now nth_element (O(n)).
+// Both are timed here on the same scored rows (interleaved, median of 3), next to the whole round.
+struct SelectTimes {
+  double sort_s = 0, nth_s = 0;
+};
+SelectTimes time_selection(ps::Table& t, int64_t step) {
+  struct Scored {
+    float score;
+    uint8_t young;
+    uint64_t id;
+    ps::Table* table;
+  };
+  std::vector<ps::ScoredId> s;
+  t.score_rows([&](const ps::RowInfo& info, const float*) { return t.importance_at(info, step); }, s);
+  std::vector<Scored> base;
+  for (const ps::ScoredId& x : s) base.push_back({x.score, 0, x.id, &t});
+  const auto keep_first = [](const Scored& a, const Scored& b) {
+    if (a.young != b.young) return a.young > b.young;
+    return a.score != b.score ? a.score > b.score : a.id < b.id;
+  };
+  std::vector<double> sort_s, nth_s;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<Scored> a = base, b = base;
+    auto t0 = Clock::now();
+    std::sort(a.begin(), a.end(), keep_first);
+    sort_s.push_back(secs(t0));
+    t0 = Clock::now();
+    std::nth_element(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(b.size() / 2), b.end(), keep_first);
+    nth_s.push_back(secs(t0));
+  }
+  return {bench::median(sort_s), bench::median(nth_s)};
+}
+
 nlohmann::json bench_rounds(bool quick) {
   std::printf("\n== eviction round (importance, keep half) vs table size (dim 16, adagrad) ==\n");
-  std::printf("%10s %10s %14s %14s %12s %12s\n", "rows", "round s", "accounted MiB", "after MiB", "RSS MiB", "after MiB");
+  std::printf("%10s %10s %12s %12s %14s %14s %12s %12s\n", "rows", "round s", "select: sort", "select: nth",
+              "accounted MiB", "after MiB", "RSS MiB", "after MiB");
   nlohmann::json out = nlohmann::json::array();
   std::vector<int64_t> sizes = quick ? std::vector<int64_t>{100000, 300000} : std::vector<int64_t>{100000, 300000, 1000000, 2000000};
   for (int64_t rows : sizes) {
-
     double seconds = 0;
+    SelectTimes sel;
     int64_t b0 = 0, b1 = 0, r0 = 0, r1 = 0;
     {
       ps::EmbeddingStore store;
@@ -118,6 +155,7 @@ nlohmann::json bench_rounds(bool quick) {
       t.push(ids.data(), rows, g.data(), 1);
       std::vector<float>().swap(g);
       std::vector<uint64_t>().swap(ids);
+      sel = time_selection(t, 2);
       b0 = store.stats().bytes;
       r0 = rss_bytes();
       const ps::EvictRound r = ev.run(2);
@@ -125,10 +163,10 @@ nlohmann::json bench_rounds(bool quick) {
       b1 = store.stats().bytes;
       r1 = rss_bytes();
     }
-    std::printf("%10lld %10.3f %14.1f %14.1f %12.1f %12.1f\n", static_cast<long long>(rows), seconds, b0 / 1048576.0,
-                b1 / 1048576.0, r0 / 1048576.0, r1 / 1048576.0);
-    out.push_back({{"rows", rows}, {"round_s", seconds}, {"accounted_before", b0}, {"accounted_after", b1},
-                   {"rss_before", r0}, {"rss_after", r1}});
+    std::printf("%10lld %10.3f %12.3f %12.3f %14.1f %14.1f %12.1f %12.1f\n", static_cast<long long>(rows), seconds,
+                sel.sort_s, sel.nth_s, b0 / 1048576.0, b1 / 1048576.0, r0 / 1048576.0, r1 / 1048576.0);
+    out.push_back({{"rows", rows}, {"round_s", seconds}, {"select_sort_s", sel.sort_s}, {"select_nth_element_s", sel.nth_s},
+                   {"accounted_before", b0}, {"accounted_after", b1}, {"rss_before", r0}, {"rss_after", r1}});
   }
   return out;
 }
@@ -137,6 +175,7 @@ nlohmann::json bench_rounds(bool quick) {
 struct RunResult {
   double auc = 0, logloss = 0;
   int64_t bytes = 0, rows = 0, disabled = 0;
+  int64_t round_bytes = 0;  // accounted bytes right after the last round (new rows grow it until the next)
 };
 
 // Trains the ctr model in data order (a stream: later samples drift) and evaluates on the later samples.
@@ -150,15 +189,20 @@ RunResult train_once(const std::string& toml, const ps::EvictOptions& evict, int
   ao.lr = 0.003;
   ao.weight_decay = 0;
   optim::AdamW opt(model->named_parameters(), ao);
+  // The trainer's step owner: the model's step hook pushes the embedding gradients after backward, with
+  // the step number the eviction rounds are scheduled by (steps 1, 2, ...).
+  train::StepRuntime runtime;
+  train::StepOptions so;
+  so.optimizer = &opt;
   const int64_t n = setup.train_set->size(), bs = setup.batch_size;
+  int64_t step = 0;
   for (int64_t e = 0; e < epochs; ++e) {
     for (int64_t b = 0; b + bs <= n; b += bs) {
       std::vector<int64_t> idx(static_cast<size_t>(bs));
       std::iota(idx.begin(), idx.end(), b);
       const data::Batch batch = setup.train_set->get(idx);
-      model->loss(batch).backward();
-      opt.step();
-      opt.zero_grad();
+      so.step = ++step;
+      runtime.run_step(*model, batch, so);
     }
   }
   RunResult r;
@@ -180,6 +224,7 @@ RunResult train_once(const std::string& toml, const ps::EvictOptions& evict, int
     r.bytes += st.bytes;
     r.rows += st.rows;
     for (const auto& [name, tb] : st.tables) r.disabled += tb.disabled;
+    if (ps::Evictor* ev = model->client().embedded_shard(s).evictor()) r.round_bytes += ev->last_round().bytes_after;
   }
   return r;
 }
@@ -190,7 +235,7 @@ std::string synthetic_toml(uint64_t seed) {
     << "[data]\nkind='synthetic_ctr'\ncardinalities=[50000, 10000, 1000, 100]\nbag_min=[1, 1, 1, 1]\n"
     << "bag_max=[1, 3, 2, 1]\nnum_dense=4\ntrain_samples=40000\neval_samples=5000\nclick_rate=0.25\n"
     << "weight_scale=1.5\ndrift=0.5\nzipf_alpha=1.1\nseed=" << seed << "\n"
-    << "[ps]\nshards=1\nlr=0.05\noptimizer='adagrad'\n[train]\nbatch_size=256\nthreads=1\nseed=" << seed << "\n";
+    << "[ps]\nshards=1\nlr=0.05\noptimizer='adagrad'\nprefetch=false\n[train]\nbatch_size=256\nthreads=1\nseed=" << seed << "\n";
   return s.str();
 }
 
@@ -198,12 +243,32 @@ std::string movielens_toml(const std::string& csv, uint64_t seed) {
   std::ostringstream s;
   s << "[model]\ntype='ctr'\nembedding_dim=16\nbottom=[16]\ntop=[64, 32]\nbag_mode='mean'\n"
     << "[data]\nkind='movielens'\nfile='" << csv << "'\ntrain_fraction=0.8\n"
-    << "[ps]\nshards=1\nlr=0.02\noptimizer='adagrad'\ninit_scale=0.01\n[train]\nbatch_size=512\nthreads=1\nseed=" << seed << "\n";
+    << "[ps]\nshards=1\nlr=0.02\noptimizer='adagrad'\ninit_scale=0.01\nprefetch=false\n[train]\nbatch_size=512\nthreads=1\nseed=" << seed << "\n";
   return s.str();
 }
 
 const std::vector<std::string> kPolicies = {"importance", "frequency", "lru", "l2"};
 const std::vector<double> kCaps = {1.0, 0.5, 0.25, 0.1};
+// Settings every policy shares (--grace, --disabled-share, --importance-decay, --readmit-after,
+// --headroom, --caps, --policies: for exploring; the
+// recorded runs use the defaults of ps::EvictOptions and every cap and policy).
+struct AucSettings {
+  ps::EvictOptions shared;
+  std::vector<double> caps = kCaps;
+  std::vector<std::string> policies = kPolicies;
+};
+AucSettings g_auc;
+
+double mean_of(const std::vector<double>& v) {
+  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+double sd_of(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const double m = mean_of(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / static_cast<double>(v.size() - 1));
+}
 
 nlohmann::json bench_auc(const std::string& dataset, const std::function<std::string(uint64_t)>& toml, int64_t epochs,
                          int seeds, int64_t evict_every) {
@@ -213,41 +278,63 @@ nlohmann::json bench_auc(const std::string& dataset, const std::function<std::st
   std::map<std::string, std::map<double, std::vector<double>>> auc;
   std::vector<double> base;
   std::vector<int64_t> base_bytes;
-  std::map<std::string, std::map<double, std::vector<double>>> bytes;
+  std::map<std::string, std::map<double, std::vector<double>>> bytes, round_bytes;
   for (int s = 0; s < seeds; ++s) {
     const std::string cfg = toml(static_cast<uint64_t>(s + 1));
     const RunResult full = train_once(cfg, ps::EvictOptions{}, epochs);
     std::printf("  seed %d unconstrained AUC %.4f  %.1f MiB\n", s + 1, full.auc, static_cast<double>(full.bytes) / 1048576.0);
     base.push_back(full.auc);
     base_bytes.push_back(full.bytes);
-    for (double cap : kCaps) {
-      for (const std::string& p : kPolicies) {  // every policy at this cap, back to back
-        ps::EvictOptions o;
+    for (double cap : g_auc.caps) {
+      for (const std::string& p : g_auc.policies) {  // every policy at this cap, back to back
+        ps::EvictOptions o = g_auc.shared;
         o.policy = ps::evict_policy_from_name(p, "bench");
         o.max_bytes = static_cast<int64_t>(cap * static_cast<double>(full.bytes));
         o.evict_every = evict_every;
         const RunResult r = train_once(cfg, o, epochs);
-        std::printf("  seed %d cap %3.0f%% %-10s AUC %.4f  %.1f MiB  %lld disabled\n", s + 1, cap * 100, p.c_str(), r.auc,
-                    static_cast<double>(r.bytes) / 1048576.0, static_cast<long long>(r.disabled));
+        std::printf("  seed %d cap %3.0f%% %-10s AUC %.4f  %.2f MiB at the end, %.2f MiB after the last round (cap %.2f)  %lld disabled\n",
+                    s + 1, cap * 100, p.c_str(), r.auc, static_cast<double>(r.bytes) / 1048576.0,
+                    static_cast<double>(r.round_bytes) / 1048576.0, static_cast<double>(o.max_bytes) / 1048576.0,
+                    static_cast<long long>(r.disabled));
         auc[p][cap].push_back(r.auc);
         bytes[p][cap].push_back(static_cast<double>(r.bytes));
+        round_bytes[p][cap].push_back(static_cast<double>(r.round_bytes));
       }
     }
   }
-  auto mean = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); };
-  const double base_auc = mean(base);
-  std::printf("unconstrained: AUC %.4f, table %.1f MiB\n", base_auc, static_cast<double>(base_bytes[0]) / 1048576.0);
+  const double base_auc = mean_of(base);
+  std::printf("unconstrained: AUC %.4f +- %.4f (sd over seeds), table %.1f MiB\n", base_auc, sd_of(base),
+              static_cast<double>(base_bytes[0]) / 1048576.0);
   std::printf("%-11s", "policy");
-  for (double cap : kCaps) std::printf("   cap %3.0f%%", cap * 100);
+  for (double cap : g_auc.caps) std::printf("       cap %3.0f%%   ", cap * 100);
   std::printf("\n");
-  for (const std::string& p : kPolicies) {
+  for (const std::string& p : g_auc.policies) {
     std::printf("%-11s", p.c_str());
-    for (double cap : kCaps) std::printf("   %9.4f", mean(auc[p][cap]));
+    for (double cap : g_auc.caps) std::printf("   %.4f +- %.4f", mean_of(auc[p][cap]), sd_of(auc[p][cap]));
     std::printf("\n");
-    for (double cap : kCaps)
-      out["policies"][p].push_back({{"cap", cap}, {"auc", mean(auc[p][cap])}, {"auc_per_seed", auc[p][cap]},
-                                    {"final_bytes", mean(bytes[p][cap])}});
+    for (double cap : g_auc.caps)
+      out["policies"][p].push_back({{"cap", cap}, {"auc", mean_of(auc[p][cap])}, {"auc_sd", sd_of(auc[p][cap])},
+                                    {"auc_per_seed", auc[p][cap]}, {"final_bytes", mean_of(bytes[p][cap])},
+                                    {"bytes_after_last_round", mean_of(round_bytes[p][cap])}});
   }
+  // Paired differences (importance minus each baseline, per seed): the comparison without seed noise.
+  if (std::find(g_auc.policies.begin(), g_auc.policies.end(), "importance") != g_auc.policies.end()) {
+    std::printf("importance minus baseline, per seed paired (mean +- sd):\n");
+    for (const std::string& p : g_auc.policies) {
+      if (p == "importance") continue;
+      std::printf("  vs %-10s", p.c_str());
+      for (double cap : g_auc.caps) {
+        std::vector<double> d;
+        for (size_t i = 0; i < auc[p][cap].size(); ++i) d.push_back(auc["importance"][cap][i] - auc[p][cap][i]);
+        std::printf("   %+.4f +- %.4f", mean_of(d), sd_of(d));
+        out["paired_importance_minus"][p].push_back({{"cap", cap}, {"mean", mean_of(d)}, {"sd", sd_of(d)}});
+      }
+      std::printf("\n");
+    }
+  }
+  out["unconstrained_auc_sd"] = sd_of(base);
+  out["grace_steps"] = g_auc.shared.grace_steps;
+  out["disabled_share"] = g_auc.shared.disabled_share;
   out["unconstrained_auc"] = base_auc;
   out["unconstrained_auc_per_seed"] = base;
   out["unconstrained_bytes"] = base_bytes;
@@ -272,10 +359,12 @@ void write_svg(const std::string& path, const nlohmann::json& results) {
     const nlohmann::json& d = it.value();
     double lo = d["unconstrained_auc"].get<double>(), hi = lo;
     for (const std::string& p : kPolicies)
-      for (const auto& e : d["policies"][p]) {
-        lo = std::min(lo, e["auc"].get<double>());
-        hi = std::max(hi, e["auc"].get<double>());
-      }
+      if (d["policies"].contains(p))
+        for (const auto& e : d["policies"][p]) {
+          const double sd = e.value("auc_sd", 0.0);
+          lo = std::min(lo, e["auc"].get<double>() - sd);
+          hi = std::max(hi, e["auc"].get<double>() + sd);
+        }
     lo -= 0.005;
     hi += 0.005;
     const int x0 = k * pw + ml, x1 = k * pw + pw - 20, y0 = mt, y1 = ph - mb + mt - 20;
@@ -295,6 +384,14 @@ void write_svg(const std::string& path, const nlohmann::json& results) {
       << Y(d["unconstrained_auc"].get<double>()) << "' stroke='gray' stroke-dasharray='4,3'/>\n";
     int li = 0;
     for (const std::string& p : kPolicies) {
+      if (!d["policies"].contains(p)) continue;
+      // Error bars: +- one standard deviation over seeds (slightly offset per policy to stay visible).
+      for (const auto& e : d["policies"][p]) {
+        const double sd = e.value("auc_sd", 0.0), x = X(e["cap"].get<double>()) + (li - 1.5) * 3;
+        if (sd > 0)
+          s << "<line x1='" << x << "' y1='" << Y(e["auc"].get<double>() - sd) << "' x2='" << x << "' y2='"
+            << Y(e["auc"].get<double>() + sd) << "' stroke='" << color.at(p) << "' stroke-opacity='0.6'/>\n";
+      }
       s << "<polyline fill='none' stroke='" << color.at(p) << "' stroke-width='2' points='";
       for (const auto& e : d["policies"][p]) s << X(e["cap"].get<double>()) << "," << Y(e["auc"].get<double>()) << " ";
       s << "'/>\n";
@@ -333,7 +430,20 @@ int main(int argc, char** argv) {
     else if (a == "--seeds") seeds = std::stoi(next());
     else if (a == "--datasets") datasets = next();
     else if (a == "--merge") merge = next();
-    else RATION_CHECK(false, "bench_ps_evict: unknown argument '", a, "'; valid: --quick --parts --json --svg --movielens --seeds --datasets --merge");
+    else if (a == "--grace") g_auc.shared.grace_steps = std::stoll(next());
+    else if (a == "--disabled-share") g_auc.shared.disabled_share = std::stod(next());
+    else if (a == "--importance-decay") g_auc.shared.importance_decay = std::stod(next());
+    else if (a == "--readmit-after") g_auc.shared.readmit_after = std::stoll(next());
+    else if (a == "--headroom") g_auc.shared.headroom = std::stod(next());
+    else if (a == "--caps" || a == "--policies") {
+      std::stringstream list(next());
+      std::string item;
+      if (a == "--caps") g_auc.caps.clear(); else g_auc.policies.clear();
+      while (std::getline(list, item, ',')) {
+        if (a == "--caps") g_auc.caps.push_back(std::stod(item)); else g_auc.policies.push_back(item);
+      }
+    }
+    else RATION_CHECK(false, "bench_ps_evict: unknown argument '", a, "'; valid: --quick --parts --json --svg --movielens --seeds --datasets --merge --grace --disabled-share --importance-decay --readmit-after --headroom --caps --policies");
   }
   if (!merge.empty()) {
     nlohmann::json out, curves;

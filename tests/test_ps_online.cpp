@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
+#include <fstream>
+#include <set>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -373,6 +376,155 @@ TEST(PsOnline, PredictMatchesTheTrainersEvaluationAfterASync) {
   int64_t disabled = 0;
   for (const auto& t : st.tables()) disabled += t.disabled();
   EXPECT_GT(disabled, 0);
+}
+
+// Deltas read the change log, not every slot: after the first GetDelta turns the log on, a delta from a
+// settled version holds exactly the rows pushed since (values as the table holds them), however many
+// times they were pushed (the log compacts, its bytes stay bounded), and a paged walk whose log is
+// compacted between pages still delivers every changed row.
+TEST(PsOnline, DeltasReadOnlyTheChangedRowsFromTheChangeLog) {
+  ps::ShardCore core({0, 1}, "");
+  ps::Table& t = core.store().ensure_table(table_opts("user", 4));
+  std::vector<uint64_t> ids(20000);
+  std::iota(ids.begin(), ids.end(), 1);
+  push_some(t, ids, 1);
+  EXPECT_FALSE(t.change_log_enabled());
+  EXPECT_EQ(t.bytes().log_bytes, 0);
+  ps::OnlineOptions o;
+  o.sync_interval_s = 0;
+  OnlineServer online(o, sources_of(core));
+  EXPECT_TRUE(online.sync_now().full);
+  EXPECT_TRUE(t.change_log_enabled());
+  const int64_t v0 = t.settled_version();
+  std::vector<uint64_t> changed;
+  for (uint64_t id = 7; id <= 20000; id += 400) changed.push_back(id);  // 50 rows
+  for (int64_t step = 2; step < 200; ++step) push_some(t, changed, step, 0.01f * static_cast<float>(step % 5 + 1));
+  EXPECT_GT(t.bytes().log_bytes, 0);
+  ps::ExportCursor cur;
+  ps::ExportedRows rows;
+  while (!cur.done) t.export_changed(v0, cur, 1 << 20, rows);
+  std::vector<uint64_t> got = rows.ids;
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, changed);
+  for (int64_t i = 0; i < rows.size(); ++i) {
+    const std::vector<float> want = training_row(t, rows.ids[static_cast<size_t>(i)]);
+    for (int64_t k = 0; k < 4; ++k) EXPECT_EQ(rows.values[static_cast<size_t>(i * 4 + k)], want[static_cast<size_t>(k)]);
+    EXPECT_GT(rows.infos[static_cast<size_t>(i)].version, v0);
+  }
+  EXPECT_FALSE(online.sync_now().full);
+  // Paged, 3 rows a page up to a pinned version, with pushes of every other row between the pages (the
+  // log compacts under the walk): every row changed up to the pinned version arrives, and the walk ends.
+  const int64_t v1 = t.settled_version();
+  std::vector<uint64_t> more(changed.begin(), changed.begin() + 20);
+  push_some(t, more, 300);
+  const int64_t v_to = t.settled_version();
+  std::vector<uint64_t> others;
+  for (uint64_t id : ids)
+    if (!std::binary_search(changed.begin(), changed.end(), id)) others.push_back(id);
+  ps::ExportCursor pc;
+  std::set<uint64_t> seen;
+  int64_t pages = 0;
+  while (!pc.done && pages < 1000) {
+    ps::ExportedRows page;
+    t.export_changed(v1, pc, 3, page, v_to);
+    seen.insert(page.ids.begin(), page.ids.end());
+    push_some(t, others, 301 + pages);
+    ++pages;
+  }
+  EXPECT_TRUE(pc.done);
+  EXPECT_GE(pages, 7);
+  EXPECT_EQ(seen, std::set<uint64_t>(more.begin(), more.end()));
+  // ~20 pages * 20 000 row changes went into the log; it holds about one entry per row (compacted).
+  EXPECT_LE(t.bytes().log_bytes, 16 * (2 * 20000 + 16 * 257) * 2);
+  // The mirror follows: its next sync is incremental and equal to the table afterwards.
+  const ps::SyncReport r = online.sync_now();
+  EXPECT_FALSE(r.full);
+  for (uint64_t id : changed) ASSERT_EQ(online_row(online.store(), "user", id), training_row(t, id)) << id;
+  for (uint64_t id = 1000; id < 3000; id += 97) ASSERT_EQ(online_row(online.store(), "user", id), training_row(t, id)) << id;
+}
+
+// The online server follows the training server's who-may-call rules (the same code, ps/server.h):
+// loopback by default; elsewhere a token and/or TLS; a missing or wrong token is refused and counted.
+TEST(PsOnline, NonLoopbackNeedsTokenOrTlsAndWrongTokensAreRefusedAndCounted) {
+  ps::ShardCore core({0, 1}, "");
+  core.store().ensure_table(table_opts("user", 4));
+  TempDir dir("online-auth");
+  ps::OnlineOptions o;
+  o.sync_interval_s = 0;
+  o.listen = "0.0.0.0:0";
+  EXPECT_NE(testing::error_of([&] { OnlineServer s(o, sources_of(core)); }).find("is not a loopback address"),
+            std::string::npos);
+  o.auth_token_file = dir.write("short", "abc\n");
+  EXPECT_NE(testing::error_of([&] { OnlineServer s(o, sources_of(core)); }).find("at least 16 characters"),
+            std::string::npos);
+  o.auth_token_file.clear();
+  o.tls_cert = "cert.pem";  // without its key
+  EXPECT_NE(testing::error_of([&] { OnlineServer s(o, sources_of(core)); }).find("--tls-cert and --tls-key must be given together"),
+            std::string::npos);
+  o.tls_cert.clear();
+  o.auth_token_file = dir.write("token", "online-token-0123456789\n");
+  OnlineServer online(o, sources_of(core));
+  online.sync_now();
+  auto stub = online_stub("127.0.0.1:" + std::to_string(online.port()));
+  wire::LookupRequest q;
+  q.set_table("user");
+  q.add_ids(5);
+  for (const std::string& token : {std::string(), std::string("online-token-0123456780")}) {
+    grpc::ClientContext c;
+    if (!token.empty()) c.AddMetadata("authorization", "Bearer " + token);
+    wire::LookupResponse r;
+    EXPECT_EQ(stub->Lookup(&c, q, &r).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  grpc::ClientContext c;
+  c.AddMetadata("authorization", "Bearer online-token-0123456789");
+  wire::LookupResponse r;
+  ASSERT_TRUE(stub->Lookup(&c, q, &r).ok());
+  EXPECT_EQ(r.dim(), 4);
+  EXPECT_EQ(online.auth_failures(), 2);
+  wire::OnlineStatsResponse st;
+  ASSERT_TRUE(online.stats(&st).ok());
+  EXPECT_EQ(st.auth_failures(), 2);
+}
+
+TEST(PsOnline, TlsLookupNeedsTheRightCa) {
+  ps::ShardCore core({0, 1}, "");
+  ps::Table& t = core.store().ensure_table(table_opts("user", 4));
+  std::vector<uint64_t> ids = {5, 6};
+  push_some(t, ids, 1);
+  TempDir dir("online-tls");
+  testing::make_certificates(dir.path.string());
+  ps::OnlineOptions o;
+  o.sync_interval_s = 0;
+  o.listen = "0.0.0.0:0";  // all interfaces: allowed because it serves TLS
+  o.tls_cert = (dir.path / "server.pem").string();
+  o.tls_key = (dir.path / "server.key").string();
+  OnlineServer online(o, sources_of(core));
+  online.sync_now();
+  const std::string ep = "127.0.0.1:" + std::to_string(online.port());
+  wire::LookupRequest q;
+  q.set_table("user");
+  q.add_ids(5);
+  auto lookup = [&](std::shared_ptr<grpc::ChannelCredentials> creds) {
+    auto stub = wire::OnlineParameterServer::NewStub(grpc::CreateChannel(ep, creds));
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
+    wire::LookupResponse r;
+    const grpc::Status s = stub->Lookup(&c, q, &r);
+    return std::make_pair(s.ok(), r);
+  };
+  EXPECT_FALSE(lookup(grpc::InsecureChannelCredentials()).first);
+  auto tls = [&](const std::string& ca) {
+    grpc::SslCredentialsOptions ssl;
+    std::ifstream in(ca);
+    ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    return grpc::SslCredentials(ssl);
+  };
+  EXPECT_FALSE(lookup(tls((dir.path / "other-ca.pem").string())).first);
+  const auto [ok, r] = lookup(tls((dir.path / "ca.pem").string()));
+  ASSERT_TRUE(ok);
+  std::vector<float> got(4);
+  std::memcpy(got.data(), r.values().data(), 16);
+  EXPECT_EQ(got, training_row(t, 5));
 }
 
 TEST(PsOnline, BadFlagsNameTheFlag) {

@@ -29,7 +29,10 @@ std::unique_ptr<PsCommand> add_ps_command(CLI::App& app) {
   cmd->serve->add_option("--keep-fraction", o.evict.keep_fraction, "each round keeps at most this fraction of rows");
   cmd->serve->add_option("--evict-threshold", o.evict.threshold, "each round disables rows scoring below it");
   cmd->serve->add_option("--readmit-after", o.evict.readmit_after, "pushes a disabled id needs to come back (2)");
-  cmd->serve->add_option("--importance-decay", o.evict.importance_decay, "per-step decay of the importance (0.99)");
+  cmd->serve->add_option("--importance-decay", o.evict.importance_decay, "per-step decay of the importance (0.95)");
+  cmd->serve->add_option("--evict-grace", o.evict.grace_steps, "steps a new row ranks above older ones (0: off)");
+  cmd->serve->add_option("--disabled-share", o.evict.disabled_share,
+                         "share of the byte budget remembered disabled ids may use (0.05)");
   // The online (serving) side.
   cmd->serve->add_flag("--online", cmd->online, "serve a mirror of the training shards (Lookup, Predict)");
   cmd->serve->add_option("--follow", cmd->follow, "--online: the training shards' HOST:PORT list, in shard order");
@@ -50,6 +53,9 @@ int run_ps_command(PsCommand& cmd) {
     RATION_CHECK(!o.follow.empty(), "ps serve --online: --follow needs the training shards' HOST:PORT list");
     o.listen = cmd.options.listen;
     o.auth_token_file = cmd.options.auth_token_file;
+    o.tls_cert = cmd.options.tls_cert;
+    o.tls_key = cmd.options.tls_key;
+    o.tls_ca = cmd.options.tls_ca;
     return ps::serve_online_until_signal(o);
   }
   RATION_CHECK(cmd.follow.empty(), "ps serve: --follow is for --online servers");

@@ -71,6 +71,8 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
   e.readmit_after = cfg.get_int("ps.readmit_after", e.readmit_after);
   e.importance_decay = cfg.get_double("ps.importance_decay", e.importance_decay);
   e.headroom = cfg.get_double("ps.evict_headroom", e.headroom);
+  e.grace_steps = cfg.get_int("ps.evict_grace", e.grace_steps);
+  e.disabled_share = cfg.get_double("ps.disabled_share", e.disabled_share);
   e.validate(cfg.origin());
   RATION_CHECK(!e.active() || o.client.endpoints.empty(), cfg.origin(), ": ps.evict = '",
                ps::evict_policy_name(e.policy), "' configures embedded shards only; with ps.endpoints set, start each ",

@@ -42,6 +42,9 @@ void EvictOptions::validate(const std::string& where) const {
   RATION_CHECK(importance_decay > 0 && importance_decay < 1, where,
                ": ps.importance_decay (--importance-decay) must be in (0, 1); got ", importance_decay);
   RATION_CHECK(headroom > 0 && headroom <= 1, where, ": ps.evict_headroom must be in (0, 1]; got ", headroom);
+  RATION_CHECK(grace_steps >= 0, where, ": ps.evict_grace (--evict-grace) must be >= 0 steps; got ", grace_steps);
+  RATION_CHECK(disabled_share > 0 && disabled_share <= 1, where,
+               ": ps.disabled_share (--disabled-share) must be in (0, 1]; got ", disabled_share);
   if (policy != EvictPolicy::None) {
     RATION_CHECK(max_bytes > 0 || keep_fraction < 1 || threshold > 0, where, ": ps.evict (--evict) = '",
                  evict_policy_name(policy), "' needs ps.max_bytes (--max-bytes) > 0, ps.keep_fraction (--keep-fraction) < 1 or ps.evict_threshold (--evict-threshold) > 0");
@@ -90,55 +93,87 @@ EvictRound Evictor::run(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   EvictRound r;
   r.step = step;
+  // Bytes measured on compacted tables: a function of their contents only (see Table::compact).
+  for (const std::string& name : store_.table_names()) store_.table(name).compact();
   const StoreStats before = store_.stats();
   r.rows_before = before.rows;
   r.bytes_before = before.bytes;
   struct Scored {
     float score;
+    uint8_t young;  // within the grace period: ranks above every old row
     uint64_t id;
     Table* table;
   };
   std::vector<Scored> all;
+  all.reserve(static_cast<size_t>(before.rows));
   std::vector<Table*> tables;
+  std::vector<ScoredId> s;
   for (const std::string& name : store_.table_names()) {
     Table* t = &store_.table(name);
     tables.push_back(t);
-    std::vector<ScoredId> s;
-    t->score_rows([&](const RowInfo& info, const float* v) { return score(*t, info, v, step); }, s);
-    for (const ScoredId& x : s) all.push_back({x.score, x.id, t});
+    s.clear();
+    std::vector<uint8_t> young;  // one flag per scored row, in the walk's order
+    t->score_rows([&](const RowInfo& info, const float* v) {
+      young.push_back(info.first_step < 0 || step - info.first_step < options_.grace_steps);
+      return score(*t, info, v, step);
+    }, s);
+    for (size_t i = 0; i < s.size(); ++i) {
+      all.push_back({s[i].score, young[i], s[i].id, t});
+      r.young += young[i];
+    }
   }
-  // Highest first; ties broken by id so every policy's order is deterministic.
-  std::sort(all.begin(), all.end(), [](const Scored& a, const Scored& b) {
+  std::vector<ScoredId>().swap(s);
+  // Keep-first order: young rows, then higher score; ties broken by id so every policy is deterministic.
+  const auto keep_first = [](const Scored& a, const Scored& b) {
+    if (a.young != b.young) return a.young > b.young;
     return a.score != b.score ? a.score > b.score : a.id < b.id;
-  });
-  int64_t keep = static_cast<int64_t>(all.size());
-  if (options_.keep_fraction < 1) keep = std::min<int64_t>(keep, static_cast<int64_t>(std::floor(options_.keep_fraction * static_cast<double>(all.size()))));
-  if (options_.threshold > 0) {
-    int64_t above = 0;
-    while (above < keep && all[static_cast<size_t>(above)].score >= options_.threshold) ++above;
-    keep = above;
-  }
-  auto disable_from = [&](int64_t from) {
+  };
+  // all[0, kept) are the rows still held; select(k) moves the k best of them to the front (O(kept)).
+  size_t kept = all.size();
+  auto select = [&](size_t k) {
+    if (k >= kept) return;
+    std::nth_element(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k), all.begin() + static_cast<std::ptrdiff_t>(kept), keep_first);
+  };
+  auto disable_from = [&](size_t from) {
     std::map<Table*, std::vector<uint64_t>> ids;
-    for (size_t i = static_cast<size_t>(from); i < all.size(); ++i) ids[all[i].table].push_back(all[i].id);
+    for (size_t i = from; i < kept; ++i) ids[all[i].table].push_back(all[i].id);
     int64_t n = 0;
     for (auto& [t, v] : ids) n += t->disable(v.data(), static_cast<int64_t>(v.size()));
     for (Table* t : tables) r.released += t->compact();
-    all.resize(static_cast<size_t>(from));
+    kept = from;
     return n;
   };
-  if (keep < static_cast<int64_t>(all.size())) r.disabled += disable_from(keep);
+  size_t keep = kept;
+  if (options_.keep_fraction < 1)
+    keep = std::min(keep, static_cast<size_t>(std::floor(options_.keep_fraction * static_cast<double>(all.size()))));
+  select(keep);
+  if (options_.threshold > 0) {
+    keep = static_cast<size_t>(std::partition(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(keep), [&](const Scored& x) {
+                                 return x.young || x.score >= options_.threshold;
+                               }) - all.begin());
+  }
+  if (keep < kept) r.disabled += disable_from(keep);
+  // Bounded memory for remembered disabled ids: at most disabled_share of the byte budget, newest kept.
+  const double budget = static_cast<double>(options_.max_bytes > 0 ? options_.max_bytes : before.bytes);
+  auto forget = [&]() {
+    const int64_t room = static_cast<int64_t>(options_.disabled_share * budget) / Table::kDisabledEntryBytes;
+    const int64_t per_table = std::max<int64_t>(0, room / std::max<int64_t>(1, static_cast<int64_t>(tables.size())));
+    for (Table* t : tables) r.forgotten += t->forget_disabled(per_table);
+  };
+  forget();
   // The byte cap: rows cost about bytes/rows each; cut to headroom * cap, and again while still above
   // the cap (index and arena granularity, remembered disabled ids).
-  for (int pass = 0; options_.max_bytes > 0 && pass < 4 && !all.empty(); ++pass) {
+  for (int pass = 0; options_.max_bytes > 0 && pass < 6 && kept > 0; ++pass) {
     const int64_t bytes = store_.stats().bytes;
     const double target = options_.headroom * static_cast<double>(options_.max_bytes);
     if (pass == 0 ? bytes <= options_.max_bytes : bytes <= target) break;
-    const double per_row = static_cast<double>(bytes) / static_cast<double>(all.size());
+    const double per_row = static_cast<double>(bytes) / static_cast<double>(kept);
     const int64_t fit = std::max<int64_t>(0, static_cast<int64_t>(std::floor(
-        static_cast<double>(all.size()) - (static_cast<double>(bytes) - target) / per_row)));
-    if (fit >= static_cast<int64_t>(all.size())) break;
-    r.disabled += disable_from(fit);
+        static_cast<double>(kept) - (static_cast<double>(bytes) - target) / per_row)));
+    if (fit >= static_cast<int64_t>(kept)) break;
+    select(static_cast<size_t>(fit));
+    r.disabled += disable_from(static_cast<size_t>(fit));
+    forget();
     // Stop when a pass released nothing (what is left is allocator granularity, not rows).
     if (pass > 0 && store_.stats().bytes >= bytes) break;
   }

@@ -27,8 +27,20 @@ struct EvictOptions {
   double keep_fraction = 1.0;   // (0, 1]: each round also keeps at most this fraction of the live rows
   double threshold = 0;         // > 0: each round also disables rows scoring below it
   int64_t readmit_after = 2;    // pushes a disabled id must see before it gets a row again
-  double importance_decay = 0.99;  // per-step decay of the importance mean (importance only)
+  // Per-step decay γ of the importance (docs/METHODS.md, "Importance"): 0.95 (a time constant of ~20
+  // steps) was the best single value over the synthetic drifting clicks and MovieLens (BENCHMARKS.md).
+  double importance_decay = 0.95;
   double headroom = 0.9;        // a capped round cuts to this fraction of max_bytes (room for new ids)
+  // Grace period, the same for every policy: a row pushed first fewer than this many steps ago (or
+  // never pushed) ranks above every older row, so it is disabled only when the older rows alone cannot
+  // meet the cap; among themselves young rows are ordered by the policy's score. 0 (default): off — on
+  // the drifting-click and MovieLens benches it lowered every policy's AUC (BENCHMARKS.md). Whatever the
+  // grace, a row not pushed yet (pulled for the step in progress, whose push is still to come) ranks as
+  // young: a round never takes a row from under the step that just pulled it.
+  int64_t grace_steps = 0;
+  // Bounded memory for remembered disabled ids: a round forgets the oldest-disabled ids beyond this
+  // fraction of the byte budget (max_bytes, or the store's bytes at the round's start when uncapped).
+  double disabled_share = 0.05;
   // Errors name `where` and the field, with the expected form.
   void validate(const std::string& where) const;
   bool active() const { return policy != EvictPolicy::None; }
@@ -37,6 +49,8 @@ struct EvictOptions {
 struct EvictRound {
   int64_t step = 0;
   int64_t rows_before = 0, rows_after = 0, disabled = 0;
+  int64_t young = 0;      // rows within their grace period when the round started
+  int64_t forgotten = 0;  // remembered disabled ids forgotten (bounded memory)
   int64_t bytes_before = 0, bytes_after = 0, released = 0;
   double seconds = 0;
 };
@@ -60,8 +74,9 @@ class Evictor {
   void apply(Table& table) const;
   // Runs a round when `step` is a multiple of evict_every and no round ran for it yet.
   bool maybe_run(int64_t step);
-  // One round now. The policy's score orders the rows; the lowest are disabled until the store fits
-  // headroom * max_bytes, at most keep_fraction of the rows stay, and rows under threshold go.
+  // One round now. Young rows (grace_steps) first, then the policy's score, order the rows; the lowest
+  // are disabled until the store fits headroom * max_bytes, at most keep_fraction of the rows stay, and
+  // old rows under threshold go. Selection is O(rows) (nth_element), not a sort.
   EvictRound run(int64_t step);
   // Policy score of one row (higher = keep).
   float score(const Table& table, const RowInfo& info, const float* values, int64_t step) const;

@@ -30,13 +30,7 @@ void OnlineOptions::validate() const {
   RATION_CHECK(model_config.empty() == checkpoint_dir.empty(),
                "--model-config and --checkpoint-dir go together (Predict needs both); got ",
                model_config.empty() ? "--checkpoint-dir only" : "--model-config only");
-  if (!listen.empty()) {
-    std::string host;
-    int port = 0;
-    split_host_port(listen, "--listen", &host, &port);
-    RATION_CHECK(is_loopback_host(host) || !auth_token_file.empty(), "--listen ", listen,
-                 ": a non-loopback address needs --auth-token-file");
-  }
+  if (!listen.empty()) check_serve_security(listen, security());
 }
 
 namespace {
@@ -52,6 +46,7 @@ struct OnlineServer::Impl {
   std::mutex sync_mu;  // one sync at a time
   std::atomic<double> last_sync_start{0};  // start of the last sync that completed
   std::atomic<bool> synced{false};
+  std::atomic<int64_t> auth_failures{0};
   // Sync loop.
   std::thread loop;
   std::mutex loop_mu;
@@ -98,12 +93,15 @@ class OnlineService final : public wire::OnlineParameterServer::Service {
 
  private:
   bool ok(grpc::ServerContext* c) const {
-    if (token_.empty()) return true;
-    auto it = c->client_metadata().find("authorization");
-    return it != c->client_metadata().end() &&
-           constant_time_equal(std::string(it->second.data(), it->second.size()), "Bearer " + token_);
+    if (call_authorized(*c, token_)) return true;
+    s_.count_auth_failure();
+    return false;
   }
-  static grpc::Status denied() { return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token"); }
+  static grpc::Status denied() {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing or wrong authorization token (send metadata 'authorization: Bearer <token>')");
+  }
+
   OnlineServer& s_;
   std::string token_;
 };
@@ -135,7 +133,7 @@ OnlineServer::OnlineServer(OnlineOptions options, std::vector<std::unique_ptr<De
   if (!options.listen.empty()) {
     impl_->service = std::make_unique<OnlineService>(*this, impl_->token);
     grpc::ServerBuilder b;
-    b.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &impl_->port);
+    b.AddListeningPort(options.listen, server_credentials(options.security()), &impl_->port);
     b.RegisterService(impl_->service.get());
     b.SetMaxReceiveMessageSize(256 << 20);
     b.SetMaxSendMessageSize(256 << 20);
@@ -155,6 +153,8 @@ void OnlineServer::shutdown() {
 }
 
 int OnlineServer::port() const { return impl_->port; }
+void OnlineServer::count_auth_failure() { ++impl_->auth_failures; }
+int64_t OnlineServer::auth_failures() const { return impl_->auth_failures.load(); }
 
 SyncReport OnlineServer::sync_now() {
   std::lock_guard<std::mutex> lock(impl_->sync_mu);
@@ -296,6 +296,7 @@ grpc::Status OnlineServer::stats(wire::OnlineStatsResponse* r) {
   }
   r->set_staleness_s(impl_->synced ? now_s() - impl_->last_sync_start.load() : -1);
   r->set_versions_behind(behind);
+  r->set_auth_failures(impl_->auth_failures.load());
   const OnlineCounters c = store_->counters();
   r->set_syncs(c.syncs);
   r->set_full_resyncs(c.full_resyncs);

@@ -15,6 +15,7 @@
 
 #include "proto/ps.pb.h"
 #include "ration/ps/online_store.h"
+#include "ration/ps/server.h"
 
 namespace ration::ps {
 
@@ -25,10 +26,15 @@ struct OnlineOptions {
   double sync_interval_s = 1.0;     // 0: sync only on demand (Sync RPC, sync_now())
   int64_t max_rows = 65536;         // rows per GetDelta page
   std::string auth_token_file;      // token sent to the training shards and required from callers
+  std::string tls_cert, tls_key;    // PEM files: serve Lookup/Predict over TLS
+  std::string tls_ca;               // PEM: also require client certificates signed by it
   std::string model_config;         // the trainer's config (for Predict); empty: Predict unavailable
   std::string checkpoint_dir;       // where the trainer writes checkpoints (the latest is loaded)
   int64_t apply_delay_ms = 0;       // test hook: pause before writing each delta
+  // The listen rule is the training shard's (ps/server.h, check_serve_security): loopback by default,
+  // any other address needs --auth-token-file and/or --tls-cert/--tls-key. Errors name the flag.
   void validate() const;
+  ServeSecurity security() const { return {auth_token_file, tls_cert, tls_key, tls_ca}; }
 };
 
 class OnlineServer {
@@ -53,6 +59,9 @@ class OnlineServer {
   // (Re)loads the dense model from the latest checkpoint when a newer one exists. Returns its step.
   int64_t reload_model();
 
+  // Calls refused for a missing or wrong token (also in Stats).
+  void count_auth_failure();
+  int64_t auth_failures() const;
   OnlineStore& store() { return *store_; }
   int port() const;
   void shutdown();

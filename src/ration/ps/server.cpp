@@ -72,6 +72,40 @@ std::string read_file(const std::string& path, const char* flag) {
   return ss.str();
 }
 
+}  // namespace
+
+std::string check_serve_security(const std::string& listen, const ServeSecurity& o) {
+  std::string host;
+  int port = 0;
+  split_host_port(listen, "--listen", &host, &port);
+  const bool tls = !o.tls_cert.empty() || !o.tls_key.empty();
+  RATION_CHECK(o.tls_cert.empty() == o.tls_key.empty(), "--tls-cert and --tls-key must be given together");
+  RATION_CHECK(o.tls_ca.empty() || tls, "--tls-ca (client certificate verification) needs --tls-cert and --tls-key");
+  RATION_CHECK(is_loopback_host(host) || tls || !o.auth_token_file.empty(), "--listen ", listen,
+               " is not a loopback address: refusing to serve embeddings to the network without ",
+               "--auth-token-file FILE and/or --tls-cert/--tls-key (or listen on 127.0.0.1)");
+  return o.auth_token_file.empty() ? std::string() : read_token_file(o.auth_token_file);
+}
+
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const ServeSecurity& o) {
+  if (o.tls_cert.empty() && o.tls_key.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(o.tls_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_key_cert_pairs.push_back({read_file(o.tls_key, "--tls-key"), read_file(o.tls_cert, "--tls-cert")});
+  if (!o.tls_ca.empty()) ssl.pem_root_certs = read_file(o.tls_ca, "--tls-ca");
+  return grpc::SslServerCredentials(ssl);
+}
+
+bool call_authorized(const grpc::ServerContext& c, const std::string& token) {
+  if (token.empty()) return true;
+  const auto& md = c.client_metadata();
+  auto it = md.find("authorization");
+  const std::string got = it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+  return constant_time_equal(got, "Bearer " + token);
+}
+
+namespace {
+
 // Every RPC: authorise (when a token is configured), then hand the request to the shard.
 class Service final : public wire::ParameterServer::Service {
  public:
@@ -108,11 +142,7 @@ class Service final : public wire::ParameterServer::Service {
 
  private:
   bool authorized(grpc::ServerContext* c) {
-    if (token_.empty()) return true;
-    const auto& md = c->client_metadata();
-    auto it = md.find("authorization");
-    const std::string got = it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
-    if (constant_time_equal(got, "Bearer " + token_)) return true;
+    if (call_authorized(*c, token_)) return true;
     core_.count_auth_failure();
     return false;
   }
@@ -139,16 +169,7 @@ PsServer::PsServer(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
   const ServeOptions& o = m.options;
-  std::string host;
-  int port = 0;
-  split_host_port(o.listen, "--listen", &host, &port);
-  const bool tls = !o.tls_cert.empty() || !o.tls_key.empty();
-  RATION_CHECK(o.tls_cert.empty() == o.tls_key.empty(), "--tls-cert and --tls-key must be given together");
-  RATION_CHECK(o.tls_ca.empty() || tls, "--tls-ca (client certificate verification) needs --tls-cert and --tls-key");
-  RATION_CHECK(is_loopback_host(host) || tls || !o.auth_token_file.empty(), "--listen ", o.listen,
-               " is not a loopback address: refusing to serve embeddings to the network without ",
-               "--auth-token-file FILE and/or --tls-cert/--tls-key (or listen on 127.0.0.1)");
-  const std::string token = o.auth_token_file.empty() ? std::string() : read_token_file(o.auth_token_file);
+  const std::string token = check_serve_security(o.listen, o.security());
 
   m.core = std::make_unique<ShardCore>(o.shard, o.snapshot_dir, o.limits);
   const int64_t restored = m.core->restore_latest();
@@ -158,14 +179,7 @@ PsServer::PsServer(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   m.core->set_eviction(o.evict);
   m.service = std::make_unique<Service>(*m.core, token);
 
-  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
-  if (tls) {
-    grpc::SslServerCredentialsOptions ssl(o.tls_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                                            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    ssl.pem_key_cert_pairs.push_back({read_file(o.tls_key, "--tls-key"), read_file(o.tls_cert, "--tls-cert")});
-    if (!o.tls_ca.empty()) ssl.pem_root_certs = read_file(o.tls_ca, "--tls-ca");
-    creds = grpc::SslServerCredentials(ssl);
-  }
+  const std::shared_ptr<grpc::ServerCredentials> creds = server_credentials(o.security());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen, creds, &m.port);
   builder.RegisterService(m.service.get());

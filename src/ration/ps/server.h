@@ -1,7 +1,9 @@
 // server.h — `ration ps serve`: one shard (ShardCore) behind gRPC, with who-may-call rules.
 // Owns: ServeOptions (and their validation: loopback by default; any other address needs a token
 //       and/or TLS), the gRPC service (authorisation of every call by a bearer token in call metadata,
-//       compared in constant time, failures counted), TLS server credentials, graceful shutdown.
+//       compared in constant time, failures counted), TLS server credentials, graceful shutdown; the
+//       who-may-call rules every ps server shares (ServeSecurity: check_serve_security,
+//       server_credentials, call_authorized — the online server, ps/online_server.h, uses them too).
 // Does not own: request validation or storage (ps/shard.h), the client (ps/client.h).
 #pragma once
 #include <cstdint>
@@ -11,7 +13,25 @@
 #include "ration/ps/evict.h"
 #include "ration/ps/shard.h"
 
+namespace grpc {
+class ServerContext;
+class ServerCredentials;
+}  // namespace grpc
+
 namespace ration::ps {
+
+// Who may call a served endpoint: a bearer token (file, first line) and/or TLS (certificate and key;
+// with a CA, client certificates signed by it are required).
+struct ServeSecurity {
+  std::string auth_token_file, tls_cert, tls_key, tls_ca;
+};
+// Validates `listen` (HOST:PORT) against the rule: loopback by default; any other address needs a token
+// and/or TLS. Returns the token ("" when none). Errors name the flags.
+std::string check_serve_security(const std::string& listen, const ServeSecurity& security);
+// Insecure credentials, or TLS ones from the PEM files (errors name the flag).
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const ServeSecurity& security);
+// True when `token` is empty or the call carries metadata "authorization: Bearer <token>" (constant time).
+bool call_authorized(const grpc::ServerContext& context, const std::string& token);
 
 struct ServeOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
@@ -22,6 +42,7 @@ struct ServeOptions {
   std::string tls_ca;                   // PEM: also require and verify client certificates
   ShardLimits limits;
   EvictOptions evict;                   // disabling (--evict ...); policy none: off
+  ServeSecurity security() const { return {auth_token_file, tls_cert, tls_key, tls_ca}; }
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost".

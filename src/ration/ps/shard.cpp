@@ -275,6 +275,8 @@ grpc::Status ShardCore::get_delta(const wire::DeltaRequest& req, wire::DeltaResp
   const int64_t max_rows = std::min<int64_t>(req.max_rows() > 0 ? req.max_rows() : 65536,
                                              std::max<int64_t>(1, limits_.max_message_bytes / (dim * 4 + 32)));
   const bool full = req.from_version() < 0;
+  // A table asked for deltas logs its row changes from now on, so the next deltas cost O(changed rows).
+  t->enable_change_log();
   *resp->mutable_spec() = spec_from_table_options(t->options());
   resp->set_epoch(t->epoch());
   resp->set_from_version(req.from_version());
@@ -292,7 +294,7 @@ grpc::Status ShardCore::get_delta(const wire::DeltaRequest& req, wire::DeltaResp
   cursor.stripe = req.cursor_stripe();
   cursor.slot = req.cursor_slot();
   ExportedRows rows;
-  t->export_changed(full ? -1 : req.from_version(), cursor, max_rows, rows);
+  t->export_changed(full ? -1 : req.from_version(), cursor, max_rows, rows, to_version);
   if (!cursor.done && cursor.stripe >= Table::kStripes) cursor.done = true;
   for (int64_t i = 0; i < rows.size(); ++i) {
     resp->add_ids(rows.ids[static_cast<size_t>(i)]);

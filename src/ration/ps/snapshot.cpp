@@ -66,8 +66,10 @@ void check_ok(const rocksdb::Status& s, const std::string& what, const std::stri
   RATION_CHECK(s.ok(), "snapshot ", path, ": ", what, " failed: ", s.ToString());
 }
 
+// 24 bytes; first_step sits where an older layout had padding (the row's age for the eviction grace).
 struct PackedInfo {
   uint32_t pushes;
+  int32_t first_step;
   int64_t last_step;
   float score;
 };
@@ -107,7 +109,7 @@ SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir,
           value.assign(reinterpret_cast<const char*>(rows.values.data() + i * dim), static_cast<size_t>(dim) * 4);
           value.append(reinterpret_cast<const char*>(rows.state.data() + i * st), static_cast<size_t>(st) * 4);
           const RowInfo& ri = rows.infos[static_cast<size_t>(i)];
-          PackedInfo p{ri.pushes, ri.last_step, ri.score};
+          PackedInfo p{ri.pushes, ri.first_step, ri.last_step, ri.score};
           value.append(reinterpret_cast<const char*>(&p), sizeof p);
           batch.Put(row_key(name, rows.ids[static_cast<size_t>(i)]), value);
         }
@@ -200,7 +202,8 @@ SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_
     RowInfo ri;
     ri.id = id;
     ri.pushes = p.pushes;
-    ri.last_step = p.last_step;
+    ri.last_step = static_cast<int32_t>(p.last_step);
+    ri.first_step = p.first_step;
     ri.score = p.score;
     t->assign(&id, 1, vals.data(), vals.data() + dim, &ri);
     ++rows;

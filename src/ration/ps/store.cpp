@@ -125,7 +125,15 @@ struct Table::Stripe {
   absl::flat_hash_map<uint64_t, uint32_t> index;  // id -> slot
   std::vector<Chunk> chunks;
   std::vector<uint32_t> free_slots;               // freed slots, reused before fresh ones
-  absl::flat_hash_map<uint64_t, uint32_t> disabled;  // disabled id -> pushes seen since it was disabled
+  struct Disabled {
+    uint32_t sightings = 0;  // pushes seen since it was disabled
+    uint32_t round = 0;      // the disable() call that disabled it (reported, not used for ordering)
+  };
+  absl::flat_hash_map<uint64_t, Disabled> disabled;  // disabled id -> its sightings and round
+  // Change log (Table::enable_change_log): (id, version) per row change, in the order the changes were
+  // applied; generation counts compactions (a paged delta's cursor carries it).
+  std::vector<std::pair<uint64_t, int64_t>> log;
+  uint32_t log_generation = 1;
   int64_t fresh = 0;                              // slots [fresh, capacity) were never handed out
   int64_t stride = 0;
 
@@ -270,7 +278,7 @@ void Table::push(const uint64_t* ids, int64_t n, const float* grads, int64_t ste
       auto d = st.disabled.find(ids[i]);
       if (d != st.disabled.end()) {
         // Disabled: the push counts as a sighting; re-admitted at readmit_after_ sightings.
-        if (static_cast<int64_t>(++d->second) < readmit_after_) return;
+        if (static_cast<int64_t>(++d->second.sightings) < readmit_after_) return;
         st.disabled.erase(d);
         readmitted_.fetch_add(1, std::memory_order_relaxed);
       }
@@ -288,8 +296,12 @@ void Table::push(const uint64_t* ids, int64_t n, const float* grads, int64_t ste
     if (observer_) observer_(info, row, g, dim);
     apply_update(options_.optimizer, dim, row, row + dim, g);
     ++info.pushes;
-    info.last_step = step;
+    info.last_step = static_cast<int32_t>(step);
+    if (info.first_step < 0) info.first_step = static_cast<int32_t>(step);
+    // One log entry per row per call: a repeat of the id in this call finds it already at this version.
+    const bool logged = info.version == version && info.pushes > 1;
     info.version = version;
+    if (!logged && logging_.load(std::memory_order_relaxed)) log_change(st, ids[i], version);
   });
 }
 
@@ -322,6 +334,7 @@ void Table::score_rows(const std::function<float(const RowInfo&, const float*)>&
 int64_t Table::disable(const uint64_t* ids, int64_t n) {
   std::shared_lock<std::shared_mutex> writing(write_mu_);
   const int64_t version = version_.fetch_add(1) + 1;
+  const uint32_t round = disable_round_.fetch_add(1) + 1;
   int64_t freed = 0;
   std::vector<uint64_t> gone;
   for_each_by_stripe(ids, n, [&](Stripe& st, int64_t i) {
@@ -331,7 +344,7 @@ int64_t Table::disable(const uint64_t* ids, int64_t n) {
       st.index.erase(it);
       ++freed;
     }
-    if (st.disabled.try_emplace(ids[i], 0).second) gone.push_back(ids[i]);
+    if (st.disabled.try_emplace(ids[i], Stripe::Disabled{0, round}).second) gone.push_back(ids[i]);
   });
   std::lock_guard<std::mutex> lock(tomb_mu_);
   for (uint64_t id : gone) tombstones_.emplace_back(id, version);
@@ -340,6 +353,40 @@ int64_t Table::disable(const uint64_t* ids, int64_t n) {
     tombstones_.pop_front();
   }
   return freed;
+}
+
+int64_t Table::forget_disabled(int64_t keep) {
+  RATION_CHECK(keep >= 0, "embedding table '", options_.name, "': forget_disabled keeps >= 0 ids; got ", keep);
+  // Most sightings first, then a hash of the id: only state a snapshot keeps decides, so a restored
+  // shard forgets exactly what the uninterrupted one would. The `keep` first selected in O(n).
+  struct Entry {
+    uint32_t sightings;
+    uint64_t hash;
+    uint64_t id;
+  };
+  std::vector<Entry> all;
+  for (const auto& sp : stripes_) {
+    std::lock_guard<std::mutex> lock(sp->mu);
+    for (const auto& [id, d] : sp->disabled) all.push_back({d.sightings, mix64(id ^ 0x5DEECE66DULL), id});
+  }
+  if (static_cast<int64_t>(all.size()) <= keep) return 0;
+  const auto first = [](const Entry& a, const Entry& b) {
+    if (a.sightings != b.sightings) return a.sightings > b.sightings;
+    return a.hash != b.hash ? a.hash < b.hash : a.id < b.id;
+  };
+  std::nth_element(all.begin(), all.begin() + keep, all.end(), first);
+  std::vector<uint64_t> gone;
+  gone.reserve(all.size() - static_cast<size_t>(keep));
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) gone.push_back(all[i].id);
+  std::vector<Entry>().swap(all);
+  int64_t forgotten = 0;
+  for_each_by_stripe(gone.data(), static_cast<int64_t>(gone.size()),
+                     [&](Stripe& st, int64_t i) { forgotten += static_cast<int64_t>(st.disabled.erase(gone[static_cast<size_t>(i)])); });
+  for (auto& sp : stripes_) {
+    std::lock_guard<std::mutex> lock(sp->mu);
+    sp->disabled.rehash(0);
+  }
+  return forgotten;
 }
 
 bool Table::is_disabled(uint64_t id) const {
@@ -361,7 +408,7 @@ std::vector<std::pair<uint64_t, uint32_t>> Table::disabled_entries() const {
   std::vector<std::pair<uint64_t, uint32_t>> out;
   for (const auto& sp : stripes_) {
     std::lock_guard<std::mutex> lock(sp->mu);
-    for (const auto& [id, n] : sp->disabled) out.emplace_back(id, n);
+    for (const auto& [id, d] : sp->disabled) out.emplace_back(id, d.sightings);
   }
   return out;
 }
@@ -374,8 +421,91 @@ void Table::restore_disabled(const uint64_t* ids, const uint32_t* sightings, int
       st.release(it->second);
       st.index.erase(it);
     }
-    st.disabled[ids[i]] = sightings[i];
+    st.disabled[ids[i]] = Stripe::Disabled{sightings[i], 0};
   });
+}
+
+void Table::enable_change_log() {
+  if (logging_.load(std::memory_order_acquire)) return;
+  std::unique_lock<std::shared_mutex> settle(write_mu_);  // no write in flight: every later one is logged
+  if (logging_.load(std::memory_order_relaxed)) return;
+  log_floor_ = version_.load();
+  logging_.store(true, std::memory_order_release);
+}
+
+void Table::log_change(Stripe& st, uint64_t id, int64_t version) {
+  st.log.emplace_back(id, version);
+  if (static_cast<int64_t>(st.log.size()) <= 2 * static_cast<int64_t>(st.index.size()) + 256) return;
+  // Compact: keep each live row's latest entry (the one carrying its current version), in log order, so
+  // the entries newer than any settled version still follow all older ones.
+  size_t w = 0;
+  for (size_t r = 0; r < st.log.size(); ++r) {
+    const auto& [lid, lv] = st.log[r];
+    auto it = st.index.find(lid);
+    if (it == st.index.end() || st.info(it->second).version != lv) continue;
+    st.log[w++] = st.log[r];
+  }
+  st.log.resize(w);
+  st.log.shrink_to_fit();
+  st.log_generation = (st.log_generation + 1) & ((1u << 22) - 1);
+  if (st.log_generation == 0) st.log_generation = 1;
+}
+
+namespace {
+// A log walk's cursor.slot: 0 = the stripe's start, else (generation << 40) | (position + 1).
+constexpr int kLogPosBits = 40;
+int64_t log_cursor(uint32_t generation, size_t pos) {
+  return (static_cast<int64_t>(generation) << kLogPosBits) | static_cast<int64_t>(pos + 1);
+}
+}  // namespace
+
+void Table::export_logged(int64_t from_version, int64_t to_version, ExportCursor& cursor, int64_t max_rows,
+                          ExportedRows& out) const {
+  const int64_t dim = options_.dim;
+  int64_t taken = 0;
+  while (!cursor.done && taken < max_rows) {
+    if (cursor.stripe >= kStripes) {
+      cursor.done = true;
+      break;
+    }
+    const Stripe& st = *stripes_[static_cast<size_t>(cursor.stripe)];
+    std::lock_guard<std::mutex> lock(st.mu);
+    size_t pos;
+    const uint32_t gen = static_cast<uint32_t>(cursor.slot >> kLogPosBits);
+    if (cursor.slot > 0 && gen == st.log_generation) {
+      pos = static_cast<size_t>(cursor.slot & ((int64_t{1} << kLogPosBits) - 1)) - 1;
+    } else {
+      // Every entry newer than a settled version follows every older one (writers take their versions
+      // under write_mu_ shared, settled_version() takes it exclusively), so the start is a partition point.
+      pos = static_cast<size_t>(std::partition_point(st.log.begin(), st.log.end(),
+                                                     [&](const std::pair<uint64_t, int64_t>& e) {
+                                                       return e.second <= from_version;
+                                                     }) - st.log.begin());
+    }
+    size_t end = st.log.size();
+    for (; pos < end && taken < max_rows; ++pos) {
+      const auto& [id, v] = st.log[pos];
+      if (v > to_version) {  // the entries after a settled version all follow it: this stripe is done
+        end = pos;
+        break;
+      }
+      auto it = st.index.find(id);
+      if (it == st.index.end()) continue;  // freed since (erase, disable: a tombstone says so)
+      const RowInfo& info = st.info(it->second);
+      if (info.version != v) continue;     // changed again: a later entry carries it
+      const float* row = st.slot_ptr(it->second);
+      out.ids.push_back(id);
+      out.values.insert(out.values.end(), row, row + dim);
+      out.infos.push_back(info);
+      ++taken;
+    }
+    if (pos >= end) {
+      ++cursor.stripe;
+      cursor.slot = 0;
+    } else {
+      cursor.slot = log_cursor(st.log_generation, pos);
+    }
+  }
 }
 
 int64_t Table::settled_version() const {
@@ -413,7 +543,12 @@ void Table::export_rows(int64_t newer_than, RowState state, ExportCursor& cursor
   }
 }
 
-void Table::export_changed(int64_t from_version, ExportCursor& cursor, int64_t max_rows, ExportedRows& out) const {
+void Table::export_changed(int64_t from_version, ExportCursor& cursor, int64_t max_rows, ExportedRows& out,
+                           int64_t to_version) const {
+  if (from_version >= 0 && logging_.load(std::memory_order_acquire) && from_version >= log_floor_) {
+    export_logged(from_version, to_version, cursor, max_rows, out);
+    return;
+  }
   export_rows(from_version, RowState::Omitted, cursor, max_rows, out);
 }
 
@@ -458,6 +593,7 @@ void Table::assign(const uint64_t* ids, int64_t n, const float* values, const fl
     if (!st.disabled.empty()) st.disabled.erase(ids[i]);
     auto [it, inserted] = st.index.try_emplace(ids[i], 0);
     if (inserted) it->second = st.allocate();
+    const int64_t before = inserted ? -1 : st.info(it->second).version;
     float* row = st.slot_ptr(it->second);
     std::memcpy(row, values + i * dim, static_cast<size_t>(dim) * sizeof(float));
     if (state != nullptr) std::memcpy(row + dim, state + i * state_, static_cast<size_t>(state_) * sizeof(float));
@@ -466,6 +602,10 @@ void Table::assign(const uint64_t* ids, int64_t n, const float* values, const fl
     else if (inserted) st.info(it->second) = fresh_info(ids[i]);
     st.info(it->second).id = ids[i];
     if (infos == nullptr || infos[i].version == 0) st.info(it->second).version = version;
+    // Logged when this call gave the row its version (not for rows assigned with a version of their own,
+    // as a restore does, nor for a repeat of the id in this call).
+    if (st.info(it->second).version == version && before != version && logging_.load(std::memory_order_relaxed))
+      log_change(st, ids[i], version);
   }
 }
 
@@ -510,7 +650,15 @@ int64_t Table::compact() {
     const int64_t live_rows = static_cast<int64_t>(st.index.size());
     const int64_t keep_chunks = (live_rows + kChunkRows - 1) / kChunkRows;
     const int64_t keep_slots = keep_chunks * kChunkRows;
-    if (keep_chunks == static_cast<int64_t>(st.chunks.size())) continue;
+    if (keep_chunks == static_cast<int64_t>(st.chunks.size())) {
+      // Nothing to release, but the indexes and the free list are brought to the size their contents
+      // need, so the accounted bytes depend on what the table holds, not on its history (a table restored
+      // from a snapshot then measures the same as the one that wrote it: eviction cuts are repeatable).
+      st.index.rehash(0);
+      st.disabled.rehash(0);
+      st.free_slots.shrink_to_fit();
+      continue;
+    }
     // Free slots below the cut, lowest first; live rows above it move there.
     std::vector<uint32_t> holes;
     for (int64_t s = 0; s < keep_slots; ++s)
@@ -534,8 +682,9 @@ int64_t Table::compact() {
       if (!st.live(static_cast<uint32_t>(s))) st.free_slots.push_back(static_cast<uint32_t>(s));
     st.free_slots.shrink_to_fit();
     st.fresh = keep_slots;
-    // The index shrinks too (absl rehash(0) sizes it to its contents).
+    // The indexes shrink too (absl rehash(0) sizes them to their contents).
     st.index.rehash(0);
+    st.disabled.rehash(0);
   }
   // Hand the freed chunks back to the operating system (glibc keeps small frees in its heap otherwise).
   if (released > 0) malloc_trim(0);
@@ -570,14 +719,17 @@ TableBytes Table::bytes() const {
     std::lock_guard<std::mutex> lock(sp->mu);
     b.rows += static_cast<int64_t>(sp->index.size());
     b.arena_bytes += sp->capacity() * stride_ * static_cast<int64_t>(sizeof(float));
-    b.meta_bytes += sp->capacity() * static_cast<int64_t>(sizeof(RowInfo) + 1) +
-                    static_cast<int64_t>(sp->free_slots.capacity() * sizeof(uint32_t));
+    // (The free list, fewer than kChunkRows entries per stripe after compact(), is not counted: its
+    // size depends on the table's history, and the bytes must not — see compact().)
+    b.meta_bytes += sp->capacity() * static_cast<int64_t>(sizeof(RowInfo) + 1);
     // flat_hash_map: one slot plus one control byte per bucket (and a group of trailing control bytes).
     const int64_t cap = static_cast<int64_t>(sp->index.capacity());
     b.index_bytes += cap == 0 ? 0 : cap * static_cast<int64_t>(sizeof(Slot) + 1) + 16;
     b.disabled += static_cast<int64_t>(sp->disabled.size());
     const int64_t dcap = static_cast<int64_t>(sp->disabled.capacity());
-    b.disabled_bytes += dcap == 0 ? 0 : dcap * static_cast<int64_t>(sizeof(Slot) + 1) + 16;
+    using DisabledSlot = std::pair<const uint64_t, Stripe::Disabled>;
+    b.disabled_bytes += dcap == 0 ? 0 : dcap * static_cast<int64_t>(sizeof(DisabledSlot) + 1) + 16;
+    b.log_bytes += static_cast<int64_t>(sp->log.capacity() * sizeof(sp->log[0]));
   }
   b.value_bytes = b.rows * options_.dim * static_cast<int64_t>(sizeof(float));
   b.state_bytes = b.rows * state_ * static_cast<int64_t>(sizeof(float));
@@ -594,6 +746,8 @@ void Table::clear() {
     std::swap(sp->free_slots, fresh.free_slots);
     std::swap(sp->fresh, fresh.fresh);
     std::swap(sp->disabled, fresh.disabled);
+    std::swap(sp->log, fresh.log);
+    ++sp->log_generation;
   }
 }
 

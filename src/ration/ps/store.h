@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <deque>
@@ -63,8 +64,9 @@ enum class MissingRow {
 struct RowInfo {
   uint64_t id = 0;
   uint32_t pushes = 0;     // gradient updates applied
-  float score = 0;         // importance (decayed mean of |w.g|/dim, see Table::set_importance_decay)
-  int64_t last_step = -1;  // step of the last push (-1: never)
+  float score = 0;         // importance (decayed sum of |w.g|/dim, see Table::set_importance_decay)
+  int32_t last_step = -1;  // step of the last push (-1: never)
+  int32_t first_step = -1; // step of the first push since the row was (re)created (-1: never); its age
   int64_t version = 0;     // table version of the last change (push, assign, creation)
 };
 
@@ -86,8 +88,9 @@ struct TableBytes {
   int64_t index_bytes = 0;   // hash index capacity * (slot + control byte)
   int64_t arena_bytes = 0;   // chunks held (live + free slots)
   int64_t disabled = 0;        // disabled ids remembered for re-admission
-  int64_t disabled_bytes = 0;  // their index (capacity * (id + count + control byte))
-  int64_t total() const { return arena_bytes + meta_bytes + index_bytes + disabled_bytes; }
+  int64_t disabled_bytes = 0;  // their index (capacity * (id + count + round + control byte))
+  int64_t log_bytes = 0;       // the change log an online mirror's deltas read (0 until a mirror asks)
+  int64_t total() const { return arena_bytes + meta_bytes + index_bytes + disabled_bytes + log_bytes; }
 };
 
 // Rows copied out of a table (snapshot, mirror): ids, values (n*dim), state (n*state floats), infos.
@@ -109,7 +112,9 @@ struct ExportCursor {
 class Table {
  public:
   static constexpr int kStripes = 16;
-  static constexpr int64_t kChunkRows = 64;  // small chunks: a byte cap is met closely even for small tables
+  // Small chunks: after compact() a stripe holds at most kChunkRows - 1 free slots, so a byte cap is met
+  // closely even for small tables (16 stripes * 15 slots of slack per table).
+  static constexpr int64_t kChunkRows = 16;
 
   explicit Table(TableOptions options);
   ~Table();
@@ -148,8 +153,16 @@ class Table {
   // score(info, values) for every live row, appended to out.
   void score_rows(const std::function<float(const RowInfo&, const float*)>& score, std::vector<ScoredId>& out) const;
   // Frees the rows of ids (as erase) and remembers them as disabled, each a tombstone of this table
-  // version. Returns how many rows were freed.
+  // version. Returns how many rows were freed. Each call is one disabling round.
   int64_t disable(const uint64_t* ids, int64_t n);
+  // Bounded memory for the remembered disabled ids: keeps the `keep` with the most sightings since they
+  // were disabled (the closest to re-admission), ties by a hash of the id (a deterministic sample that a
+  // snapshot's restore reproduces), and forgets the rest — a forgotten id is an unknown id again (its
+  // next pull creates a row; its tombstone stays in the log for mirrors). Shrinks the index. Returns how
+  // many were forgotten.
+  int64_t forget_disabled(int64_t keep);
+  // Bytes the disabled-id index takes per remembered id at its current load (for sizing `keep`).
+  static constexpr int64_t kDisabledEntryBytes = 16 + 1;
   bool is_disabled(uint64_t id) const;
   std::vector<uint64_t> disabled_ids() const;
   // Every disabled id with the pushes it has seen since it was disabled (what a snapshot saves).
@@ -163,11 +176,25 @@ class Table {
 
   // ---- versions and deltas (docs/METHODS.md, "Online parameter server") ----
   int64_t version() const { return version_.load(); }
+  // From now on every row change (push, assign, re-admission) is appended to its stripe's change log, so
+  // export_changed(from) costs O(changes since from) instead of a walk over every slot. Idempotent; the
+  // first call waits for writes in flight. Deltas from versions before the first call walk the slots.
+  void enable_change_log();
+  bool change_log_enabled() const { return logging_.load(std::memory_order_acquire); }
   // A version such that every change numbered <= it has finished (waits for pushes in flight).
   int64_t settled_version() const;
   // Live rows whose version > from_version, from `cursor` on, up to max_rows (values only, infos carry
-  // the versions). Rows changed concurrently are seen whole, in either state.
-  void export_changed(int64_t from_version, ExportCursor& cursor, int64_t max_rows, ExportedRows& out) const;
+  // the versions). Rows changed concurrently are seen whole, in either state. from_version must be a
+  // version settled_version() returned (what a mirror holds). With the change log on and from_version at
+  // or after its start, the walk reads only the log entries after from_version (cursor.slot is then a
+  // position in the stripe's log tagged with its generation; a log compacted meanwhile restarts the
+  // stripe, re-sending rows, which a mirror applies idempotently); else it walks every slot. Rows created
+  // by a pull and never pushed hold their initial value, which a mirror reads for an absent id: the log
+  // omits them.
+  // to_version (a settled version too, pinned for every page of one delta) ends each stripe's log walk at
+  // the first newer entry, so a paged walk under load finishes; rows changed after it come next delta.
+  void export_changed(int64_t from_version, ExportCursor& cursor, int64_t max_rows, ExportedRows& out,
+                      int64_t to_version = std::numeric_limits<int64_t>::max()) const;
   // Tombstones (id, version) with version > from_version, in version order. False when the log no
   // longer reaches back to from_version (entries were dropped): the caller needs a full copy.
   bool tombstones_since(int64_t from_version, std::vector<std::pair<uint64_t, int64_t>>& out) const;
@@ -191,11 +218,16 @@ class Table {
   void clear();
 
  private:
+  struct Stripe;
   enum class RowState { Included, Omitted };  // whether an export carries each row's optimiser state
+  void export_logged(int64_t from_version, int64_t to_version, ExportCursor& cursor, int64_t max_rows,
+                     ExportedRows& out) const;
+  // Appends (id, version) to st's change log (caller holds st's lock), compacting it when it outgrows
+  // twice the stripe's rows.
+  void log_change(Stripe& st, uint64_t id, int64_t version);
   void export_rows(int64_t newer_than, RowState state, ExportCursor& cursor, int64_t max_rows,
                    ExportedRows& out) const;
 
-  struct Stripe;
   Stripe& stripe_of(uint64_t id) const;
   int stripe_index(uint64_t id) const;
   // A new row for `id` in `st` (whose lock the caller holds): first-touch value, fresh optimiser state
@@ -222,6 +254,9 @@ class Table {
   int64_t tombstone_floor_ = 0;  // tombstones with version <= this were dropped
   int64_t tombstone_limit_ = 1 << 22;
   uint64_t epoch_ = 0;
+  std::atomic<bool> logging_{false};
+  int64_t log_floor_ = 0;        // the version at which the change log started
+  std::atomic<uint32_t> disable_round_{0};  // disable() calls so far
 };
 
 struct StoreStats {
