@@ -220,6 +220,11 @@ TEST(PsCtr, PrefetchedPullsGiveBitwiseTheParametersOfSynchronousPulls) {
   const auto overlapped_remote = train_fifty(fresh_pair(), true, ds);
   const auto collect_remote = train_fifty(fresh_pair(), true, ds, 50, models::RepullTiming::OnCollect);
   const auto untrained = train_fifty(embedded, false, ds, 0);
+  // ps.repull = "auto": the re-pull moves off the step's path where it is a round trip (remote shards).
+  EXPECT_TRUE(train_fifty(embedded, true, ds, 0, models::RepullTiming::Auto)->options.repull ==
+              models::RepullTiming::OnCollect);
+  EXPECT_TRUE(train_fifty(fresh_pair(), true, ds, 0, models::RepullTiming::Auto)->options.repull ==
+              models::RepullTiming::AfterPush);
   EXPECT_EQ(sync->prefetch_counts().used, 0);
   EXPECT_EQ(sync_remote->prefetch_counts().used, 0);
   const std::vector<const models::Ctr*> prefetching = {overlapped.get(), overlapped_remote.get(), collect_remote.get()};

@@ -60,9 +60,10 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
       static_cast<float>(cfg.get_double("ps.initial_accumulator", o.table.optimizer.initial_accumulator));
   RATION_CHECK(o.table.optimizer.lr > 0, cfg.origin(), ": ps.lr must be > 0");
   o.prefetch = cfg.get_bool("ps.prefetch", o.prefetch);
-  o.repull = cfg.get_choice("ps.repull", "after_push", {"after_push", "on_collect"}) == "after_push"
-                 ? RepullTiming::AfterPush
-                 : RepullTiming::OnCollect;
+  const std::string repull = cfg.get_choice("ps.repull", "auto", {"auto", "after_push", "on_collect"});
+  o.repull = repull == "auto"         ? RepullTiming::Auto
+             : repull == "after_push" ? RepullTiming::AfterPush
+                                      : RepullTiming::OnCollect;
   // Eviction (docs/METHODS.md, "Disabling and re-admission"): the keys are the `ration ps serve` flags'.
   ps::EvictOptions& e = o.evict;
   e.policy = ps::evict_policy_from_name(
@@ -100,6 +101,8 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
   }
   client_ = std::make_shared<ps::PsClient>(o.client);
   if (!client_->embedded()) client_->check_health();
+  if (options.repull == RepullTiming::Auto)
+    options.repull = client_->embedded() ? RepullTiming::OnCollect : RepullTiming::AfterPush;
   if (o.evict.active()) {
     // The cap is the total over the embedded shards: each holds about 1/N of every table's ids.
     ps::EvictOptions per_shard = o.evict;

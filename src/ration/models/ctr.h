@@ -14,8 +14,8 @@
 //   model.top ([64, 32]), model.bag_mode ("sum"|"mean"), model.num_fields / model.num_dense (published
 //   by the data side); [ps]: endpoints ("" = embedded), shards (1), optimizer ("adagrad"), lr (0.05),
 //   initial_accumulator, init_scale (0.01), seed (train.seed), prefetch (true: pull the next batch's
-//   rows during the current step), repull ("after_push" | "on_collect": when rows the step pushed are
-//   pulled again for the prefetched batch), snapshot_dir (train.checkpoint_dir + "/ps" when embedded),
+//   rows during the current step), repull ("auto" | "after_push" | "on_collect": when rows the step
+//   pushed are pulled again for the prefetched batch; auto: after_push with remote shards), snapshot_dir (train.checkpoint_dir + "/ps" when embedded),
 //   auth_token_file, tls_ca, tls_cert, tls_key, tls_target_name, retries (3), timeout_ms (30000);
 //   eviction of embedded shards (ps/evict.h; remote shards take the same settings as `ration ps serve`
 //   flags): evict ("none"|"importance"|"frequency"|"lru"|"l2"), max_bytes (0: no cap; 123 or "4MiB";
@@ -40,10 +40,12 @@
 namespace ration::models {
 
 // When a prefetch's rows that a push changed after its pull began are pulled again (ps.repull):
-// AfterPush — on the prefetch's thread right after the push returns, overlapping the dense update (the
-// default); OnCollect — by the step that collects the prefetch, on its critical path (the first design,
-// kept to measure against: bench_ps_grpc). Both give bitwise the rows of a synchronous pull.
-enum class RepullTiming { AfterPush, OnCollect };
+// AfterPush — on the prefetch's thread right after the push returns, overlapping the dense update (a
+// network round trip off the step's critical path); OnCollect — by the step that collects the prefetch
+// (for embedded shards a re-pull is a few hundred row copies, cheaper than handing them to another
+// thread); Auto (the default) — AfterPush with remote shards, OnCollect with embedded ones. All give
+// bitwise the rows of a synchronous pull (bench_ps_grpc measures the two).
+enum class RepullTiming { Auto, AfterPush, OnCollect };
 
 struct CtrOptions {
   int64_t num_dense = 4;
@@ -56,7 +58,7 @@ struct CtrOptions {
   ps::TableOptions table;  // name/seed filled per field
   bool explicit_snapshot_dir = false;
   bool prefetch = true;  // ps.prefetch
-  RepullTiming repull = RepullTiming::AfterPush;  // ps.repull ("after_push" | "on_collect")
+  RepullTiming repull = RepullTiming::Auto;  // ps.repull ("auto" | "after_push" | "on_collect"); resolved by Ctr
   ps::EvictOptions evict;  // ps.evict, ps.max_bytes, ...: applied to every embedded shard
   static CtrOptions from_config(Config& cfg);
 };
