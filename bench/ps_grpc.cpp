@@ -1,9 +1,12 @@
 // bench_ps_grpc — the parameter server over gRPC on loopback: rows/s and p50/p99 latency of 4096-id
 // pulls and pushes (dim 16 and 64) against the embedded shard (same requests, no network) in the same
-// run; then trainer steps/s of configs/ctr.toml embedded vs 1 and 2 remote shards, each with and without
-// the next batch's pull overlapped with the step (ps.prefetch), 3 interleaved repetitions (servers in this
-// process on 127.0.0.1, so they share its 2 cores with the trainer, as they would on one machine).
-// Usage: bench_ps_grpc [--quick] [--json OUT] [--config configs/ctr.toml]
+// run; then trainer steps/s of configs/ctr.toml embedded vs 1 and 2 remote shards, each without the next
+// batch's pull overlapped with the step (ps.prefetch = false) and with it, re-pulling the rows the step
+// pushed either when collected (ps.repull = "on_collect") or right after the push (ps.repull =
+// "after_push", the default); 3 interleaved repetitions (or --reps N; servers in this process on
+// 127.0.0.1, so they share its 2 cores with the trainer, as they would on one machine). --trainer-only
+// skips the RPC table.
+// Usage: bench_ps_grpc [--quick] [--trainer-only] [--reps N] [--steps N] [--json OUT] [--config configs/ctr.toml]
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -48,12 +51,17 @@ Timing time_calls(int calls, const std::function<void(int)>& fn, int64_t rows_pe
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, trainer_only = false;
+  int reps_flag = 0;
+  int64_t steps_flag = 0;
   std::string out = "bench/results/ps_grpc.json";
   std::string config = "configs/ctr.toml";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
+    if (a == "--trainer-only") trainer_only = true;
+    if (a == "--reps" && i + 1 < argc) reps_flag = std::stoi(argv[++i]);
+    if (a == "--steps" && i + 1 < argc) steps_flag = std::stoll(argv[++i]);
     if (a == "--json" && i + 1 < argc) out = argv[++i];
     if (a == "--config" && i + 1 < argc) config = argv[++i];
   }
@@ -63,6 +71,7 @@ int main(int argc, char** argv) {
   std::printf("%-9s %-4s %-10s %10s %10s %14s\n", "transport", "dim", "call", "p50 ms", "p99 ms", "rows/s");
   nlohmann::json rpc = nlohmann::json::array();
   for (int64_t dim : {16, 64}) {
+    if (trainer_only) break;
     ration::ps::ServeOptions so;
     so.listen = "127.0.0.1:0";
     ration::ps::PsServer server(so);
@@ -101,17 +110,21 @@ int main(int argc, char** argv) {
 
   // Trainer steps/s: embedded vs 1 and 2 remote shards, each with the next batch's pull overlapped with
   // the step (ps.prefetch, the default) and without; repetitions interleaved, medians reported.
-  const int64_t steps = quick ? 20 : 60;
-  const int reps = quick ? 1 : 3;
+  const int64_t steps = steps_flag > 0 ? steps_flag : quick ? 20 : 60;
+  const int reps = reps_flag > 0 ? reps_flag : quick ? 1 : 3;
+  // How each setup gets its rows: pulled by the step (off); prefetched, re-pulling the rows the step
+  // before pushed when the step collects them (on_collect, the first design); prefetched, re-pulling
+  // them on the prefetch's thread right after the push (after_push, the default).
+  const std::vector<std::string> modes = {"off", "on_collect", "after_push"};
   struct Setup {
     int shards;
-    bool prefetch;
-    std::vector<double> step_ms, samples_per_s, pull_ms, wait_ms;
+    std::string mode;
+    std::vector<double> step_ms, samples_per_s, pull_ms, wait_ms, repull_ms;
     nlohmann::json last_ps;
   };
   std::vector<Setup> setups;
   for (int shards : {0, 1, 2})
-    for (bool prefetch : {false, true}) setups.push_back({shards, prefetch, {}, {}, {}, {}, {}});
+    for (const std::string& mode : modes) setups.push_back({shards, mode, {}, {}, {}, {}, {}, {}});
   for (int rep = 0; rep < reps; ++rep) {
     for (Setup& su : setups) {
       std::vector<std::unique_ptr<ration::ps::PsServer>> servers;
@@ -128,35 +141,41 @@ int main(int argc, char** argv) {
       t.json = true;
       t.steps = steps;
       t.overrides = {"train.checkpoint_dir=", "train.eval_every=0", "train.threads=1", "data.eval_samples=2000",
-                     std::string("ps.prefetch=") + (su.prefetch ? "true" : "false")};
+                     std::string("ps.prefetch=") + (su.mode == "off" ? "false" : "true")};
+      if (su.mode != "off") t.overrides.push_back("ps.repull=" + su.mode);
       if (su.shards > 0) t.overrides.push_back("ps.endpoints=" + endpoints);
       const auto r = ration::train::run_training(t);
       su.step_ms.push_back(r["time"]["step_ms_median"].get<double>());
       su.samples_per_s.push_back(r["time"]["items_per_second"].get<double>());
       su.pull_ms.push_back(r["ps"]["pull_ms"].get<double>());
       su.wait_ms.push_back(r["ps"]["pull_wait_ms"].get<double>());
+      su.repull_ms.push_back(r["ps"]["repull_ms"].get<double>());
       su.last_ps = r["ps"];
     }
   }
   nlohmann::json trainer = nlohmann::json::array();
-  std::printf("\n%-22s %-9s %12s %12s %12s %14s\n", "trainer", "prefetch", "step ms", "samples/s", "pull ms",
-              "pull wait ms");
+  std::printf("\n%-22s %-11s %10s %10s %11s %10s %14s %11s\n", "trainer", "prefetch", "step ms", "steps/s",
+              "samples/s", "pull ms", "pull wait ms", "repull ms");
   for (const Setup& su : setups) {
     const std::string name = su.shards == 0 ? "embedded (2 shards)" : std::to_string(su.shards) + " remote shard(s)";
     const double step_ms = percentile(su.step_ms, 0.5);
-    std::printf("%-22s %-9s %12.2f %12.0f %12.3f %14.3f\n", name.c_str(), su.prefetch ? "on" : "off", step_ms,
-                percentile(su.samples_per_s, 0.5), percentile(su.pull_ms, 0.5),
-                su.prefetch ? percentile(su.wait_ms, 0.5) : percentile(su.pull_ms, 0.5));
-    trainer.push_back({{"setup", name}, {"prefetch", su.prefetch}, {"step_ms_median", step_ms},
-                       {"step_ms_reps", su.step_ms}, {"samples_per_s", percentile(su.samples_per_s, 0.5)},
-                       {"ps", su.last_ps}});
+    std::printf("%-22s %-11s %10.2f %10.2f %11.0f %10.3f %14.3f %11.3f\n", name.c_str(), su.mode.c_str(), step_ms,
+                1000.0 / step_ms, percentile(su.samples_per_s, 0.5), percentile(su.pull_ms, 0.5),
+                su.mode != "off" ? percentile(su.wait_ms, 0.5) : percentile(su.pull_ms, 0.5),
+                percentile(su.repull_ms, 0.5));
+    trainer.push_back({{"setup", name}, {"shards", su.shards}, {"prefetch", su.mode}, {"step_ms_median", step_ms},
+                       {"steps_per_s", 1000.0 / step_ms}, {"step_ms_reps", su.step_ms},
+                       {"samples_per_s", percentile(su.samples_per_s, 0.5)}, {"pull_wait_ms_reps", su.wait_ms},
+                       {"repull_ms_reps", su.repull_ms}, {"ps", su.last_ps}});
   }
   for (int shards : {0, 1, 2}) {
-    const double off = percentile(setups[static_cast<size_t>(shards * 2)].step_ms, 0.5);
-    const double on = percentile(setups[static_cast<size_t>(shards * 2 + 1)].step_ms, 0.5);
-    std::printf("%s: prefetch step time %.2f -> %.2f ms (%.1f%% less)\n",
-                shards == 0 ? "embedded" : (std::to_string(shards) + " remote").c_str(), off, on,
-                100.0 * (off - on) / off);
+    const size_t base = static_cast<size_t>(shards) * modes.size();
+    const double off = percentile(setups[base].step_ms, 0.5);
+    const double collect = percentile(setups[base + 1].step_ms, 0.5);
+    const double after = percentile(setups[base + 2].step_ms, 0.5);
+    std::printf("%s: step ms off %.2f, re-pull on collect %.2f, re-pull after push %.2f (%.1f%% less than off)\n",
+                shards == 0 ? "embedded" : (std::to_string(shards) + " remote").c_str(), off, collect, after,
+                100.0 * (off - after) / off);
   }
   report["trainer"] = trainer;
   std::ofstream(out) << report.dump(2) << "\n";

@@ -1,8 +1,9 @@
 // The ctr model with parameter-server embeddings: whole-model gradients (dense parameters and every
 // field's pulled rows) vs libtorch autograd; synthetic click data (deterministic, click rate, Zipf skew,
 // drift, AUC); training learns and reports ps.* and eval.auc; embedded and two real server processes
-// give identical runs; the next batch's pull overlapped with the step (prefetch, re-pulling rows the
-// step pushed) gives bitwise the parameters of synchronous pulls, embedded and over two servers; kill -9
+// give identical runs (and, after 50 steps, bitwise the same dense parameters and every row); the next
+// batch's pull overlapped with the step (prefetch, re-pulling the rows the step pushed right after the
+// push or when collected) gives bitwise the parameters of synchronous pulls, embedded and over two servers; kill -9
 // of the trainer or of a server, then restart and resume, continues the uninterrupted run's loss curve
 // exactly.
 #include <gtest/gtest.h>
@@ -141,7 +142,8 @@ TEST(PsCtr, SyntheticClicksAreDeterministicSkewedAndLearnable) {
 // `steps` (50) steps of a ctr model over `client` options, through a StepRuntime (the model's own hook pushes),
 // each next batch handed to prefetch() first when `prefetch`. Returns the model (parameters, client).
 std::unique_ptr<models::Ctr> train_fifty(const ps::ClientOptions& client, bool prefetch,
-                                         const data::CtrSynthetic& ds, int64_t steps = 50) {
+                                         const data::CtrSynthetic& ds, int64_t steps = 50,
+                                         models::RepullTiming repull = models::RepullTiming::AfterPush) {
   models::CtrOptions o;
   o.num_dense = 3;
   o.num_fields = 3;
@@ -151,6 +153,7 @@ std::unique_ptr<models::Ctr> train_fifty(const ps::ClientOptions& client, bool p
   o.bag_mode = ops::EmbeddingBagMode::Mean;
   o.client = client;
   o.prefetch = prefetch;
+  o.repull = repull;
   o.table.optimizer.kind = ps::OptimizerKind::Adagrad;
   o.table.optimizer.lr = 0.1f;
   o.table.seed = 7;
@@ -197,30 +200,53 @@ TEST(PsCtr, PrefetchedPullsGiveBitwiseTheParametersOfSynchronousPulls) {
   const data::CtrSynthetic ds(d, data::CtrSynthetic::Split::Train);
   ps::ClientOptions embedded;
   embedded.embedded_shards = 2;
-  testing::ServerProcess s0, s1;
-  s0.start({"--listen", "127.0.0.1:0", "--shard", "0/2"});
-  s1.start({"--listen", "127.0.0.1:0", "--shard", "1/2"});
-  ps::ClientOptions remote;
-  remote.endpoints = {s0.endpoint(), s1.endpoint()};
+  // Two fresh server processes per remote run (a run leaves its rows on the servers).
+  std::vector<std::unique_ptr<testing::ServerProcess>> servers;
+  auto fresh_pair = [&] {
+    ps::ClientOptions remote;
+    for (const char* shard : {"0/2", "1/2"}) {
+      servers.push_back(std::make_unique<testing::ServerProcess>());
+      servers.back()->start({"--listen", "127.0.0.1:0", "--shard", shard});
+      remote.endpoints.push_back(servers.back()->endpoint());
+    }
+    return remote;
+  };
 
   const auto sync = train_fifty(embedded, false, ds);
   const auto overlapped = train_fifty(embedded, true, ds);
-  const auto overlapped_remote = train_fifty(remote, true, ds);
+  // Remote shards: synchronous pulls, and the prefetch with its re-pull of the pushed rows started on
+  // the prefetch's thread right after the push (the default) or made when the step collects it.
+  const auto sync_remote = train_fifty(fresh_pair(), false, ds);
+  const auto overlapped_remote = train_fifty(fresh_pair(), true, ds);
+  const auto collect_remote = train_fifty(fresh_pair(), true, ds, 50, models::RepullTiming::OnCollect);
   const auto untrained = train_fifty(embedded, false, ds, 0);
+  // ps.repull = "auto": the re-pull moves off the step's path where it is a round trip (remote shards).
+  EXPECT_TRUE(train_fifty(embedded, true, ds, 0, models::RepullTiming::Auto)->options.repull ==
+              models::RepullTiming::OnCollect);
+  EXPECT_TRUE(train_fifty(fresh_pair(), true, ds, 0, models::RepullTiming::Auto)->options.repull ==
+              models::RepullTiming::AfterPush);
   EXPECT_EQ(sync->prefetch_counts().used, 0);
-  for (const auto* m : {overlapped.get(), overlapped_remote.get()}) {
+  EXPECT_EQ(sync_remote->prefetch_counts().used, 0);
+  const std::vector<const models::Ctr*> prefetching = {overlapped.get(), overlapped_remote.get(), collect_remote.get()};
+  for (const auto* m : prefetching) {
     EXPECT_EQ(m->prefetch_counts().started, 49);
     EXPECT_EQ(m->prefetch_counts().used, 49);
     EXPECT_EQ(m->prefetch_counts().discarded, 0);
     EXPECT_GT(m->prefetch_counts().rows_repulled, 49 * 10);  // the overlap was real, and handled
+    EXPECT_GT(m->prefetch_counts().repull_ms, 0.0);
   }
+  // Both timings re-pull exactly the rows that both batches touch: the same count.
+  EXPECT_EQ(overlapped_remote->prefetch_counts().rows_repulled, collect_remote->prefetch_counts().rows_repulled);
+  EXPECT_EQ(overlapped->prefetch_counts().rows_repulled, collect_remote->prefetch_counts().rows_repulled);
   // Dense parameters, bitwise.
   const auto ref = sync->named_parameters();
-  for (const auto* m : {overlapped.get(), overlapped_remote.get()}) {
-    const auto got = const_cast<models::Ctr*>(m)->named_parameters();
+  for (auto* m : {sync_remote.get(), overlapped.get(), overlapped_remote.get(), collect_remote.get()}) {
+    const auto got = m->named_parameters();
     ASSERT_EQ(got.size(), ref.size());
     for (size_t i = 0; i < ref.size(); ++i)
-      EXPECT_TRUE(at::equal(ref[i].second.tensor(), got[i].second.tensor())) << ref[i].first;
+      EXPECT_TRUE(at::equal(ref[i].second.tensor(), got[i].second.tensor()))
+          << ref[i].first << (m->client().embedded() ? " embedded" : " remote") << " prefetch " << m->options.prefetch
+          << " repull after push " << (m->options.repull == models::RepullTiming::AfterPush);
   }
   // Every row of every field, bitwise (read-only pulls of the whole id space).
   for (int64_t f = 0; f < 3; ++f) {
@@ -228,15 +254,15 @@ TEST(PsCtr, PrefetchedPullsGiveBitwiseTheParametersOfSynchronousPulls) {
     for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
     const auto n = static_cast<int64_t>(all.size());
     const at::Tensor want = sync->client().pull(sync->table_name(f), all.data(), n, ps::MissingRow::ReadDefault).rows;
-    for (auto* m : {overlapped.get(), overlapped_remote.get()})
+    for (auto* m : {sync_remote.get(), overlapped.get(), overlapped_remote.get(), collect_remote.get()})
       EXPECT_TRUE(at::equal(want, m->client().pull(m->table_name(f), all.data(), n, ps::MissingRow::ReadDefault).rows))
-          << "field " << f << (m->client().embedded() ? " embedded" : " remote");
+          << "field " << f << (m->client().embedded() ? " embedded" : " remote") << " prefetch "
+          << m->options.prefetch << " repull after push " << (m->options.repull == models::RepullTiming::AfterPush);
     // The rows did train: they are not all their first-touch values.
     EXPECT_FALSE(at::equal(want, untrained->client().pull(untrained->table_name(f), all.data(), n,
                                                           ps::MissingRow::ReadDefault).rows));
   }
-  EXPECT_EQ(s0.stop(SIGTERM), 0);
-  EXPECT_EQ(s1.stop(SIGTERM), 0);
+  for (auto& s : servers) EXPECT_EQ(s->stop(SIGTERM), 0);
 }
 
 std::string ctr_config(const std::string& ckpt_dir, const std::string& extra = "") {

@@ -87,6 +87,7 @@ TEST(PsServer, BadRequestsGetClearErrors) {
   PsClient c(co);
   c.declare_tables({table("user", 4)});
   std::vector<int64_t> ids = {1, 2, 3};
+  const at::Tensor before = c.pull("user", ids.data(), 3).rows.clone();  // rows 1, 2, 3 exist now
   EXPECT_NE(error_of([&] { c.pull("nosuch", ids.data(), 3); }).find("unknown table 'nosuch' (declared: user)"),
             std::string::npos);
   std::vector<float> g(3 * 8, 0.f);
@@ -96,6 +97,9 @@ TEST(PsServer, BadRequestsGetClearErrors) {
   for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i);
   const std::string too_many = error_of([&] { c.pull("user", many.data(), 500); });
   EXPECT_NE(too_many.find("exceeds the limit of 100 ids"), std::string::npos) << too_many;
+  // Nothing lost and nothing half-applied: the refused push changed no row, the refused pull created none.
+  EXPECT_TRUE(at::equal(before, c.pull("user", ids.data(), 3).rows));
+  EXPECT_EQ(c.stats().at(0).stats.rows(), 3);
   // A client that splits its requests below the limit gets through.
   co.max_ids_per_request = 64;
   PsClient split(co);

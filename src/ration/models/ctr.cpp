@@ -60,6 +60,10 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
       static_cast<float>(cfg.get_double("ps.initial_accumulator", o.table.optimizer.initial_accumulator));
   RATION_CHECK(o.table.optimizer.lr > 0, cfg.origin(), ": ps.lr must be > 0");
   o.prefetch = cfg.get_bool("ps.prefetch", o.prefetch);
+  const std::string repull = cfg.get_choice("ps.repull", "auto", {"auto", "after_push", "on_collect"});
+  o.repull = repull == "auto"         ? RepullTiming::Auto
+             : repull == "after_push" ? RepullTiming::AfterPush
+                                      : RepullTiming::OnCollect;
   // Eviction (docs/METHODS.md, "Disabling and re-admission"): the keys are the `ration ps serve` flags'.
   ps::EvictOptions& e = o.evict;
   e.policy = ps::evict_policy_from_name(
@@ -99,6 +103,8 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
   }
   client_ = std::make_shared<ps::PsClient>(o.client);
   if (!client_->embedded()) client_->check_health();
+  if (options.repull == RepullTiming::Auto)
+    options.repull = client_->embedded() ? RepullTiming::OnCollect : RepullTiming::AfterPush;
   if (o.evict.active()) {
     // The cap is the total over the embedded shards: each holds about 1/N of every table's ids.
     ps::EvictOptions per_shard = o.evict;
@@ -134,11 +140,20 @@ class Ctr::PsHook final : public train::StepHook {
   Ctr& model_;
 };
 
-// One batch's rows, pulled on another thread while the step before it runs.
+// What a prefetch hands the step it was started for: each field's rows, as fresh as a pull made then.
+struct Ctr::PrefetchedRows {
+  std::vector<ps::PulledRows> fields;  // per field, as PsClient::pull returns them
+  int64_t repulled = 0;                // rows pulled again because a push changed them after the pull
+  double repull_ms = 0;                // time those re-pulls took (on the prefetch's thread)
+};
+
+// One batch's rows, pulled on another thread while the step before it runs. Every push made while it is
+// in flight chains a re-pull of the pushed ids this batch also holds onto the same future, started
+// right after that push returns: the step that collects it waits for nothing a push left stale.
 struct Ctr::Prefetch {
-  std::vector<at::Tensor> ids;                         // per field (n_f) int64: the batch's ids
-  std::future<std::vector<ps::PulledRows>> rows;       // per field, as PsClient::pull returns them
-  std::vector<absl::flat_hash_set<uint64_t>> pushed;   // per field: ids pushed since the pull began
+  std::vector<at::Tensor> ids;         // per field (n_f) int64: the batch's ids
+  std::future<PrefetchedRows> rows;    // the pull, then each re-pull chained after it (AfterPush)
+  std::vector<absl::flat_hash_set<uint64_t>> pushed;  // OnCollect: per field, ids pushed since the pull began
 };
 
 std::vector<train::StepHook*> Ctr::step_hooks() { return {hook_.get()}; }
@@ -153,7 +168,6 @@ void Ctr::prefetch(const data::Batch& next) {
     p->ids.push_back(next.sparse[static_cast<size_t>(f)].ids.contiguous());
     tables.push_back(table_name(f));
   }
-  p->pushed.resize(static_cast<size_t>(options.num_fields));
   // At most two in flight (this step's and the next one's): an older one was for a batch never trained.
   while (prefetches_.size() >= 2) {
     if (prefetches_.front()->rows.valid()) prefetches_.front()->rows.wait();
@@ -163,9 +177,10 @@ void Ctr::prefetch(const data::Batch& next) {
   // The thread reads only its own copies (the ids tensors are never written) and the client, whose
   // pull is safe beside pushes; rows a push of this step changes are pulled again on collection.
   p->rows = std::async(std::launch::async, [client = client_, ids = p->ids, tables] {
-    std::vector<ps::PulledRows> out;
+    PrefetchedRows out;
     for (size_t f = 0; f < ids.size(); ++f)
-      out.push_back(client->pull(tables[f], ids[f].data_ptr<int64_t>(), ids[f].numel(), ps::MissingRow::Create));
+      out.fields.push_back(
+          client->pull(tables[f], ids[f].data_ptr<int64_t>(), ids[f].numel(), ps::MissingRow::Create));
     return out;
   });
   prefetches_.push_back(std::move(p));
@@ -180,6 +195,23 @@ void Ctr::settle_prefetches() {
 namespace {
 bool same_ids(const at::Tensor& a, const at::Tensor& b) {
   return a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl() || (a.sizes() == b.sizes() && at::equal(a, b));
+}
+
+// Pulls again the rows of `rows` whose ids are in `pushed` (a push changed them after `rows` were read)
+// and writes them in place. Returns how many rows it pulled.
+int64_t repull_pushed(ps::PsClient& client, const std::string& table, const absl::flat_hash_set<uint64_t>& pushed,
+                      ps::PulledRows& rows) {
+  std::vector<int64_t> again, where;
+  for (size_t k = 0; k < rows.unique_ids.size(); ++k)
+    if (pushed.contains(rows.unique_ids[k])) {
+      again.push_back(static_cast<int64_t>(rows.unique_ids[k]));
+      where.push_back(static_cast<int64_t>(k));
+    }
+  if (again.empty()) return 0;
+  const ps::PulledRows fresh =
+      client.pull(table, again.data(), static_cast<int64_t>(again.size()), ps::MissingRow::Create);
+  rows.rows.index_copy_(0, at::tensor(where, at::kLong), fresh.rows);
+  return static_cast<int64_t>(again.size());
 }
 }  // namespace
 
@@ -202,33 +234,47 @@ std::vector<ps::PulledRows> Ctr::take_prefetch(const data::Batch& batch) {
   }
   std::unique_ptr<Prefetch> p = std::move(prefetches_.front());
   prefetches_.pop_front();
-  std::vector<ps::PulledRows> pulled = p->rows.get();  // rethrows a failed pull (naming the endpoint)
-  // Rows pushed after the pull began may have been read before the push: pull those again, now that
-  // every push before this step has returned.
-  for (size_t f = 0; f < pulled.size(); ++f) {
-    const auto& pushed = p->pushed[f];
-    if (pushed.empty()) continue;
-    ps::PulledRows& rows = pulled[f];
-    std::vector<int64_t> again, where;
-    for (size_t k = 0; k < rows.unique_ids.size(); ++k)
-      if (pushed.contains(rows.unique_ids[k])) {
-        again.push_back(static_cast<int64_t>(rows.unique_ids[k]));
-        where.push_back(static_cast<int64_t>(k));
-      }
-    if (again.empty()) continue;
-    const ps::PulledRows fresh = client_->pull(table_name(static_cast<int64_t>(f)), again.data(),
-                                               static_cast<int64_t>(again.size()), ps::MissingRow::Create);
-    rows.rows.index_copy_(0, at::tensor(where, at::kLong), fresh.rows);
-    counts_.rows_repulled += static_cast<int64_t>(again.size());
+  // Rethrows a failed pull or re-pull (naming the endpoint). AfterPush: the re-pulls of rows the
+  // previous step pushed were chained on by push_gradients() and ran while the dense optimiser stepped.
+  PrefetchedRows got = p->rows.get();
+  if (options.repull == RepullTiming::OnCollect) {  // every push before this step has returned
+    const auto r0 = std::chrono::steady_clock::now();
+    for (size_t f = 0; f < p->pushed.size() && f < got.fields.size(); ++f)
+      if (!p->pushed[f].empty())
+        got.repulled += repull_pushed(*client_, table_name(static_cast<int64_t>(f)), p->pushed[f], got.fields[f]);
+    got.repull_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - r0).count();
   }
   ++counts_.used;
+  counts_.rows_repulled += got.repulled;
+  counts_.repull_ms += got.repull_ms;
   counts_.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return pulled;
+  return std::move(got.fields);
+}
+
+void Ctr::chain_repulls(std::vector<absl::flat_hash_set<uint64_t>> pushed) {
+  bool any = false;
+  for (const auto& ids : pushed) any = any || !ids.empty();
+  if (!any) return;
+  std::vector<std::string> tables;
+  for (int64_t f = 0; f < options.num_fields; ++f) tables.push_back(table_name(f));
+  auto shared = std::make_shared<const std::vector<absl::flat_hash_set<uint64_t>>>(std::move(pushed));
+  for (auto& p : prefetches_) {
+    // Runs after the pull (or the re-pull chained before it) and after this step's pushes returned.
+    p->rows = std::async(std::launch::async, [client = client_, before = std::move(p->rows), shared, tables]() mutable {
+      PrefetchedRows out = before.get();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (size_t f = 0; f < out.fields.size() && f < shared->size(); ++f)
+        if (!(*shared)[f].empty()) out.repulled += repull_pushed(*client, tables[f], (*shared)[f], out.fields[f]);
+      out.repull_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return out;
+    });
+  }
 }
 
 void Ctr::push_gradients(int64_t step) {
   std::vector<FieldRows> fields = std::move(step_fields_);
   step_fields_.clear();
+  std::vector<absl::flat_hash_set<uint64_t>> pushed(fields.size());  // per field: the ids pushed
   for (size_t field = 0; field < fields.size(); ++field) {  // lookup() made them in field order
     FieldRows& f = fields[field];
     if (!f.rows.requires_grad() || !f.rows.grad().defined()) continue;
@@ -240,8 +286,18 @@ void Ctr::push_gradients(int64_t step) {
     for (int64_t k = 0; k < local.numel(); ++k) global[static_cast<size_t>(k)] = f.unique_ids[static_cast<size_t>(li[k])];
     client_->push(f.table, global.data(), local.numel(), rows.data_ptr<float>(), rows.size(1), step);
     f.rows.grad() = at::Tensor();
-    // Prefetches in flight may have read these rows before this push changed them.
-    for (auto& p : prefetches_) p->pushed[field].insert(global.begin(), global.end());
+    pushed[field].insert(global.begin(), global.end());
+  }
+  // Prefetches in flight may have read these rows before the pushes changed them: re-pull them now, on
+  // the prefetch's thread, while the step goes on to the dense optimiser (or, OnCollect, when collected).
+  if (prefetches_.empty()) return;
+  if (options.repull == RepullTiming::AfterPush) {
+    chain_repulls(std::move(pushed));
+    return;
+  }
+  for (auto& p : prefetches_) {
+    p->pushed.resize(pushed.size());
+    for (size_t f = 0; f < pushed.size(); ++f) p->pushed[f].insert(pushed[f].begin(), pushed[f].end());
   }
 }
 
@@ -396,10 +452,12 @@ std::vector<std::pair<std::string, double>> Ctr::report_metrics() {
           {"rows_pulled", static_cast<double>(t.rows_pulled)},
           {"rows_pushed", static_cast<double>(t.rows_pushed)},
           {"prefetch", options.prefetch ? 1.0 : 0.0},
+          {"repull_after_push", options.repull == RepullTiming::AfterPush ? 1.0 : 0.0},
           {"prefetch_used", static_cast<double>(counts_.used)},
           {"prefetch_discarded", static_cast<double>(counts_.discarded)},
           {"rows_repulled", static_cast<double>(counts_.rows_repulled)},
-          {"pull_wait_ms", counts_.used > 0 ? counts_.wait_ms / static_cast<double>(counts_.used) : 0.0}};
+          {"pull_wait_ms", counts_.used > 0 ? counts_.wait_ms / static_cast<double>(counts_.used) : 0.0},
+          {"repull_ms", counts_.used > 0 ? counts_.repull_ms / static_cast<double>(counts_.used) : 0.0}};
   if (options.evict.active()) append_eviction_metrics(metrics);
   return metrics;
 }

@@ -14,7 +14,8 @@
 //   model.top ([64, 32]), model.bag_mode ("sum"|"mean"), model.num_fields / model.num_dense (published
 //   by the data side); [ps]: endpoints ("" = embedded), shards (1), optimizer ("adagrad"), lr (0.05),
 //   initial_accumulator, init_scale (0.01), seed (train.seed), prefetch (true: pull the next batch's
-//   rows during the current step), snapshot_dir (train.checkpoint_dir + "/ps" when embedded),
+//   rows during the current step), repull ("auto" | "after_push" | "on_collect": when rows the step
+//   pushed are pulled again for the prefetched batch; auto: after_push with remote shards), snapshot_dir (train.checkpoint_dir + "/ps" when embedded),
 //   auth_token_file, tls_ca, tls_cert, tls_key, tls_target_name, retries (3), timeout_ms (30000);
 //   eviction of embedded shards (ps/evict.h; remote shards take the same settings as `ration ps serve`
 //   flags): evict ("none"|"importance"|"frequency"|"lru"|"l2"), max_bytes (0: no cap; 123 or "4MiB";
@@ -23,6 +24,8 @@
 //   fraction of the cap).
 // Parameter names: bottom.0.weight, ..., top.N.weight, top.N.bias.
 #pragma once
+#include <absl/container/flat_hash_set.h>
+
 #include <deque>
 #include <memory>
 #include <string>
@@ -36,6 +39,14 @@
 
 namespace ration::models {
 
+// When a prefetch's rows that a push changed after its pull began are pulled again (ps.repull):
+// AfterPush — on the prefetch's thread right after the push returns, overlapping the dense update (a
+// network round trip off the step's critical path); OnCollect — by the step that collects the prefetch
+// (for embedded shards a re-pull is a few hundred row copies, cheaper than handing them to another
+// thread); Auto (the default) — AfterPush with remote shards, OnCollect with embedded ones. All give
+// bitwise the rows of a synchronous pull (bench_ps_grpc measures the two).
+enum class RepullTiming { Auto, AfterPush, OnCollect };
+
 struct CtrOptions {
   int64_t num_dense = 4;
   int64_t num_fields = 4;
@@ -47,6 +58,7 @@ struct CtrOptions {
   ps::TableOptions table;  // name/seed filled per field
   bool explicit_snapshot_dir = false;
   bool prefetch = true;  // ps.prefetch
+  RepullTiming repull = RepullTiming::Auto;  // ps.repull ("auto" | "after_push" | "on_collect"); resolved by Ctr
   ps::EvictOptions evict;  // ps.evict, ps.max_bytes, ...: applied to every embedded shard
   static CtrOptions from_config(Config& cfg);
 };
@@ -66,7 +78,8 @@ struct PrefetchCounts {
   int64_t used = 0;          // training lookups served by a prefetch
   int64_t discarded = 0;     // prefetches whose batch never came (another batch was trained)
   int64_t rows_repulled = 0; // prefetched rows pulled again because the step before pushed them
-  double wait_ms = 0;        // time training lookups spent waiting for prefetches and re-pulls
+  double wait_ms = 0;        // time training lookups spent waiting for prefetches (and re-pulls not yet done)
+  double repull_ms = 0;      // time the re-pulls took on the prefetch threads (off the step's path)
 };
 
 class Ctr : public Model {
@@ -112,7 +125,10 @@ class Ctr : public Model {
  private:
   class PsHook;
   struct Prefetch;
+  struct PrefetchedRows;
   std::vector<ps::PulledRows> take_prefetch(const data::Batch& batch);
+  // Chains onto every prefetch in flight a re-pull of the ids in `pushed` (per field) that its batch holds.
+  void chain_repulls(std::vector<absl::flat_hash_set<uint64_t>> pushed);
   // ps.evict_rounds, rows_disabled, rows_readmitted, bytes_freed, disabled_ids and bytes_after_round
   // (accounted bytes right after the last round) summed over the shards.
   void append_eviction_metrics(std::vector<std::pair<std::string, double>>& metrics);
