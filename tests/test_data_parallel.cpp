@@ -20,6 +20,21 @@
 namespace ration::dist {
 namespace {
 
+// The [dist] settings of a run.toml holding `dist` (TOML lines of the [dist] table), and the error
+// message they raise ("no error" when they are accepted).
+DataParallelSettings dist_settings(const std::string& dist) {
+  Config cfg = Config::from_string("[dist]\n" + dist, "run.toml");
+  return read_data_parallel_settings(cfg);
+}
+std::string dist_settings_error(const std::string& dist) {
+  try {
+    (void)dist_settings(dist);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 // ||v - C(v)|| must equal sqrt(1 - lambda^2) ||v|| and stay below sqrt(1 - 1/d) ||v||.
 void expect_bound(const at::Tensor& v, const std::string& what) {
   const OneBitCode code = onebit_encode(v);
@@ -234,18 +249,9 @@ TEST(OneBitSecondMoment, FrozenAdamWKeepsTheDenominatorOfItsLastWarmupStep) {
 }
 
 TEST(DataParallelConfig, OneBitWarmupSecondMomentAndSpaceKeys) {
-  auto settings = [](const std::string& dist) {
-    Config cfg = Config::from_string("[dist]\ncompress = \"onebit\"\n" + dist, "run.toml");
-    return read_data_parallel_settings(cfg);
-  };
-  auto error_of = [&](const std::string& dist) -> std::string {
-    try {
-      (void)settings(dist);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
+  const std::string onebit = "compress = \"onebit\"\n";
+  auto settings = [&](const std::string& dist) { return dist_settings(onebit + dist); };
+  auto error_of = [&](const std::string& dist) { return dist_settings_error(onebit + dist); };
   EXPECT_EQ(settings("").onebit.second_moment, SecondMoment::Track);
   EXPECT_EQ(settings("").onebit.space, CodeSpace::Gradient);
   const OneBitOptions o = settings("compress_warmup = 20\nonebit_second_moment = \"freeze\"\nonebit_space = \"update\"\n").onebit;
@@ -356,22 +362,12 @@ TEST(DataParallelConfig, FingerprintIgnoresPerHostKeysOnly) {
 
 // dist.topology: the three names, anything else named with the choices; compression with allreduce only.
 TEST(DataParallelConfig, TopologyKeyIsValidated) {
-  auto settings = [](const std::string& dist) {
-    Config cfg = Config::from_string("[dist]\n" + dist, "run.toml");
-    return read_data_parallel_settings(cfg);
-  };
+  auto settings = [](const std::string& dist) { return dist_settings(dist); };
+  auto error_of = [](const std::string& dist) { return dist_settings_error(dist); };
   EXPECT_EQ(settings("").reducer.topology, Topology::AllReduce);
   EXPECT_EQ(settings("topology = \"ps\"\n").reducer.topology, Topology::ParameterServer);
   EXPECT_EQ(settings("topology = \"gossip\"\n").reducer.topology, Topology::Gossip);
   EXPECT_EQ(settings("topology = \"allreduce\"\ncompress = \"onebit\"\n").compress, "onebit");
-  auto error_of = [&](const std::string& dist) -> std::string {
-    try {
-      (void)settings(dist);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   EXPECT_NE(error_of("topology = \"ring\"\n").find("run.toml: dist.topology must be one of \"allreduce\", \"ps\", \"gossip\"; got \"ring\""),
             std::string::npos)
       << error_of("topology = \"ring\"\n");

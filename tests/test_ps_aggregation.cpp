@@ -12,27 +12,10 @@
 #include "ration/config/config.h"
 #include "ration/dist/data_parallel.h"
 #include "ration/dist/ps_aggregation.h"
+#include "dist/recording_server_model.h"
 
 namespace ration::dist {
 namespace {
-
-// A server model whose "update" is p <- p - g (lr 1, plain SGD) and which keeps every applied gradient.
-class RecordingModel : public ServerModel {
- public:
-  explicit RecordingModel(int64_t numel) : params_(at::zeros({numel})) {}
-  int64_t numel() const override { return params_.numel(); }
-  void apply(const at::Tensor& gradient, int64_t step) override {
-    applied.push_back(gradient.clone());
-    steps.push_back(step);
-    params_.sub_(gradient);
-  }
-  void read(at::Tensor& out) const override { out.copy_(params_); }
-  std::vector<at::Tensor> applied;
-  std::vector<int64_t> steps;
-
- private:
-  at::Tensor params_;
-};
 
 Push push_of(int rank, int64_t base, int64_t step, double share, const at::Tensor& g) {
   Push p;

@@ -26,6 +26,7 @@
 #include "ration/memory/allocator.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/trainer.h"
+#include "recording_server_model.h"
 #include "worker_main.h"
 
 namespace ration::dist {
@@ -34,20 +35,6 @@ namespace {
 using testing::world;
 
 // ---- the wire protocol ----------------------------------------------------------------------------
-class RecordingModel : public ServerModel {
- public:
-  explicit RecordingModel(int64_t numel) : params_(at::zeros({numel})) {}
-  int64_t numel() const override { return params_.numel(); }
-  void apply(const at::Tensor& gradient, int64_t step) override {
-    applied.push_back(gradient.clone());
-    params_.sub_(gradient);
-  }
-  void read(at::Tensor& out) const override { out.copy_(params_); }
-  std::vector<at::Tensor> applied;
-
- private:
-  at::Tensor params_;
-};
 
 constexpr int64_t kNumel = 1000;
 double share_of(int rank, int n) { return static_cast<double>(rank + 2) / static_cast<double>(n * (n + 3) / 2); }
