@@ -24,6 +24,9 @@
 #include <unistd.h>
 #include <vector>
 
+#include "bench_util.h"
+#include "ration_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -50,22 +53,12 @@ std::string run_capture(const std::string& cmd) {
 // One `ration train` (n = 1) or `ration launch -n n -- train`; returns its report.
 json ration_run(const ModelCase& m, int n, const std::string& compress, int64_t steps, int64_t batch,
                 const std::vector<std::string>& extra) {
-  const fs::path report = fs::temp_directory_path() / ("ration-dp-bench-" + std::to_string(::getpid()) + ".json");
-  std::ostringstream cmd;
-  cmd << kBin << "/ration ";
-  if (n > 1) cmd << "launch -n " << n << " --master-port 0 -- ";
-  cmd << "train " << kSrc << "/configs/" << m.name << ".toml --steps " << steps
-      << " --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=100000"
-      << " --set train.batch_size=" << batch << " --set dist.compress=" << compress << " --report " << report
-      << " --json";
-  for (const auto& e : extra) cmd << " --set " << e;
-  cmd << " > /dev/null 2>&1";
-  (void)run_capture(cmd.str());
-  json r;
-  std::ifstream in(report);
-  if (in.good()) in >> r;
-  fs::remove(report);
-  return r;
+  std::ostringstream args;
+  if (n > 1) args << "launch -n " << n << " --master-port 0 -- ";
+  args << "train " << kSrc << "/configs/" << m.name << ".toml --steps " << steps
+       << " --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=100000"
+       << " --set train.batch_size=" << batch << " --set dist.compress=" << compress;
+  return ration::bench::run_ration_report(kBin, args.str(), extra, "dp");
 }
 
 double ddp_run(const ModelCase& m, int n, const std::string& hook, int64_t steps) {
@@ -80,11 +73,7 @@ double ddp_run(const ModelCase& m, int n, const std::string& hook, int64_t steps
   }
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using ration::bench::median;
 
 }  // namespace
 

@@ -22,6 +22,9 @@
 #include <unistd.h>
 #include <vector>
 
+#include "bench_util.h"
+#include "ration_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -36,27 +39,14 @@ struct Mode {
 };
 
 json ration_run(const std::string& model, int n, int64_t steps, int64_t batch, const std::vector<std::string>& extra) {
-  const fs::path report = fs::temp_directory_path() / ("ration-psmodes-bench-" + std::to_string(::getpid()) + ".json");
-  std::ostringstream cmd;
-  cmd << kBin << "/ration launch -n " << n << " --master-port 0 -- train " << kSrc << "/configs/" << model
-      << ".toml --steps " << steps << " --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=100000"
-      << " --set train.batch_size=" << batch << " --set train.eval_every=0 --set train.eval_batches=0 --report "
-      << report << " --json";
-  for (const auto& e : extra) cmd << " --set " << e;
-  cmd << " > /dev/null 2>&1";
-  if (std::system(cmd.str().c_str()) != 0) std::cerr << "command failed: " << cmd.str() << "\n";
-  json r;
-  std::ifstream in(report);
-  if (in.good()) in >> r;
-  fs::remove(report);
-  return r;
+  std::ostringstream args;
+  args << "launch -n " << n << " --master-port 0 -- train " << kSrc << "/configs/" << model << ".toml --steps "
+       << steps << " --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=100000"
+       << " --set train.batch_size=" << batch << " --set train.eval_every=0 --set train.eval_batches=0";
+  return ration::bench::run_ration_report(kBin, args.str(), extra, "psmodes");
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using ration::bench::median;
 
 // Seconds of training on rank 0: the run's wall time less its evaluations (data loading is the same
 // for every mode).
