@@ -22,6 +22,7 @@
 #include "ration/ps/store.h"
 #include "ration/train/trainer.h"
 #include "test_util.h"
+#include "train_util.h"
 
 namespace ration::ps {
 namespace {
@@ -442,15 +443,7 @@ std::string evict_ctr_config(const std::string& ckpt_dir, const std::string& ps_
          "keep_checkpoints=10\ncheckpoint_dir='" + ckpt_dir + "'\n";
 }
 
-nlohmann::json train_evicting(const std::string& cfg, std::vector<std::string> overrides = {},
-                              const std::string& resume = "") {
-  train::TrainOptions t;
-  t.config_path = cfg;
-  t.json = true;
-  t.overrides = std::move(overrides);
-  t.resume = resume;
-  return train::run_training(t);
-}
+using testing::train_json;
 
 // The README's ctr tables (four fields up to 10^6 ids, dim 16, two embedded shards) for 30 steps: about
 // 5 MB uncapped; a 3 MiB cap is met after every round (steps 10 and 20).
@@ -465,9 +458,9 @@ TEST(Evict, TrainerKeysCapTheEmbeddedShardsAndReportTheRounds) {
       "[ps]\nshards=2\nlr=0.05\nprefetch=false\n"
       "[optim]\nname='adamw'\nlr=0.002\nweight_decay=0.0\nschedule='constant'\n"
       "[train]\nbatch_size=512\nsteps=30\neval_every=0\nthreads=1\nseed=0\ncheckpoint_dir=''\n");
-  const auto plain = train_evicting(cfg);
+  const auto plain = train_json(cfg);
   const int64_t cap = 3 << 20;
-  const auto capped = train_evicting(cfg, {"ps.evict=importance", "ps.max_bytes=3MiB", "ps.evict_every=10"});
+  const auto capped = train_json(cfg, {"ps.evict=importance", "ps.max_bytes=3MiB", "ps.evict_every=10"});
   const auto& ps = capped["ps"];
   EXPECT_GT(plain["ps"]["bytes"].get<double>(), 4.0e6);
   EXPECT_FALSE(plain["ps"].contains("evict_rounds"));
@@ -487,7 +480,7 @@ TEST(Evict, TrainerKeysAreValidatedNamingTheKey) {
   const std::string cfg = dir.write("ctr.toml", evict_ctr_config("", ""));
   auto message = [&](std::vector<std::string> overrides) {
     try {
-      train_evicting(cfg, std::move(overrides));
+      train_json(cfg, std::move(overrides));
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -513,11 +506,11 @@ TEST(Evict, ResumedTrainerDoesNotResurrectEvictedIds) {
   testing::TempDir dir("evict-resume");
   const std::string evict = "evict='importance'\nmax_bytes=150000\nevict_every=10\n";
   const std::string cfg = dir.write("ctr.toml", evict_ctr_config((dir.path / "ref").string(), evict));
-  const auto reference = train_evicting(cfg);
+  const auto reference = train_json(cfg);
   const std::string part = (dir.path / "part").string();
-  const auto first = train_evicting(cfg, {"train.steps=30", "train.checkpoint_dir=" + part});
+  const auto first = train_json(cfg, {"train.steps=30", "train.checkpoint_dir=" + part});
   ASSERT_GT(first["ps"]["disabled_ids"].get<double>(), 0);
-  const auto resumed = train_evicting(cfg, {"train.checkpoint_dir=" + (dir.path / "run2").string()}, part);
+  const auto resumed = train_json(cfg, {"train.checkpoint_dir=" + (dir.path / "run2").string()}, part);
   ASSERT_EQ(resumed["first_step"].get<int64_t>(), 30);
   ASSERT_EQ(resumed["loss"].size(), 30u);
   for (size_t i = 0; i < 30; ++i)

@@ -20,6 +20,7 @@
 #include "ration/train/trainer.h"
 #include "test_ps_util.h"
 #include "test_util.h"
+#include "train_util.h"
 
 namespace ration {
 namespace {
@@ -275,18 +276,11 @@ std::string ctr_config(const std::string& ckpt_dir, const std::string& extra = "
          "keep_checkpoints=10\ncheckpoint_dir='" + ckpt_dir + "'\n";
 }
 
-nlohmann::json train_with(const std::string& cfg, std::vector<std::string> overrides = {}, const std::string& resume = "") {
-  train::TrainOptions t;
-  t.config_path = cfg;
-  t.json = true;
-  t.overrides = std::move(overrides);
-  t.resume = resume;
-  return train::run_training(t);
-}
+using testing::train_json;
 
 TEST(PsCtr, TrainingLearnsAndReportsAucAndPsFigures) {
   TempDir dir("ps-ctr-train");
-  const auto r = train_with(dir.write("ctr.toml", ctr_config((dir.path / "run").string())));
+  const auto r = train_json(dir.write("ctr.toml", ctr_config((dir.path / "run").string())));
   ASSERT_EQ(r["eval"].size(), 2u);
   const auto& last = r["eval"].back();
   EXPECT_GT(last["auc"].get<double>(), 0.65);
@@ -312,7 +306,7 @@ TEST(PsCtr, SyntheticAucComesWithinTwoHundredthsOfThePlantedModel) {
       "[ps]\nshards=1\nlr=0.05\n"
       "[optim]\nname='adamw'\nlr=0.005\nweight_decay=0.0\nschedule='constant'\n"
       "[train]\nbatch_size=128\nepochs=1\neval_every=0\nthreads=1\nseed=0\ncheckpoint_dir=''\n");
-  const auto r = train_with(cfg);
+  const auto r = train_json(cfg);
   const auto& last = r["eval"].back();
   const double auc = last["auc"].get<double>(), planted = last["planted_auc"].get<double>();
   EXPECT_GT(planted, 0.8);
@@ -324,13 +318,13 @@ TEST(PsCtr, EmbeddedAndTwoServerProcessesTrainIdentically) {
   TempDir dir("ps-ctr-remote");
   const std::string cfg = dir.write("ctr.toml", ctr_config(""));
   const std::vector<std::string> fifty = {"train.steps=50", "train.eval_every=50"};
-  const auto embedded = train_with(cfg, fifty);
+  const auto embedded = train_json(cfg, fifty);
   testing::ServerProcess s0, s1;
   s0.start({"--listen", "127.0.0.1:0", "--shard", "0/2"});
   s1.start({"--listen", "127.0.0.1:0", "--shard", "1/2"});
   auto remote_over = fifty;
   remote_over.push_back("ps.endpoints=" + s0.endpoint() + "," + s1.endpoint());
-  const auto remote = train_with(cfg, remote_over);
+  const auto remote = train_json(cfg, remote_over);
   ASSERT_EQ(embedded["loss"].size(), 50u);
   ASSERT_EQ(remote["loss"].size(), 50u);
   for (size_t i = 0; i < 50; ++i) ASSERT_EQ(embedded["loss"][i].get<double>(), remote["loss"][i].get<double>()) << i;
@@ -355,7 +349,7 @@ bool wait_for(const fs::path& path, double seconds) {
 TEST(PsCtr, KillNineTrainerThenResumeContinuesTheCurve) {
   TempDir dir("ps-ctr-kill-trainer");
   const std::string cfg = dir.write("ctr.toml", ctr_config((dir.path / "ref").string()));
-  const auto reference = train_with(cfg);
+  const auto reference = train_json(cfg);
   const std::string run = (dir.path / "run").string();
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
@@ -371,7 +365,7 @@ TEST(PsCtr, KillNineTrainerThenResumeContinuesTheCurve) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFSIGNALED(status)) << "the trainer finished before it was killed";
-  const auto resumed = train_with(cfg, {"train.checkpoint_dir=" + (dir.path / "run2").string()}, run);
+  const auto resumed = train_json(cfg, {"train.checkpoint_dir=" + (dir.path / "run2").string()}, run);
   const int64_t first = resumed["first_step"].get<int64_t>();
   EXPECT_GE(first, 10);  // ckpt-20 may exist before `latest` names it: the resume takes the newest complete one
   ASSERT_EQ(resumed["loss"].size(), static_cast<size_t>(60 - first));
@@ -385,7 +379,7 @@ TEST(PsCtr, KillNineTrainerThenResumeContinuesTheCurve) {
 TEST(PsCtr, KillNineServerThenRestartAndResumeContinuesTheCurve) {
   TempDir dir("ps-ctr-kill-server");
   const std::string cfg = dir.write("ctr.toml", ctr_config((dir.path / "ref").string()));
-  const auto reference = train_with(cfg, {"ps.shards=1"});
+  const auto reference = train_json(cfg, {"ps.shards=1"});
   const std::string snap = (dir.path / "snap").string();
   const std::string run = (dir.path / "run").string();
   testing::ServerProcess server;
@@ -395,7 +389,7 @@ TEST(PsCtr, KillNineServerThenRestartAndResumeContinuesTheCurve) {
     if (wait_for(fs::path(run) / "ckpt-30", 120)) server.stop(SIGKILL);
   });
   const std::string msg = testing::error_of([&] {
-    train_with(cfg, {"ps.shards=1", "ps.endpoints=" + endpoint, "ps.retries=2", "ps.timeout_ms=2000",
+    train_json(cfg, {"ps.shards=1", "ps.endpoints=" + endpoint, "ps.retries=2", "ps.timeout_ms=2000",
                      "train.checkpoint_dir=" + run});
   });
   killer.join();
@@ -403,7 +397,7 @@ TEST(PsCtr, KillNineServerThenRestartAndResumeContinuesTheCurve) {
   // Restart on a new port with the same snapshot directory; resume from the newest checkpoint.
   testing::ServerProcess again;
   again.start({"--listen", "127.0.0.1:0", "--shard", "0/1", "--snapshot-dir", snap});
-  const auto resumed = train_with(cfg, {"ps.shards=1", "ps.endpoints=" + again.endpoint(),
+  const auto resumed = train_json(cfg, {"ps.shards=1", "ps.endpoints=" + again.endpoint(),
                                         "train.checkpoint_dir=" + (dir.path / "run2").string()},
                                   run);
   const int64_t first = resumed["first_step"].get<int64_t>();
