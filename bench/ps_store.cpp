@@ -2,11 +2,14 @@
 // the same run, at dim 16/64/128 and 10^6-10^7 rows, with 1 and 2 threads (pushes on 2 threads: each
 // thread its own half of the ids, on both sides, since the raw map has no lock); and the index choice:
 // absl::flat_hash_map vs std::unordered_map (lookups/s and bytes per entry).
-// Usage: bench_ps_store [--quick] [--json OUT]
+// Usage: bench_ps_store [--quick] [--case DIMxROWS]... [--reps N] [--json OUT]
+//   --case 16x1000000 runs only that case (repeatable); the default runs all four.
 #include <absl/container/flat_hash_map.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -36,11 +39,12 @@ struct RawTable {
     rows.assign(ids.size() * static_cast<size_t>(d), 0.01f);
     for (size_t i = 0; i < ids.size(); ++i) index.emplace(ids[i], static_cast<uint32_t>(i));
   }
-  void pull(const uint64_t* ids, int64_t n, float* out) const {
+  // (Out of line only so a profiler can attribute its cost; one call per 4096-id batch.)
+  __attribute__((noinline)) void pull(const uint64_t* ids, int64_t n, float* out) const {
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(out + i * dim, rows.data() + index.find(ids[i])->second * dim, static_cast<size_t>(dim) * 4);
   }
-  void push(const uint64_t* ids, int64_t n, const float* g, float lr) {
+  __attribute__((noinline)) void push(const uint64_t* ids, int64_t n, const float* g, float lr) {
     for (int64_t i = 0; i < n; ++i) {
       float* w = rows.data() + index.find(ids[i])->second * dim;
       for (int64_t k = 0; k < dim; ++k) w[k] -= lr * g[i * dim + k];
@@ -79,17 +83,34 @@ double rows_per_sec(int threads, int batches, const std::vector<uint64_t>& ids, 
 
 int main(int argc, char** argv) {
   bool quick = false;
+  int reps = 3;
   std::string out = "bench/results/ps_store.json";
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick") quick = true;
-    if (std::string(argv[i]) == "--json" && i + 1 < argc) out = argv[++i];
-  }
-  nlohmann::json results = nlohmann::json::array();
   struct Case {
     int64_t dim, rows;
   };
+  std::vector<Case> only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--json" && i + 1 < argc) out = argv[++i];
+    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--case" && i + 1 < argc) {
+      const std::string c = argv[++i];
+      const size_t x = c.find('x');
+      if (x == std::string::npos) {
+        std::fprintf(stderr, "bench_ps_store: --case expects DIMxROWS (e.g. 16x1000000); got '%s'\n", c.c_str());
+        return 2;
+      }
+      only.push_back({std::atoll(c.substr(0, x).c_str()), std::atoll(c.substr(x + 1).c_str())});
+    } else {
+      std::fprintf(stderr, "bench_ps_store: unknown argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
+  nlohmann::json results = nlohmann::json::array();
   std::vector<Case> cases = {{16, 1000000}, {64, 1000000}, {128, 1000000}, {16, 10000000}};
   if (quick) cases = {{16, 200000}};
+  if (!only.empty()) cases = only;
   const int batches = quick ? 20 : 100;
   std::printf("%-5s %-9s %-3s %14s %14s %7s %14s %14s %7s\n", "dim", "rows", "thr", "store pull/s", "raw pull/s",
               "ratio", "store push/s", "raw push/s", "ratio");
@@ -110,9 +131,10 @@ int main(int argc, char** argv) {
     RawTable raw(ids, c.dim);
     for (int threads : {1, 2}) {
       std::vector<std::vector<float>> buf(2, std::vector<float>(static_cast<size_t>(4096 * c.dim), 0.001f));
-      // Interleaved repetitions; the median of three.
+      // Interleaved repetitions (store, raw, store, raw, ...); the median of `reps` (3).
       std::vector<double> sp, rp, su, ru;
-      for (int rep = 0; rep < 3; ++rep) {
+      const int64_t contended0 = table.contended_groups();
+      for (int rep = 0; rep < reps; ++rep) {
         sp.push_back(rows_per_sec(threads, batches, ids, Draw::Any, [&](int t, const uint64_t* x, int64_t n) {
           table.pull(x, n, buf[static_cast<size_t>(t)].data());
         }));
@@ -128,6 +150,9 @@ int main(int argc, char** argv) {
           raw.push(x, n, buf[static_cast<size_t>(t)].data(), 0.01f);
         }));
       }
+      // Stripe groups a batch found locked by the other thread (deferred, then waited for), per batch.
+      const double contended = static_cast<double>(table.contended_groups() - contended0) /
+                               (2.0 * reps * threads * batches);
       const double s_pull = ration::bench::median(sp), r_pull = ration::bench::median(rp);
       const double s_push = ration::bench::median(su), r_push = ration::bench::median(ru);
       std::printf("%-5lld %-9lld %-3d %14.3g %14.3g %7.2f %14.3g %14.3g %7.2f\n", static_cast<long long>(c.dim),
@@ -136,12 +161,13 @@ int main(int argc, char** argv) {
       results.push_back({{"dim", c.dim}, {"rows", c.rows}, {"threads", threads}, {"store_pull_rows_per_s", s_pull},
                          {"raw_pull_rows_per_s", r_pull}, {"pull_ratio", s_pull / r_pull},
                          {"store_push_rows_per_s", s_push}, {"raw_push_rows_per_s", r_push},
-                         {"push_ratio", s_push / r_push}});
+                         {"push_ratio", s_push / r_push}, {"contended_groups_per_batch", contended}});
     }
     const auto b = table.bytes();
-    std::printf("      accounted: %lld rows, values %.1f MiB, index %.1f MiB, arena %.1f MiB, meta %.1f MiB\n",
+    std::printf("      accounted: %lld rows, values %.1f MiB, index %.1f MiB, arena %.1f MiB, meta %.1f MiB; "
+                "contended stripe groups per batch (2 threads): %.3f\n",
                 static_cast<long long>(b.rows), b.value_bytes / 1048576.0, b.index_bytes / 1048576.0,
-                b.arena_bytes / 1048576.0, b.meta_bytes / 1048576.0);
+                b.arena_bytes / 1048576.0, b.meta_bytes / 1048576.0, results.back()["contended_groups_per_batch"].get<double>());
   }
 
   // Index choice: lookups/s and bytes/entry of absl::flat_hash_map vs std::unordered_map at 10^6 ids.

@@ -4,9 +4,11 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <limits>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <new>
 #include <random>
 
 #include "ration/core/check.h"
@@ -44,50 +46,51 @@ int64_t state_floats(OptimizerKind kind, int64_t dim) {
 
 namespace {
 
-// One optimiser step on a row: w (dim values), s (state), g (gradient).
-void apply_update(const OptimizerOptions& o, int64_t dim, float* w, float* s, const float* g) {
-  switch (o.kind) {
-    case OptimizerKind::Sgd:
-      for (int64_t k = 0; k < dim; ++k) w[k] -= o.lr * g[k];
-      return;
-    case OptimizerKind::Adagrad:
-      for (int64_t k = 0; k < dim; ++k) {
-        s[k] += g[k] * g[k];
-        w[k] -= o.lr * g[k] / (std::sqrt(s[k]) + o.eps);
-      }
-      return;
-    case OptimizerKind::Adam: {
-      float* m = s;
-      float* v = s + dim;
-      float& t = s[2 * dim];
-      t += 1.0f;
-      const float c1 = 1.0f - std::pow(o.beta1, t);
-      const float c2 = 1.0f - std::pow(o.beta2, t);
-      for (int64_t k = 0; k < dim; ++k) {
-        m[k] = o.beta1 * m[k] + (1.0f - o.beta1) * g[k];
-        v[k] = o.beta2 * v[k] + (1.0f - o.beta2) * g[k] * g[k];
-        w[k] -= o.lr * (m[k] / c1) / (std::sqrt(v[k] / c2) + o.eps);
-      }
-      return;
+// One optimiser step on a row: w (dim values), s (state), g (gradient); the kind fixed at compile time so
+// a batch dispatches once, not per row. The options are read into locals: a store through w cannot
+// change them, so the loops vectorise.
+template <OptimizerKind K>
+void apply_update(const OptimizerOptions& o, int64_t dim, float* __restrict w, float* __restrict s,
+                  const float* __restrict g) {
+  if constexpr (K == OptimizerKind::Sgd) {
+    const float lr = o.lr;
+    for (int64_t k = 0; k < dim; ++k) w[k] -= lr * g[k];
+  } else if constexpr (K == OptimizerKind::Adagrad) {
+    const float lr = o.lr, eps = o.eps;
+    for (int64_t k = 0; k < dim; ++k) {
+      s[k] += g[k] * g[k];
+      w[k] -= lr * g[k] / (std::sqrt(s[k]) + eps);
     }
-    case OptimizerKind::Ftrl: {
-      // FTRL-proximal (McMahan et al. 2013), per coordinate: z accumulates the linearised loss, n the
-      // squared gradients; the weight is the closed-form minimiser with L1/L2.
-      float* z = s;
-      float* n = s + dim;
-      for (int64_t k = 0; k < dim; ++k) {
-        const float n_new = n[k] + g[k] * g[k];
-        const float sigma = (std::sqrt(n_new) - std::sqrt(n[k])) / o.ftrl_alpha;
-        z[k] += g[k] - sigma * w[k];
-        n[k] = n_new;
-        if (std::fabs(z[k]) <= o.ftrl_l1) {
-          w[k] = 0;
-        } else {
-          const float sign = z[k] < 0 ? -1.0f : 1.0f;
-          w[k] = -(z[k] - sign * o.ftrl_l1) / ((o.ftrl_beta + std::sqrt(n[k])) / o.ftrl_alpha + o.ftrl_l2);
-        }
+  } else if constexpr (K == OptimizerKind::Adam) {
+    const float lr = o.lr, beta1 = o.beta1, beta2 = o.beta2, eps = o.eps;
+    float* m = s;
+    float* v = s + dim;
+    float& t = s[2 * dim];
+    t += 1.0f;
+    const float c1 = 1.0f - std::pow(beta1, t);
+    const float c2 = 1.0f - std::pow(beta2, t);
+    for (int64_t k = 0; k < dim; ++k) {
+      m[k] = beta1 * m[k] + (1.0f - beta1) * g[k];
+      v[k] = beta2 * v[k] + (1.0f - beta2) * g[k] * g[k];
+      w[k] -= lr * (m[k] / c1) / (std::sqrt(v[k] / c2) + eps);
+    }
+  } else {
+    // FTRL-proximal (McMahan et al. 2013), per coordinate: z accumulates the linearised loss, n the
+    // squared gradients; the weight is the closed-form minimiser with L1/L2.
+    const float alpha = o.ftrl_alpha, beta = o.ftrl_beta, l1 = o.ftrl_l1, l2 = o.ftrl_l2;
+    float* z = s;
+    float* n = s + dim;
+    for (int64_t k = 0; k < dim; ++k) {
+      const float n_new = n[k] + g[k] * g[k];
+      const float sigma = (std::sqrt(n_new) - std::sqrt(n[k])) / alpha;
+      z[k] += g[k] - sigma * w[k];
+      n[k] = n_new;
+      if (std::fabs(z[k]) <= l1) {
+        w[k] = 0;
+      } else {
+        const float sign = z[k] < 0 ? -1.0f : 1.0f;
+        w[k] = -(z[k] - sign * l1) / ((beta + std::sqrt(n[k])) / alpha + l2);
       }
-      return;
     }
   }
 }
@@ -114,15 +117,23 @@ RowInfo fresh_info(uint64_t id) {
 }
 }  // namespace
 
+// The per-stripe index hashes ids with mix64 (the stripe takes bits 40.. of the same hash, the index's
+// probe the low ones), so a batch mixes each id once for both.
+struct IdHash {
+  size_t operator()(uint64_t id) const { return static_cast<size_t>(mix64(id)); }
+};
+
 struct Table::Stripe {
-  // kChunkRows slots: values + state (stride floats each), their RowInfo, and a live flag.
-  struct Chunk {
-    std::unique_ptr<float[]> rows;
-    std::unique_ptr<RowInfo[]> infos;
-    std::unique_ptr<uint8_t[]> live;
+  // A chunk is one allocation holding kChunkRows records and then their kChunkRows live flags. A record
+  // is the row's RowInfo, its dim values and its optimiser state, contiguous (record_bytes each, a
+  // multiple of 8), so a push touches adjacent cache lines of one record; see store.h "Layout".
+  struct FreeChunk {
+    void operator()(char* p) const { ::operator delete[](p, std::align_val_t(kChunkAlign)); }
   };
+  using Chunk = std::unique_ptr<char[], FreeChunk>;
+  static constexpr size_t kChunkAlign = 64;
   mutable std::mutex mu;
-  absl::flat_hash_map<uint64_t, uint32_t> index;  // id -> slot
+  absl::flat_hash_map<uint64_t, uint32_t, IdHash> index;  // id -> slot
   std::vector<Chunk> chunks;
   std::vector<uint32_t> free_slots;               // freed slots, reused before fresh ones
   struct Disabled {
@@ -135,18 +146,33 @@ struct Table::Stripe {
   std::vector<std::pair<uint64_t, int64_t>> log;
   uint32_t log_generation = 1;
   int64_t fresh = 0;                              // slots [fresh, capacity) were never handed out
-  int64_t stride = 0;
+  int64_t record_bytes = 0;                       // RowInfo + (dim + state) floats, rounded up to 8
 
-  float* slot_ptr(uint32_t slot) { return chunks[slot / kChunkRows].rows.get() + (slot % kChunkRows) * stride; }
-  const float* slot_ptr(uint32_t slot) const {
-    return chunks[slot / kChunkRows].rows.get() + (slot % kChunkRows) * stride;
+  int64_t chunk_bytes() const { return kChunkRows * record_bytes + kChunkRows; }
+  char* record(uint32_t slot) { return chunks[slot / kChunkRows].get() + (slot % kChunkRows) * record_bytes; }
+  const char* record(uint32_t slot) const {
+    return chunks[slot / kChunkRows].get() + (slot % kChunkRows) * record_bytes;
   }
-  RowInfo& info(uint32_t slot) { return chunks[slot / kChunkRows].infos[slot % kChunkRows]; }
-  const RowInfo& info(uint32_t slot) const { return chunks[slot / kChunkRows].infos[slot % kChunkRows]; }
-  uint8_t& live(uint32_t slot) { return chunks[slot / kChunkRows].live[slot % kChunkRows]; }
-  uint8_t live(uint32_t slot) const { return chunks[slot / kChunkRows].live[slot % kChunkRows]; }
+  static RowInfo& info_of(char* rec) { return *std::launder(reinterpret_cast<RowInfo*>(rec)); }
+  static float* values_of(char* rec) { return reinterpret_cast<float*>(rec + sizeof(RowInfo)); }
+  float* slot_ptr(uint32_t slot) { return values_of(record(slot)); }
+  const float* slot_ptr(uint32_t slot) const { return reinterpret_cast<const float*>(record(slot) + sizeof(RowInfo)); }
+  RowInfo& info(uint32_t slot) { return info_of(record(slot)); }
+  const RowInfo& info(uint32_t slot) const { return *std::launder(reinterpret_cast<const RowInfo*>(record(slot))); }
+  uint8_t& live(uint32_t slot) {
+    return reinterpret_cast<uint8_t*>(chunks[slot / kChunkRows].get() + kChunkRows * record_bytes)[slot % kChunkRows];
+  }
+  uint8_t live(uint32_t slot) const {
+    return reinterpret_cast<const uint8_t*>(chunks[slot / kChunkRows].get() + kChunkRows * record_bytes)[slot % kChunkRows];
+  }
   int64_t capacity() const { return static_cast<int64_t>(chunks.size()) * kChunkRows; }
 
+  Chunk new_chunk() const {
+    Chunk c(static_cast<char*>(::operator new[](static_cast<size_t>(chunk_bytes()), std::align_val_t(kChunkAlign))));
+    for (int64_t r = 0; r < kChunkRows; ++r) new (c.get() + r * record_bytes) RowInfo();
+    std::memset(c.get() + kChunkRows * record_bytes, 0, static_cast<size_t>(kChunkRows));
+    return c;
+  }
   uint32_t allocate() {
     uint32_t slot;
     if (!free_slots.empty()) {
@@ -155,11 +181,7 @@ struct Table::Stripe {
     } else {
       if (fresh == capacity()) {
         RATION_CHECK(capacity() + kChunkRows < (int64_t{1} << 32), "embedding table stripe is full (2^32 slots)");
-        Chunk c;
-        c.rows.reset(new float[static_cast<size_t>(kChunkRows * stride)]);
-        c.infos.reset(new RowInfo[static_cast<size_t>(kChunkRows)]);
-        c.live.reset(new uint8_t[static_cast<size_t>(kChunkRows)]());
-        chunks.push_back(std::move(c));
+        chunks.push_back(new_chunk());
       }
       slot = static_cast<uint32_t>(fresh++);
     }
@@ -180,9 +202,10 @@ Table::Table(TableOptions options) : options_(std::move(options)) {
                "[1, 65536]; got ", options_.dim);
   state_ = state_floats(options_.optimizer.kind, options_.dim);
   stride_ = options_.dim + state_;
+  const int64_t record = static_cast<int64_t>(sizeof(RowInfo)) + stride_ * static_cast<int64_t>(sizeof(float));
   for (int i = 0; i < kStripes; ++i) {
     stripes_.push_back(std::make_unique<Stripe>());
-    stripes_.back()->stride = stride_;
+    stripes_.back()->record_bytes = (record + 7) / 8 * 8;
   }
   epoch_ = std::random_device{}() * 0x100000001ULL ^ mix64(reinterpret_cast<uintptr_t>(this));
 }
@@ -201,25 +224,40 @@ void Table::initial_value(uint64_t id, float* out) const {
 }
 
 namespace {
-// Positions of ids grouped by stripe (counting sort): order[begin[s] .. begin[s+1]) are stripe s's.
+// Positions of a batch's ids grouped by stripe (counting sort, O(n + stripes)):
+// order[begin[s] .. begin[s+1]) are stripe s's, in batch order.
+template <int Stripes>
 struct ByStripe {
-  std::vector<int64_t> order;
-  std::vector<int64_t> begin;
-};
-template <typename StripeOf>
-ByStripe group_by_stripe(const uint64_t* ids, int64_t n, int stripes, StripeOf stripe_of) {
-  ByStripe g;
-  std::vector<int> s(static_cast<size_t>(n));
-  g.begin.assign(static_cast<size_t>(stripes + 1), 0);
-  for (int64_t i = 0; i < n; ++i) {
-    s[static_cast<size_t>(i)] = stripe_of(ids[i]);
-    ++g.begin[static_cast<size_t>(s[static_cast<size_t>(i)]) + 1];
+  std::vector<uint32_t> order;
+  std::array<uint32_t, Stripes + 1> begin{};
+  template <typename StripeOf>
+  ByStripe(const uint64_t* ids, int64_t n, StripeOf stripe_of) : order(static_cast<size_t>(n)) {
+    RATION_CHECK(n < (int64_t{1} << 32), "embedding table batch of ", n, " ids; at most 2^32 - 1 per call");
+    std::vector<uint8_t> s(static_cast<size_t>(n));
+    static_assert(Stripes <= 256, "stripe numbers are kept in a byte");
+    for (int64_t i = 0; i < n; ++i) {
+      s[static_cast<size_t>(i)] = static_cast<uint8_t>(stripe_of(ids[i]));
+      ++begin[s[static_cast<size_t>(i)] + 1u];
+    }
+    for (int k = 0; k < Stripes; ++k) begin[static_cast<size_t>(k) + 1] += begin[static_cast<size_t>(k)];
+    std::array<uint32_t, Stripes> fill;
+    std::copy(begin.begin(), begin.end() - 1, fill.begin());
+    for (int64_t i = 0; i < n; ++i) order[fill[s[static_cast<size_t>(i)]]++] = static_cast<uint32_t>(i);
   }
-  for (int k = 0; k < stripes; ++k) g.begin[static_cast<size_t>(k) + 1] += g.begin[static_cast<size_t>(k)];
-  std::vector<int64_t> fill(g.begin.begin(), g.begin.end() - 1);
-  g.order.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) g.order[static_cast<size_t>(fill[static_cast<size_t>(s[static_cast<size_t>(i)])]++)] = i;
-  return g;
+};
+
+// Prefetch distance (ids ahead) of a stripe group's index probes.
+constexpr int64_t kProbeAhead = 8;
+// A stripe group is looked up and then updated in parts of at most this many ids, so the records
+// prefetched by the first pass are still in the core's cache when the second pass reaches them.
+constexpr int64_t kMaxGroup = 256;
+
+// Asks for the cache lines of [p, p + bytes) (a record about to be read or written).
+inline void prefetch_lines(const char* p, int64_t bytes, int write) {
+  for (int64_t o = 0; o < bytes; o += 64) {
+    if (write) __builtin_prefetch(p + o, 1, 3);
+    else __builtin_prefetch(p + o, 0, 3);
+  }
 }
 }  // namespace
 
@@ -236,73 +274,153 @@ uint32_t Table::create_row(Stripe& st, uint64_t id) {
 }
 
 template <class Fn>
-void Table::for_each_by_stripe(const uint64_t* ids, int64_t n, Fn&& fn) {
-  const ByStripe g = group_by_stripe(ids, n, kStripes, [this](uint64_t id) { return stripe_index(id); });
-  for (int s = 0; s < kStripes; ++s) {
-    const int64_t b = g.begin[static_cast<size_t>(s)], e = g.begin[static_cast<size_t>(s) + 1];
+void Table::for_each_stripe_group(const uint64_t* ids, int64_t n, StripeOrder visit, Fn&& fn) {
+  const ByStripe<kStripes> g(ids, n, [this](uint64_t id) { return stripe_index(id); });
+  // Rotated: each call starts at its own stripe and first try_locks; a busy stripe is visited after the
+  // others (blocking then), so concurrent batches seldom wait for each other. InOrder: stripe 0 first.
+  const int start = visit == StripeOrder::Rotated
+                        ? static_cast<int>(rotor_.fetch_add(1, std::memory_order_relaxed) % kStripes) : 0;
+  std::array<int, kStripes> busy;
+  int n_busy = 0;
+  for (int k = 0; k < kStripes; ++k) {
+    const int s = (start + k) % kStripes;
+    const uint32_t b = g.begin[static_cast<size_t>(s)], e = g.begin[static_cast<size_t>(s) + 1];
     if (b == e) continue;
     Stripe& st = *stripes_[static_cast<size_t>(s)];
-    std::lock_guard<std::mutex> lock(st.mu);
-    for (int64_t j = b; j < e; ++j) fn(st, g.order[static_cast<size_t>(j)]);
+    if (visit == StripeOrder::Rotated) {
+      std::unique_lock<std::mutex> lock(st.mu, std::try_to_lock);
+      if (!lock.owns_lock()) {
+        busy[static_cast<size_t>(n_busy++)] = s;
+        continue;
+      }
+      fn(st, g.order.data() + b, static_cast<int64_t>(e - b));
+    } else {
+      std::lock_guard<std::mutex> lock(st.mu);
+      fn(st, g.order.data() + b, static_cast<int64_t>(e - b));
+    }
   }
+  if (n_busy > 0) contended_.fetch_add(n_busy, std::memory_order_relaxed);
+  for (int k = 0; k < n_busy; ++k) {
+    const int s = busy[static_cast<size_t>(k)];
+    const uint32_t b = g.begin[static_cast<size_t>(s)], e = g.begin[static_cast<size_t>(s) + 1];
+    Stripe& st = *stripes_[static_cast<size_t>(s)];
+    std::lock_guard<std::mutex> lock(st.mu);
+    fn(st, g.order.data() + b, static_cast<int64_t>(e - b));
+  }
+}
+
+template <class Fn>
+void Table::for_each_by_stripe(const uint64_t* ids, int64_t n, Fn&& fn) {
+  for_each_stripe_group(ids, n, StripeOrder::InOrder, [&](Stripe& st, const uint32_t* pos, int64_t m) {
+    for (int64_t j = 0; j < m; ++j) fn(st, static_cast<int64_t>(pos[j]));
+  });
 }
 
 void Table::pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing) {
   const int64_t dim = options_.dim;
   const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
-  for_each_by_stripe(ids, n, [&](Stripe& st, int64_t i) {
-    float* dst = out + i * dim;
-    auto it = st.index.find(ids[i]);
-    if (it != st.index.end()) {
-      std::memcpy(dst, st.slot_ptr(it->second), row_bytes);
-    } else if (!st.disabled.empty() && st.disabled.contains(ids[i])) {
-      std::memset(dst, 0, row_bytes);
-    } else if (missing == MissingRow::ReadDefault) {
-      initial_value(ids[i], dst);
-    } else {
-      std::memcpy(dst, st.slot_ptr(create_row(st, ids[i])), row_bytes);
+  const int64_t used = static_cast<int64_t>(sizeof(RowInfo) + row_bytes);
+  std::vector<const float*> src(static_cast<size_t>(std::min<int64_t>(n, kMaxGroup)));
+  for_each_stripe_group(ids, n, StripeOrder::Rotated, [&](Stripe& st, const uint32_t* pos, int64_t m) {
+    // Two passes per stripe group: look every id up (its index probe prefetched kProbeAhead ids ahead,
+    // its record prefetched once found), then copy the rows, which have arrived by then.
+    for (int64_t j0 = 0; j0 < m; j0 += kMaxGroup) {
+      const int64_t m1 = std::min<int64_t>(m - j0, kMaxGroup);
+      const uint32_t* p = pos + j0;
+      for (int64_t j = 0; j < m1; ++j) {
+        if (j0 + j + kProbeAhead < m) st.index.prefetch(ids[p[j + kProbeAhead]]);
+        const uint64_t id = ids[p[j]];
+        float* dst = out + static_cast<int64_t>(p[j]) * dim;
+        src[static_cast<size_t>(j)] = nullptr;
+        auto it = st.index.find(id);
+        if (it != st.index.end()) {
+          const char* rec = st.record(it->second);
+          prefetch_lines(rec, used, 0);
+          src[static_cast<size_t>(j)] = reinterpret_cast<const float*>(rec + sizeof(RowInfo));
+        } else if (!st.disabled.empty() && st.disabled.contains(id)) {
+          std::memset(dst, 0, row_bytes);
+        } else if (missing == MissingRow::ReadDefault) {
+          initial_value(id, dst);
+        } else {
+          src[static_cast<size_t>(j)] = st.slot_ptr(create_row(st, id));
+        }
+      }
+      for (int64_t j = 0; j < m1; ++j)
+        if (src[static_cast<size_t>(j)] != nullptr)
+          std::memcpy(out + static_cast<int64_t>(p[j]) * dim, src[static_cast<size_t>(j)], row_bytes);
     }
   });
 }
 
-void Table::push(const uint64_t* ids, int64_t n, const float* grads, int64_t step) {
+template <OptimizerKind K>
+void Table::push_as(const uint64_t* ids, int64_t n, const float* grads, int64_t step, int64_t version) {
   const int64_t dim = options_.dim;
+  const OptimizerOptions& opt = options_.optimizer;
+  const bool scored = decay_ > 0;
+  const bool logging = logging_.load(std::memory_order_relaxed);
+  std::vector<char*> recs(static_cast<size_t>(std::min<int64_t>(n, kMaxGroup)));
+  for_each_stripe_group(ids, n, StripeOrder::Rotated, [&](Stripe& st, const uint32_t* pos, int64_t m) {
+    const int64_t record_bytes = st.record_bytes;
+    for (int64_t j0 = 0; j0 < m; j0 += kMaxGroup) {
+      const int64_t m1 = std::min<int64_t>(m - j0, kMaxGroup);
+      const uint32_t* p = pos + j0;
+      // Pass 1, in batch order: find (or create, or count a disabled id's sighting) each row and prefetch
+      // its record. Records never move while the stripe's lock is held, so the pointers stay valid.
+      for (int64_t j = 0; j < m1; ++j) {
+        if (j0 + j + kProbeAhead < m) st.index.prefetch(ids[p[j + kProbeAhead]]);
+        char* rec = row_for_push(st, ids[p[j]]);
+        if (rec != nullptr) prefetch_lines(rec, record_bytes, 1);
+        recs[static_cast<size_t>(j)] = rec;
+      }
+      // Pass 2, in batch order: score, observe, update, stamp each row.
+      for (int64_t j = 0; j < m1; ++j) {
+        char* rec = recs[static_cast<size_t>(j)];
+        if (rec == nullptr) continue;  // a disabled id below its re-admission count
+        RowInfo& info = Stripe::info_of(rec);
+        float* row = Stripe::values_of(rec);
+        const float* g = grads + static_cast<int64_t>(p[j]) * dim;
+        if (scored) {
+          // Importance (docs/METHODS.md, "Importance"): s = |w . g| / dim with the values before the update.
+          float dot = 0;
+          for (int64_t k = 0; k < dim; ++k) dot += row[k] * g[k];
+          info.score = importance_at(info, step) + (1.0f - decay_) * std::fabs(dot) / static_cast<float>(dim);
+        }
+        if (observer_) observer_(info, row, g, dim);
+        apply_update<K>(opt, dim, row, row + dim, g);
+        ++info.pushes;
+        info.last_step = static_cast<int32_t>(step);
+        if (info.first_step < 0) info.first_step = static_cast<int32_t>(step);
+        // One log entry per row per call: a repeat of the id in this call finds it already at this version.
+        const bool logged = info.version == version && info.pushes > 1;
+        info.version = version;
+        if (!logged && logging) log_change(st, info.id, version);
+      }
+    }
+  });
+}
+
+char* Table::row_for_push(Stripe& st, uint64_t id) {
+  auto it = st.index.find(id);
+  if (it != st.index.end()) return st.record(it->second);
+  auto d = st.disabled.find(id);
+  if (d != st.disabled.end()) {
+    // Disabled: the push counts as a sighting; re-admitted at readmit_after_ sightings.
+    if (static_cast<int64_t>(++d->second.sightings) < readmit_after_) return nullptr;
+    st.disabled.erase(d);
+    readmitted_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return st.record(create_row(st, id));
+}
+
+void Table::push(const uint64_t* ids, int64_t n, const float* grads, int64_t step) {
   std::shared_lock<std::shared_mutex> writing(write_mu_);
   const int64_t version = version_.fetch_add(1) + 1;
-  for_each_by_stripe(ids, n, [&](Stripe& st, int64_t i) {
-    auto it = st.index.find(ids[i]);
-    uint32_t slot;
-    if (it != st.index.end()) {
-      slot = it->second;
-    } else {
-      auto d = st.disabled.find(ids[i]);
-      if (d != st.disabled.end()) {
-        // Disabled: the push counts as a sighting; re-admitted at readmit_after_ sightings.
-        if (static_cast<int64_t>(++d->second.sightings) < readmit_after_) return;
-        st.disabled.erase(d);
-        readmitted_.fetch_add(1, std::memory_order_relaxed);
-      }
-      slot = create_row(st, ids[i]);
-    }
-    float* row = st.slot_ptr(slot);
-    RowInfo& info = st.info(slot);
-    const float* g = grads + i * dim;
-    if (decay_ > 0) {
-      // Importance (docs/METHODS.md, "Importance"): s = |w . g| / dim with the values before the update.
-      float dot = 0;
-      for (int64_t k = 0; k < dim; ++k) dot += row[k] * g[k];
-      info.score = importance_at(info, step) + (1.0f - decay_) * std::fabs(dot) / static_cast<float>(dim);
-    }
-    if (observer_) observer_(info, row, g, dim);
-    apply_update(options_.optimizer, dim, row, row + dim, g);
-    ++info.pushes;
-    info.last_step = static_cast<int32_t>(step);
-    if (info.first_step < 0) info.first_step = static_cast<int32_t>(step);
-    // One log entry per row per call: a repeat of the id in this call finds it already at this version.
-    const bool logged = info.version == version && info.pushes > 1;
-    info.version = version;
-    if (!logged && logging_.load(std::memory_order_relaxed)) log_change(st, ids[i], version);
-  });
+  switch (options_.optimizer.kind) {
+    case OptimizerKind::Sgd: return push_as<OptimizerKind::Sgd>(ids, n, grads, step, version);
+    case OptimizerKind::Adagrad: return push_as<OptimizerKind::Adagrad>(ids, n, grads, step, version);
+    case OptimizerKind::Adam: return push_as<OptimizerKind::Adam>(ids, n, grads, step, version);
+    case OptimizerKind::Ftrl: return push_as<OptimizerKind::Ftrl>(ids, n, grads, step, version);
+  }
 }
 
 void Table::set_importance_decay(float decay) {
@@ -459,21 +577,39 @@ int64_t log_cursor(uint32_t generation, size_t pos) {
 }
 }  // namespace
 
-void Table::export_logged(int64_t from_version, int64_t to_version, ExportCursor& cursor, int64_t max_rows,
-                          ExportedRows& out) const {
-  const int64_t dim = options_.dim;
-  int64_t taken = 0;
-  while (!cursor.done && taken < max_rows) {
+namespace {
+void append_row(ExportedRows& out, uint64_t id, const RowInfo& info, const float* row, int64_t dim) {
+  out.ids.push_back(id);
+  out.values.insert(out.values.end(), row, row + dim);
+  out.infos.push_back(info);
+}
+}  // namespace
+
+template <class Walk>
+void Table::walk_stripes(ExportCursor& cursor, int64_t max_rows, ExportedRows& out, Walk&& walk) const {
+  const int64_t start = out.size();
+  while (!cursor.done && out.size() - start < max_rows) {
     if (cursor.stripe >= kStripes) {
       cursor.done = true;
       break;
     }
     const Stripe& st = *stripes_[static_cast<size_t>(cursor.stripe)];
     std::lock_guard<std::mutex> lock(st.mu);
+    if (walk(st, cursor.slot, max_rows - (out.size() - start), out) == StripeEnd::Finished) {
+      ++cursor.stripe;
+      cursor.slot = 0;
+    }
+  }
+}
+
+void Table::export_logged(int64_t from_version, int64_t to_version, ExportCursor& cursor, int64_t max_rows,
+                          ExportedRows& out) const {
+  const int64_t dim = options_.dim;
+  walk_stripes(cursor, max_rows, out, [&](const Stripe& st, int64_t& slot, int64_t room, ExportedRows& rows) {
     size_t pos;
-    const uint32_t gen = static_cast<uint32_t>(cursor.slot >> kLogPosBits);
-    if (cursor.slot > 0 && gen == st.log_generation) {
-      pos = static_cast<size_t>(cursor.slot & ((int64_t{1} << kLogPosBits) - 1)) - 1;
+    const uint32_t gen = static_cast<uint32_t>(slot >> kLogPosBits);
+    if (slot > 0 && gen == st.log_generation) {
+      pos = static_cast<size_t>(slot & ((int64_t{1} << kLogPosBits) - 1)) - 1;
     } else {
       // Every entry newer than a settled version follows every older one (writers take their versions
       // under write_mu_ shared, settled_version() takes it exclusively), so the start is a partition point.
@@ -483,7 +619,8 @@ void Table::export_logged(int64_t from_version, int64_t to_version, ExportCursor
                                                      }) - st.log.begin());
     }
     size_t end = st.log.size();
-    for (; pos < end && taken < max_rows; ++pos) {
+    int64_t taken = 0;
+    for (; pos < end && taken < room; ++pos) {
       const auto& [id, v] = st.log[pos];
       if (v > to_version) {  // the entries after a settled version all follow it: this stripe is done
         end = pos;
@@ -493,19 +630,13 @@ void Table::export_logged(int64_t from_version, int64_t to_version, ExportCursor
       if (it == st.index.end()) continue;  // freed since (erase, disable: a tombstone says so)
       const RowInfo& info = st.info(it->second);
       if (info.version != v) continue;     // changed again: a later entry carries it
-      const float* row = st.slot_ptr(it->second);
-      out.ids.push_back(id);
-      out.values.insert(out.values.end(), row, row + dim);
-      out.infos.push_back(info);
+      append_row(rows, id, info, st.slot_ptr(it->second), dim);
       ++taken;
     }
-    if (pos >= end) {
-      ++cursor.stripe;
-      cursor.slot = 0;
-    } else {
-      cursor.slot = log_cursor(st.log_generation, pos);
-    }
-  }
+    if (pos >= end) return StripeEnd::Finished;
+    slot = log_cursor(st.log_generation, pos);
+    return StripeEnd::Paused;
+  });
 }
 
 int64_t Table::settled_version() const {
@@ -513,34 +644,23 @@ int64_t Table::settled_version() const {
   return version_.load();
 }
 
-// One walk over the stripes for both exports: rows whose version is above `newer_than`, with or without
-// their optimiser state, resuming at `cursor`.
+// The slot walk for both full exports: rows whose version is above `newer_than`, with or without their
+// optimiser state, resuming at `cursor`.
 void Table::export_rows(int64_t newer_than, RowState state, ExportCursor& cursor, int64_t max_rows,
                         ExportedRows& out) const {
   const int64_t dim = options_.dim;
-  int64_t taken = 0;
-  while (!cursor.done && taken < max_rows) {
-    if (cursor.stripe >= kStripes) {
-      cursor.done = true;
-      break;
-    }
-    const Stripe& st = *stripes_[static_cast<size_t>(cursor.stripe)];
-    std::lock_guard<std::mutex> lock(st.mu);
-    for (; cursor.slot < st.capacity() && taken < max_rows; ++cursor.slot) {
-      const uint32_t slot = static_cast<uint32_t>(cursor.slot);
-      if (!st.live(slot) || st.info(slot).version <= newer_than) continue;
-      const float* row = st.slot_ptr(slot);
-      out.ids.push_back(st.info(slot).id);
-      out.values.insert(out.values.end(), row, row + dim);
-      if (state == RowState::Included) out.state.insert(out.state.end(), row + dim, row + dim + state_);
-      out.infos.push_back(st.info(slot));
+  walk_stripes(cursor, max_rows, out, [&](const Stripe& st, int64_t& slot, int64_t room, ExportedRows& rows) {
+    int64_t taken = 0;
+    for (; slot < st.capacity() && taken < room; ++slot) {
+      const uint32_t s = static_cast<uint32_t>(slot);
+      if (!st.live(s) || st.info(s).version <= newer_than) continue;
+      const float* row = st.slot_ptr(s);
+      append_row(rows, st.info(s).id, st.info(s), row, dim);
+      if (state == RowState::Included) rows.state.insert(rows.state.end(), row + dim, row + dim + state_);
       ++taken;
     }
-    if (cursor.slot >= st.capacity()) {
-      ++cursor.stripe;
-      cursor.slot = 0;
-    }
-  }
+    return slot >= st.capacity() ? StripeEnd::Finished : StripeEnd::Paused;
+  });
 }
 
 void Table::export_changed(int64_t from_version, ExportCursor& cursor, int64_t max_rows, ExportedRows& out,
@@ -643,7 +763,6 @@ int64_t Table::erase(const uint64_t* ids, int64_t n) {
 
 int64_t Table::compact() {
   int64_t released = 0;
-  const size_t slot_bytes = static_cast<size_t>(stride_) * sizeof(float);
   for (auto& sp : stripes_) {
     Stripe& st = *sp;
     std::lock_guard<std::mutex> lock(st.mu);
@@ -668,13 +787,11 @@ int64_t Table::compact() {
       const uint32_t from = static_cast<uint32_t>(s);
       if (!st.live(from)) continue;
       const uint32_t to = holes.at(h++);
-      std::memcpy(st.slot_ptr(to), st.slot_ptr(from), slot_bytes);
-      st.info(to) = st.info(from);
+      std::memcpy(st.record(to), st.record(from), static_cast<size_t>(st.record_bytes));  // RowInfo too
       st.live(to) = 1;
       st.index[st.info(to).id] = to;
     }
-    released += (static_cast<int64_t>(st.chunks.size()) - keep_chunks) *
-                (kChunkRows * static_cast<int64_t>(slot_bytes + sizeof(RowInfo) + 1));
+    released += (static_cast<int64_t>(st.chunks.size()) - keep_chunks) * st.chunk_bytes();
     st.chunks.resize(static_cast<size_t>(keep_chunks));
     st.chunks.shrink_to_fit();
     st.free_slots.clear();
@@ -718,10 +835,13 @@ TableBytes Table::bytes() const {
   for (const auto& sp : stripes_) {
     std::lock_guard<std::mutex> lock(sp->mu);
     b.rows += static_cast<int64_t>(sp->index.size());
-    b.arena_bytes += sp->capacity() * stride_ * static_cast<int64_t>(sizeof(float));
+    // A chunk's bytes split in two: each record's values and state (arena), and each record's RowInfo
+    // and alignment padding plus its live flag (meta); the two add up to the chunks allocated.
     // (The free list, fewer than kChunkRows entries per stripe after compact(), is not counted: its
     // size depends on the table's history, and the bytes must not — see compact().)
-    b.meta_bytes += sp->capacity() * static_cast<int64_t>(sizeof(RowInfo) + 1);
+    const int64_t row_bytes = stride_ * static_cast<int64_t>(sizeof(float));
+    b.arena_bytes += sp->capacity() * row_bytes;
+    b.meta_bytes += static_cast<int64_t>(sp->chunks.size()) * sp->chunk_bytes() - sp->capacity() * row_bytes;
     // flat_hash_map: one slot plus one control byte per bucket (and a group of trailing control bytes).
     const int64_t cap = static_cast<int64_t>(sp->index.capacity());
     b.index_bytes += cap == 0 ? 0 : cap * static_cast<int64_t>(sizeof(Slot) + 1) + 16;
@@ -740,7 +860,7 @@ void Table::clear() {
   for (auto& sp : stripes_) {
     std::lock_guard<std::mutex> lock(sp->mu);
     Stripe fresh;
-    fresh.stride = stride_;
+    fresh.record_bytes = sp->record_bytes;
     std::swap(sp->index, fresh.index);
     std::swap(sp->chunks, fresh.chunks);
     std::swap(sp->free_slots, fresh.free_slots);

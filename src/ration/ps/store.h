@@ -211,6 +211,10 @@ class Table {
   // Deterministic initial value of `id` (what a first pull returns).
   void initial_value(uint64_t id, float* out) const;
 
+  // Stripe groups that pull/push found held by another thread and visited after the others (a measure of
+  // lock contention between concurrent batches; see StripeOrder).
+  int64_t contended_groups() const { return contended_.load(std::memory_order_relaxed); }
+
   void set_push_observer(PushObserver observer);
   bool contains(uint64_t id) const;
   int64_t size() const;
@@ -228,12 +232,32 @@ class Table {
   void export_rows(int64_t newer_than, RowState state, ExportCursor& cursor, int64_t max_rows,
                    ExportedRows& out) const;
 
+  // How a batch visits its stripe groups: Rotated (pull, push) starts at a per-call stripe and defers a
+  // stripe another thread holds; InOrder takes stripe 0 first and waits for each lock.
+  enum class StripeOrder { Rotated, InOrder };
+  // How a stripe walk of an export left its stripe.
+  enum class StripeEnd { Finished, Paused };
+  // The stripe+cursor skeleton both exports share: from `cursor` on, locks each stripe and calls
+  // walk(stripe, cursor.slot, room, out) -> StripeEnd until max_rows rows are taken or the stripes end.
+  template <class Walk>
+  void walk_stripes(ExportCursor& cursor, int64_t max_rows, ExportedRows& out, Walk&& walk) const;
+
   Stripe& stripe_of(uint64_t id) const;
   int stripe_index(uint64_t id) const;
+  // Push of one batch with the optimiser fixed at compile time (push() dispatches once per call).
+  template <OptimizerKind K>
+  void push_as(const uint64_t* ids, int64_t n, const float* grads, int64_t step, int64_t version);
+  // The record a push of `id` updates (created if absent), or null for a disabled id that this push
+  // sighted without re-admitting it. Caller holds st's lock.
+  char* row_for_push(Stripe& st, uint64_t id);
   // A new row for `id` in `st` (whose lock the caller holds): first-touch value, fresh optimiser state
   // and RowInfo, entered in the index. Returns its slot.
   uint32_t create_row(Stripe& st, uint64_t id);
-  // Calls fn(stripe, i) for every i in [0, n), grouped by stripe, each group under its stripe's lock.
+  // Calls fn(stripe, positions, m) once per stripe that ids[0, n) touch, under the stripe's lock, with
+  // the positions (ascending) of the ids in that stripe.
+  template <class Fn>
+  void for_each_stripe_group(const uint64_t* ids, int64_t n, StripeOrder visit, Fn&& fn);
+  // Calls fn(stripe, i) for every i in [0, n), grouped by stripe (InOrder), under its stripe's lock.
   template <class Fn>
   void for_each_by_stripe(const uint64_t* ids, int64_t n, Fn&& fn);
 
@@ -245,6 +269,8 @@ class Table {
   float decay_ = 0;            // importance decay; 0: not scored
   int64_t readmit_after_ = 2;  // sightings of a disabled id before it is re-admitted
   std::atomic<int64_t> readmitted_{0};
+  std::atomic<uint32_t> rotor_{0};      // start stripe of the next Rotated batch
+  std::atomic<int64_t> contended_{0};   // stripe groups a Rotated batch found locked and deferred
   // Versions: writers (push, assign, erase, disable) hold write_mu_ shared while they take a version and
   // apply it; settled_version() takes it exclusively for a moment, so every smaller version is done.
   mutable std::shared_mutex write_mu_;
