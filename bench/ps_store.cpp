@@ -2,7 +2,7 @@
 // the same run, at dim 16/64/128 and 10^6-10^7 rows, with 1 and 2 threads (pushes on 2 threads: each
 // thread its own half of the ids, on both sides, since the raw map has no lock); and the index choice:
 // absl::flat_hash_map vs std::unordered_map (lookups/s and bytes per entry).
-// Usage: bench_ps_store [--quick] [--case DIMxROWS]... [--reps N] [--json OUT]
+// Usage: bench_ps_store [--quick] [--case DIMxROWS]... [--reps N] [--batches N] [--json OUT]
 //   --case 16x1000000 runs only that case (repeatable); the default runs all four.
 #include <absl/container/flat_hash_map.h>
 #include <nlohmann/json.hpp>
@@ -84,6 +84,7 @@ double rows_per_sec(int threads, int batches, const std::vector<uint64_t>& ids, 
 int main(int argc, char** argv) {
   bool quick = false;
   int reps = 3;
+  int batches_arg = 0;  // 0: 100 (20 with --quick)
   std::string out = "bench/results/ps_store.json";
   struct Case {
     int64_t dim, rows;
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
     if (a == "--quick") quick = true;
     else if (a == "--json" && i + 1 < argc) out = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--batches" && i + 1 < argc) batches_arg = std::max(1, std::atoi(argv[++i]));
     else if (a == "--case" && i + 1 < argc) {
       const std::string c = argv[++i];
       const size_t x = c.find('x');
@@ -111,7 +113,7 @@ int main(int argc, char** argv) {
   std::vector<Case> cases = {{16, 1000000}, {64, 1000000}, {128, 1000000}, {16, 10000000}};
   if (quick) cases = {{16, 200000}};
   if (!only.empty()) cases = only;
-  const int batches = quick ? 20 : 100;
+  const int batches = batches_arg > 0 ? batches_arg : quick ? 20 : 100;
   std::printf("%-5s %-9s %-3s %14s %14s %7s %14s %14s %7s\n", "dim", "rows", "thr", "store pull/s", "raw pull/s",
               "ratio", "store push/s", "raw push/s", "ratio");
   for (const Case& c : cases) {
@@ -123,11 +125,7 @@ int main(int argc, char** argv) {
     o.optimizer.kind = ration::ps::OptimizerKind::Sgd;
     o.optimizer.lr = 0.01f;
     ration::ps::Table table(o);
-    {
-      std::vector<float> scratch(static_cast<size_t>(65536 * c.dim));
-      for (int64_t i = 0; i < c.rows; i += 65536)
-        table.pull(ids.data() + i, std::min<int64_t>(65536, c.rows - i), scratch.data());
-    }
+    table.find_or_insert(ids.data(), c.rows);  // every row exists before timing (as the raw map's)
     RawTable raw(ids, c.dim);
     for (int threads : {1, 2}) {
       std::vector<std::vector<float>> buf(2, std::vector<float>(static_cast<size_t>(4096 * c.dim), 0.001f));

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 #include <torch/optim.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <thread>
 
@@ -150,6 +153,171 @@ TEST(PsStore, FreedRowsAreReusedAndCompactReturnsMemory) {
   t.pull(&ids[1], 1, after.data());
   EXPECT_EQ(before, after);
   EXPECT_EQ(t.size(), n / 2 + n / 4);
+}
+
+// Every live row of a table, by id: (values, state, info) as an export carries them.
+struct RowCopy {
+  std::vector<float> values, state;
+  RowInfo info;
+};
+std::map<uint64_t, RowCopy> all_rows(const Table& t) {
+  std::map<uint64_t, RowCopy> out;
+  ExportCursor cur;
+  ExportedRows rows;
+  while (!cur.done) t.export_batch(cur, 1000, rows);
+  const size_t d = static_cast<size_t>(t.dim()), s = static_cast<size_t>(t.state_size());
+  for (size_t i = 0; i < rows.ids.size(); ++i) {
+    RowCopy c;
+    c.values.assign(rows.values.begin() + static_cast<std::ptrdiff_t>(i * d),
+                    rows.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
+    c.state.assign(rows.state.begin() + static_cast<std::ptrdiff_t>(i * s),
+                   rows.state.begin() + static_cast<std::ptrdiff_t>((i + 1) * s));
+    c.info = rows.infos[i];
+    out[rows.ids[i]] = c;
+  }
+  return out;
+}
+
+TEST(PsStore, RowRecordKeepsMetadataBesideItsValuesThroughReuseAndCompaction) {
+  // Adam at dim 5: 5 values + 11 state floats = 64 bytes after a 32-byte RowInfo: records of 96 bytes.
+  // Odd strides are padded to 8: dim 4 gives 4 + 9 floats, 84 bytes, a record of 88.
+  for (int64_t dim : {5, 4}) {
+    Table t(opts("t", dim, OptimizerKind::Adam));
+    const int64_t n = 3000;
+    std::vector<uint64_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<uint64_t>(i) * 2654435761ULL + 1;
+    std::vector<float> g(static_cast<size_t>(n * dim));
+    for (size_t k = 0; k < g.size(); ++k) g[k] = 0.01f * static_cast<float>(k % 17) - 0.05f;
+    t.push(ids.data(), n, g.data(), 3);
+    t.push(ids.data(), n / 2, g.data(), 4);  // the first half twice
+    // Accounting: arena = values + state of every slot; meta = the rest of each record plus a live flag.
+    const TableBytes b = t.bytes();
+    const int64_t row_bytes = (dim + t.state_size()) * 4;
+    ASSERT_EQ(b.arena_bytes % row_bytes, 0);
+    const int64_t slots = b.arena_bytes / row_bytes;
+    const int64_t record = (32 + row_bytes + 7) / 8 * 8;
+    EXPECT_EQ(b.meta_bytes, slots * (record - row_bytes + 1)) << "dim " << dim;
+    // Free every third row, then create rows that reuse the freed slots: the new rows start with fresh
+    // metadata and their initial values; no survivor's metadata or values change.
+    auto before = all_rows(t);
+    EXPECT_EQ(t.erase_if([](const RowInfo& r) { return r.id % 3 == 0; }), static_cast<int64_t>(
+                  std::count_if(ids.begin(), ids.end(), [](uint64_t id) { return id % 3 == 0; })));
+    std::vector<uint64_t> fresh;
+    for (uint64_t k = 0; k < 500; ++k) fresh.push_back(0xF00D000000000000ULL + k);
+    std::vector<float> buf(fresh.size() * static_cast<size_t>(dim));
+    t.pull(fresh.data(), static_cast<int64_t>(fresh.size()), buf.data());
+    EXPECT_EQ(t.bytes().arena_bytes, b.arena_bytes) << "freed slots were not reused";
+    auto check = [&](const char* when) {
+      const auto now = all_rows(t);
+      for (const auto& [id, row] : before) {
+        if (id % 3 == 0) {
+          EXPECT_EQ(now.count(id), 0u) << when;
+          continue;
+        }
+        ASSERT_EQ(now.count(id), 1u) << when << " id " << id;
+        const RowCopy& c = now.at(id);
+        EXPECT_EQ(c.values, row.values) << when << " id " << id;
+        EXPECT_EQ(c.state, row.state) << when << " id " << id;
+        EXPECT_EQ(c.info.id, id);
+        EXPECT_EQ(c.info.pushes, row.info.pushes) << when;
+        EXPECT_EQ(c.info.last_step, row.info.last_step) << when;
+        EXPECT_EQ(c.info.first_step, 3) << when;
+        EXPECT_EQ(c.info.version, row.info.version) << when;
+      }
+      std::vector<float> init(static_cast<size_t>(dim));
+      for (uint64_t id : fresh) {
+        const RowCopy& c = now.at(id);
+        t.initial_value(id, init.data());
+        EXPECT_EQ(c.values, init) << when;
+        EXPECT_EQ(c.info.id, id);
+        EXPECT_EQ(c.info.pushes, 0u) << when << ": a reused slot kept a freed row's metadata";
+        EXPECT_EQ(c.info.last_step, -1) << when;
+        EXPECT_EQ(c.info.first_step, -1) << when;
+        EXPECT_EQ(c.info.score, 0.0f) << when;
+      }
+    };
+    check("after reuse");
+    // Free most rows and compact: live records move whole (metadata with them) into the kept chunks.
+    t.erase_if([](const RowInfo& r) { return r.id % 5 != 1 && r.id < 0xF00D000000000000ULL; });
+    for (auto it = before.begin(); it != before.end();)
+      it = (it->first % 5 != 1) ? before.erase(it) : std::next(it);
+    const int64_t released = t.compact();
+    EXPECT_GT(released, 0);
+    EXPECT_EQ(released, b.arena_bytes + b.meta_bytes - t.bytes().arena_bytes - t.bytes().meta_bytes)
+        << "compact released what the accounting dropped";
+    check("after compact");
+    // A push after the move finds the moved record, its metadata included.
+    const uint64_t moved = before.begin()->first;
+    t.push(&moved, 1, g.data(), 9);
+    EXPECT_EQ(all_rows(t).at(moved).info.pushes, before.begin()->second.info.pushes + 1);
+    EXPECT_EQ(all_rows(t).at(moved).info.last_step, 9);
+  }
+}
+
+TEST(PsStore, BatchedPushAndPullEqualOneIdAtATime) {
+  // Batches larger than a stripe group part (256 ids per stripe), with repeated ids, a disabled id that
+  // is re-admitted mid-batch, and ids read by default: the same as one call per id, bitwise.
+  const int64_t dim = 6;
+  Table batched(opts("t", dim, OptimizerKind::Adagrad)), single(opts("t", dim, OptimizerKind::Adagrad));
+  std::vector<uint64_t> ids;
+  for (uint64_t k = 0; k < 12000; ++k) ids.push_back(mix64(k % 9000) >> 8);  // 3000 ids twice
+  const uint64_t off = 0xD15AB1EDULL;
+  ids.push_back(off);
+  ids.push_back(off);
+  ids.push_back(off);
+  for (Table* t : {&batched, &single}) {
+    t->set_readmit_after(2);
+    t->disable(&off, 1);
+  }
+  std::vector<float> g(ids.size() * static_cast<size_t>(dim));
+  for (size_t k = 0; k < g.size(); ++k) g[k] = std::sin(static_cast<float>(k)) * 0.1f;
+  batched.push(ids.data(), static_cast<int64_t>(ids.size()), g.data(), 1);
+  for (size_t i = 0; i < ids.size(); ++i) single.push(&ids[i], 1, g.data() + i * static_cast<size_t>(dim), 1);
+  EXPECT_EQ(batched.readmitted(), 1);
+  EXPECT_EQ(batched.size(), single.size());
+  std::vector<uint64_t> reads = ids;
+  for (uint64_t k = 0; k < 700; ++k) reads.push_back(0xAB00000000000000ULL + k);  // never created
+  std::vector<float> a(reads.size() * static_cast<size_t>(dim)), b(a.size());
+  batched.pull(reads.data(), static_cast<int64_t>(reads.size()), a.data(), MissingRow::ReadDefault);
+  for (size_t i = 0; i < reads.size(); ++i)
+    single.pull(&reads[i], 1, b.data() + i * static_cast<size_t>(dim), MissingRow::ReadDefault);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(batched.size(), single.size()) << "ReadDefault created rows";
+  const auto ra = all_rows(batched), rb = all_rows(single);
+  ASSERT_EQ(ra.size(), rb.size());
+  for (const auto& [id, row] : ra) {
+    EXPECT_EQ(row.state, rb.at(id).state);
+    EXPECT_EQ(row.info.pushes, rb.at(id).info.pushes);
+  }
+  EXPECT_EQ(ra.at(off).info.pushes, 2u) << "the re-admitting push and the one after it apply";
+}
+
+TEST(PsStore, TwoThreadsPushingSerialiseEachRow) {
+  // Two threads push overlapping batches (every id in both, different integer gradients, SGD lr 1, so
+  // the sums are exact in any order): each row ends at w0 - (sum of both threads' gradients), and its
+  // push count and last step are exact — no update of one row ran beside another.
+  Table t(opts("t", 8, OptimizerKind::Sgd, 1.0f));
+  const int64_t n = 5000;
+  std::vector<uint64_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = mix64(static_cast<uint64_t>(i));
+  std::vector<float> w0(static_cast<size_t>(n * 8));
+  t.pull(ids.data(), n, w0.data());
+  const int rounds = 40;
+  auto worker = [&](float grad) {
+    std::vector<float> g(static_cast<size_t>(n * 8), grad);
+    for (int r = 0; r < rounds; ++r) t.push(ids.data(), n, g.data(), r);
+  };
+  std::thread a(worker, 1.0f), b(worker, 2.0f);
+  a.join();
+  b.join();
+  std::vector<float> w(w0.size());
+  t.pull(ids.data(), n, w.data());
+  for (size_t k = 0; k < w.size(); ++k) ASSERT_FLOAT_EQ(w[k], w0[k] - 3.0f * rounds) << k;
+  for (const auto& [id, row] : all_rows(t)) {
+    ASSERT_EQ(row.info.pushes, 2u * rounds) << id;
+    ASSERT_EQ(row.info.last_step, rounds - 1) << id;
+  }
+  EXPECT_EQ(t.version(), 2 * rounds);
 }
 
 TEST(PsStore, ExportAssignRoundTripAndObserver) {

@@ -278,8 +278,11 @@ void Table::for_each_stripe_group(const uint64_t* ids, int64_t n, StripeOrder vi
   const ByStripe<kStripes> g(ids, n, [this](uint64_t id) { return stripe_index(id); });
   // Rotated: each call starts at its own stripe and first try_locks; a busy stripe is visited after the
   // others (blocking then), so concurrent batches seldom wait for each other. InOrder: stripe 0 first.
+  // Successive calls start kStripes / 2 + 1 stripes apart (odd, so every start comes round): two
+  // threads pushing at once walk half a table apart instead of one stripe behind the other.
   const int start = visit == StripeOrder::Rotated
-                        ? static_cast<int>(rotor_.fetch_add(1, std::memory_order_relaxed) % kStripes) : 0;
+                        ? static_cast<int>(rotor_.fetch_add(1, std::memory_order_relaxed) * (kStripes / 2 + 1) % kStripes)
+                        : 0;
   std::array<int, kStripes> busy;
   int n_busy = 0;
   for (int k = 0; k < kStripes; ++k) {
