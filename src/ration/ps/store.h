@@ -8,10 +8,16 @@
 // Does not own: the network (ps/server.h), which shard an id belongs to (ps/partition.h), persistence
 //       files (ps/snapshot.h) or what to evict (a policy outside, through erase_if and RowInfo::score).
 //
-// Layout: a table is split into kStripes stripes by a hash of the id; each stripe has its own mutex, an
-// absl::flat_hash_map<id, slot> and an arena of fixed-size chunks holding, per slot, `dim` values then the
-// optimiser's state floats. Freed slots go on the stripe's free list and are reused first; compact()
-// moves live rows out of the tail chunks and releases those chunks to the allocator.
+// Layout: a table is split into kStripes stripes by bits 40.. of mix64(id); each stripe has its own mutex,
+// an absl::flat_hash_map<id, slot> (probed by the low bits of the same mix64) and an arena of fixed-size
+// chunks. A chunk is one allocation of kChunkRows records and their live flags; a record is the row's
+// RowInfo (32 bytes), its `dim` values and the optimiser's state floats, contiguous (padded to 8 bytes),
+// so a push reads and writes adjacent cache lines of one record. Freed slots go on the stripe's free list
+// and are reused first (their RowInfo reset); compact() moves live records, metadata included, out of the
+// tail chunks and releases those chunks to the allocator. A batch is grouped by stripe; each stripe group
+// is looked up first (index probes prefetched a few ids ahead, each found record prefetched), then
+// copied or updated; pull and push visit their stripe groups from a per-call start half a table apart
+// and defer a stripe another thread holds (docs/METHODS.md, "Store layout and batch access").
 // Method: docs/METHODS.md, "Sparse embeddings on parameter servers" (importance, disabling, versions:
 // its subsections "Importance", "Disabling and re-admission" and "Online parameter server").
 #pragma once
@@ -60,7 +66,8 @@ enum class MissingRow {
   ReadDefault,  // evaluation/serving: return the initial value, insert nothing
 };
 
-// Per-row metadata kept next to the values (for eviction policies and mirrors).
+// Per-row metadata, stored at the head of the row's record, just before its values (for eviction
+// policies and mirrors).
 struct RowInfo {
   uint64_t id = 0;
   uint32_t pushes = 0;     // gradient updates applied
@@ -84,9 +91,9 @@ struct TableBytes {
   int64_t rows = 0;          // live rows
   int64_t value_bytes = 0;   // live rows * dim * 4
   int64_t state_bytes = 0;   // live rows * state floats * 4
-  int64_t meta_bytes = 0;    // RowInfo per allocated slot
+  int64_t meta_bytes = 0;    // per allocated slot: its record's RowInfo + padding, and its live flag
   int64_t index_bytes = 0;   // hash index capacity * (slot + control byte)
-  int64_t arena_bytes = 0;   // chunks held (live + free slots)
+  int64_t arena_bytes = 0;   // values + state of every allocated slot (live + free); arena + meta = chunks
   int64_t disabled = 0;        // disabled ids remembered for re-admission
   int64_t disabled_bytes = 0;  // their index (capacity * (id + count + round + control byte))
   int64_t log_bytes = 0;       // the change log an online mirror's deltas read (0 until a mirror asks)
