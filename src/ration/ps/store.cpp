@@ -210,7 +210,6 @@ Table::Table(TableOptions options) : options_(std::move(options)) {
   epoch_ = std::random_device{}() * 0x100000001ULL ^ mix64(reinterpret_cast<uintptr_t>(this));
 }
 
-int Table::stripe_index(uint64_t id) const { return static_cast<int>((mix64(id) >> 40) % kStripes); }
 Table::Stripe& Table::stripe_of(uint64_t id) const { return *stripes_[static_cast<size_t>(stripe_index(id))]; }
 
 void Table::initial_value(uint64_t id, float* out) const {

@@ -37,6 +37,14 @@
 
 namespace ration::ps {
 
+// splitmix64 finaliser: the mixing every hash in ps/ builds on.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
 // The update rule run on the store when gradients are pushed.
 enum class OptimizerKind { Sgd, Adagrad, Adam, Ftrl };
 OptimizerKind optimizer_kind_from_name(const std::string& name, const std::string& where);
@@ -250,7 +258,8 @@ class Table {
   void walk_stripes(ExportCursor& cursor, int64_t max_rows, ExportedRows& out, Walk&& walk) const;
 
   Stripe& stripe_of(uint64_t id) const;
-  int stripe_index(uint64_t id) const;
+  // Bits 40.. of mix64(id) (the index probes with its low bits).
+  static int stripe_index(uint64_t id) { return static_cast<int>((mix64(id) >> 40) % kStripes); }
   // Push of one batch with the optimiser fixed at compile time (push() dispatches once per call).
   template <OptimizerKind K>
   void push_as(const uint64_t* ids, int64_t n, const float* grads, int64_t step, int64_t version);
@@ -317,13 +326,5 @@ class EmbeddingStore {
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Table>> tables_;
 };
-
-// splitmix64 finaliser: the mixing every hash in ps/ builds on.
-inline uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 }  // namespace ration::ps
