@@ -247,7 +247,7 @@ struct ByStripe {
 
 // Prefetch distance (ids ahead) of a stripe group's index probes.
 constexpr int64_t kProbeAhead = 8;
-// A stripe group is looked up and then updated in parts of at most this many ids, so the records
+// A push's stripe group is looked up and then updated in parts of at most this many ids, so the records
 // prefetched by the first pass are still in the core's cache when the second pass reaches them.
 constexpr int64_t kMaxGroup = 256;
 
@@ -321,35 +321,24 @@ void Table::for_each_by_stripe(const uint64_t* ids, int64_t n, Fn&& fn) {
 void Table::pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing) {
   const int64_t dim = options_.dim;
   const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
-  const int64_t used = static_cast<int64_t>(sizeof(RowInfo) + row_bytes);
-  std::vector<const float*> src(static_cast<size_t>(std::min<int64_t>(n, kMaxGroup)));
   for_each_stripe_group(ids, n, StripeOrder::Rotated, [&](Stripe& st, const uint32_t* pos, int64_t m) {
-    // Two passes per stripe group: look every id up (its index probe prefetched kProbeAhead ids ahead,
-    // its record prefetched once found), then copy the rows, which have arrived by then.
-    for (int64_t j0 = 0; j0 < m; j0 += kMaxGroup) {
-      const int64_t m1 = std::min<int64_t>(m - j0, kMaxGroup);
-      const uint32_t* p = pos + j0;
-      for (int64_t j = 0; j < m1; ++j) {
-        if (j0 + j + kProbeAhead < m) st.index.prefetch(ids[p[j + kProbeAhead]]);
-        const uint64_t id = ids[p[j]];
-        float* dst = out + static_cast<int64_t>(p[j]) * dim;
-        src[static_cast<size_t>(j)] = nullptr;
-        auto it = st.index.find(id);
-        if (it != st.index.end()) {
-          const char* rec = st.record(it->second);
-          prefetch_lines(rec, used, 0);
-          src[static_cast<size_t>(j)] = reinterpret_cast<const float*>(rec + sizeof(RowInfo));
-        } else if (!st.disabled.empty() && st.disabled.contains(id)) {
-          std::memset(dst, 0, row_bytes);
-        } else if (missing == MissingRow::ReadDefault) {
-          initial_value(id, dst);
-        } else {
-          src[static_cast<size_t>(j)] = st.slot_ptr(create_row(st, id));
-        }
+    // The index probe of id j + kProbeAhead is prefetched while id j is looked up and copied. (Prefetching
+    // the records too, and copying each 16 ids after its lookup, measured slower: see BENCHMARKS.md, "Store,
+    // fifth pass".)
+    for (int64_t j = 0; j < m; ++j) {
+      if (j + kProbeAhead < m) st.index.prefetch(ids[pos[j + kProbeAhead]]);
+      const uint64_t id = ids[pos[j]];
+      float* dst = out + static_cast<int64_t>(pos[j]) * dim;
+      auto it = st.index.find(id);
+      if (it != st.index.end()) {
+        std::memcpy(dst, st.slot_ptr(it->second), row_bytes);
+      } else if (!st.disabled.empty() && st.disabled.contains(id)) {
+        std::memset(dst, 0, row_bytes);
+      } else if (missing == MissingRow::ReadDefault) {
+        initial_value(id, dst);
+      } else {
+        std::memcpy(dst, st.slot_ptr(create_row(st, id)), row_bytes);
       }
-      for (int64_t j = 0; j < m1; ++j)
-        if (src[static_cast<size_t>(j)] != nullptr)
-          std::memcpy(out + static_cast<int64_t>(p[j]) * dim, src[static_cast<size_t>(j)], row_bytes);
     }
   });
 }
