@@ -14,10 +14,11 @@
 // RowInfo (32 bytes), its `dim` values and the optimiser's state floats, contiguous (padded to 8 bytes),
 // so a push reads and writes adjacent cache lines of one record. Freed slots go on the stripe's free list
 // and are reused first (their RowInfo reset); compact() moves live records, metadata included, out of the
-// tail chunks and releases those chunks to the allocator. A batch is grouped by stripe; each stripe group
-// is looked up first (index probes prefetched a few ids ahead, each found record prefetched), then
-// copied or updated; pull and push visit their stripe groups from a per-call start half a table apart
-// and defer a stripe another thread holds (docs/METHODS.md, "Store layout and batch access").
+// tail chunks and releases those chunks to the allocator. A batch is grouped by stripe; a push looks a
+// stripe group up first (index probes prefetched a few ids ahead, each found record prefetched), then
+// updates it; a pull prefetches the probes and copies as it goes. Pull and push visit their stripe
+// groups from a per-call start half a table apart and defer a stripe another thread holds
+// (docs/METHODS.md, "Store layout and batch access").
 // Method: docs/METHODS.md, "Sparse embeddings on parameter servers" (importance, disabling, versions:
 // its subsections "Importance", "Disabling and re-admission" and "Online parameter server").
 #pragma once
