@@ -251,12 +251,9 @@ constexpr int64_t kProbeAhead = 8;
 // prefetched by the first pass are still in the core's cache when the second pass reaches them.
 constexpr int64_t kMaxGroup = 256;
 
-// Asks for the cache lines of [p, p + bytes) (a record about to be read or written).
-inline void prefetch_lines(const char* p, int64_t bytes, int write) {
-  for (int64_t o = 0; o < bytes; o += 64) {
-    if (write) __builtin_prefetch(p + o, 1, 3);
-    else __builtin_prefetch(p + o, 0, 3);
-  }
+// Asks for the cache lines of [p, p + bytes), to be written (a record a push is about to update).
+inline void prefetch_for_write(const char* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 1, 3);
 }
 }  // namespace
 
@@ -360,7 +357,7 @@ void Table::push_as(const uint64_t* ids, int64_t n, const float* grads, int64_t 
       for (int64_t j = 0; j < m1; ++j) {
         if (j0 + j + kProbeAhead < m) st.index.prefetch(ids[p[j + kProbeAhead]]);
         char* rec = row_for_push(st, ids[p[j]]);
-        if (rec != nullptr) prefetch_lines(rec, record_bytes, 1);
+        if (rec != nullptr) prefetch_for_write(rec, record_bytes);
         recs[static_cast<size_t>(j)] = rec;
       }
       // Pass 2, in batch order: score, observe, update, stamp each row.
