@@ -129,6 +129,7 @@ struct StepRun {
   int64_t& resident;
   std::vector<int>& touched;
   std::vector<int>& restored;
+  std::vector<uint32_t>& touch_epoch;  // by storage: == cache_stamp once this step listed it
   int64_t transient_bytes = 0, recompute_peak = 0;
   // Early stop (IncrementalPeak::peak_if's stop_at): once the recompute peak reaches this the step's
   // value reaches the caller's threshold, so the rest of the re-run cascade is not simulated.
@@ -144,7 +145,11 @@ struct StepRun {
   void touch(int k) {
     if (k < 0) return;
     const int s = key_storage[static_cast<size_t>(k)];
-    if (s >= 0 && is_group[static_cast<size_t>(s)]) touched.push_back(s);
+    // Each group storage once per step: a re-run cascade consults a value as its producer's output and
+    // again as its consumer's input, and only whether a step touches a storage matters.
+    if (s < 0 || !is_group[static_cast<size_t>(s)] || touch_epoch[static_cast<size_t>(s)] == cache_stamp) return;
+    touch_epoch[static_cast<size_t>(s)] = cache_stamp;
+    touched.push_back(s);
   }
   bool held(int s) {
     for (int k : storage_keys[static_cast<size_t>(s)])
@@ -189,15 +194,6 @@ struct StepRun {
   }
 };
 
-// Committed plan's key states: every key's state at the start of backward step j follows from its
-// decision, its restore step and its release step.
-IncrementalPeak::State IncrementalPeak::base_state(int k, int64_t j) const {
-  const auto kk = static_cast<size_t>(k);
-  if (j > release_step_[kk]) return State::Released;
-  const int s = key_storage_[kk];
-  if (s < 0 || !is_group_[static_cast<size_t>(s)] || !dropped(s)) return State::Kept;
-  return restore_step_[kk] < j ? State::Restored : State::Dropped;
-}
 
 IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& groups, int64_t extra)
     : p_(p), extra_(extra) {
@@ -345,6 +341,7 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
   over_state_.assign(nk_, State::Kept);
   cache_epoch_.assign(nn_, 0);
   transient_epoch_.assign(bytes_.size(), 0);
+  touch_epoch_.assign(bytes_.size(), 0);
   build();
 }
 
@@ -394,7 +391,7 @@ void IncrementalPeak::build() {
     r.resident_at_start = resident;
     StepRun<FullState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
                            is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
-                           st, resident, r.touched, r.restored};
+                           st, resident, r.touched, r.restored, touch_epoch_};
     run.recompute_peak = resident;
     const auto ord = static_cast<size_t>(p_.backward_order[j]);
     for (int k : node_saved_[ord]) {
@@ -435,9 +432,8 @@ struct OverlayState {
   std::vector<int>& keys;
   uint32_t stamp;
   int64_t step;
-  IncrementalPeak::State (IncrementalPeak::*base)(int, int64_t) const;
   State get(int k) const {
-    return epoch[static_cast<size_t>(k)] == stamp ? state[static_cast<size_t>(k)] : (self->*base)(k, step);
+    return epoch[static_cast<size_t>(k)] == stamp ? state[static_cast<size_t>(k)] : self->base_state(k, step);
   }
   void set(int k, State v) {
     if (epoch[static_cast<size_t>(k)] != stamp) {
@@ -498,7 +494,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
 
   ++over_stamp_;
   over_keys_.clear();
-  OverlayState st{this, over_epoch_, over_state_, over_keys_, over_stamp_, first, &IncrementalPeak::base_state};
+  OverlayState st{this, over_epoch_, over_state_, over_keys_, over_stamp_, first};
   for (int k : storage_keys_[s]) st.set(k, to == Decision::Keep ? State::Kept : State::Dropped);
   int64_t resident = resident_.at(static_cast<size_t>(first)) + e.resident_delta;
   int64_t j = first;
@@ -512,7 +508,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     r.resident_at_start = resident;
     StepRun<OverlayState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
                               is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
-                              st, resident, r.touched, r.restored};
+                              st, resident, r.touched, r.restored, touch_epoch_};
     run.recompute_peak = resident;
     const auto ju = static_cast<size_t>(j);
     if (stop_at != kExact) run.stop_recompute_at = stop_at - start_other_[ju] - extra_;

@@ -57,6 +57,15 @@ class IncrementalPeak {
   Decision decision(size_t g) const { return decision_[storage_of_group_[g]]; }
 
   enum class State : uint8_t { Kept, Dropped, Restored, Released };
+  // The committed plan's state of key `k` at the start of backward step `j`: it follows from the key's
+  // decision, its restore step and its release step.
+  State base_state(int k, int64_t j) const {
+    const auto kk = static_cast<size_t>(k);
+    if (j > release_step_[kk]) return State::Released;
+    const int s = key_storage_[kk];
+    if (s < 0 || !is_group_[static_cast<size_t>(s)] || !dropped(s)) return State::Kept;
+    return restore_step_[kk] < j ? State::Restored : State::Dropped;
+  }
 
  private:
   struct Tree {  // range add, point assign, range max (lazy segment tree)
@@ -97,7 +106,6 @@ class IncrementalPeak {
     bool valid = false;
   };
 
-  State base_state(int k, int64_t j) const;
   bool dropped(int s) const { return decision_[static_cast<size_t>(s)] == Decision::Recompute; }
   void build();
   // `stop_at`: see peak_if; an evaluation stopped early is left invalid (set() evaluates again).
@@ -169,7 +177,7 @@ class IncrementalPeak {
   Evaluation last_;
 
   // Scratch of the run being simulated (epoch stamps avoid clearing).
-  std::vector<uint32_t> over_epoch_, cache_epoch_, transient_epoch_;
+  std::vector<uint32_t> over_epoch_, cache_epoch_, transient_epoch_, touch_epoch_;
   std::vector<State> over_state_;
   std::vector<int> over_keys_;
   uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
