@@ -69,14 +69,6 @@ struct TreeOps {
     mx[node] = std::max(mx[2 * node], mx[2 * node + 1]);
   }
 };
-int64_t tree_max(const std::vector<int64_t>& mx, const std::vector<int64_t>& lazy, size_t node, size_t nl, size_t nr,
-                 size_t l, size_t r) {
-  if (r < nl || nr < l) return kNone;
-  if (l <= nl && nr <= r) return mx[node];
-  const size_t mid = (nl + nr) / 2;
-  const int64_t m = std::max(tree_max(mx, lazy, 2 * node, nl, mid, l, r), tree_max(mx, lazy, 2 * node + 1, mid + 1, nr, l, r));
-  return m == kNone ? kNone : m + lazy[node];
-}
 }  // namespace
 
 void IncrementalPeak::Tree::add(size_t l, size_t r, int64_t delta) {
@@ -84,9 +76,25 @@ void IncrementalPeak::Tree::add(size_t l, size_t r, int64_t delta) {
   TreeOps{mx, lazy}.add(1, 0, mx.size() / 2 - 1, l, r, delta);
 }
 void IncrementalPeak::Tree::assign(size_t i, int64_t value) { TreeOps{mx, lazy}.assign(1, 0, mx.size() / 2 - 1, i, value); }
+// Bottom-up: push the pending adds down the two boundary paths (every node the loop picks has its
+// ancestors on them), then take the maximum of the O(log n) nodes covering [l, r].
 int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
   if (l > r || r >= n) return kNone;
-  return tree_max(mx, lazy, 1, 0, mx.size() / 2 - 1, l, r);
+  const size_t size = mx.size() / 2;
+  size_t lo = l + size, hi = r + size + 1;  // half-open over leaves
+  int height = 0;
+  while ((size_t{1} << height) < size) ++height;
+  TreeOps ops{mx, lazy};
+  for (int h = height; h > 0; --h) {
+    ops.push(lo >> h);
+    ops.push((hi - 1) >> h);
+  }
+  int64_t m = kNone;
+  for (; lo < hi; lo >>= 1, hi >>= 1) {
+    if (lo & 1) m = std::max(m, mx[lo++]);
+    if (hi & 1) m = std::max(m, mx[--hi]);
+  }
+  return m;
 }
 
 void IncrementalPeak::Fenwick::init(const std::vector<int64_t>& v) {

@@ -20,6 +20,10 @@
 // whether the peak stays below a threshold (peak_if's stop_at) lets the evaluation stop at the first
 // step or re-run that reaches it; what remains super-linear is the re-simulation of one long cascade
 // step for every group it touches (BENCHMARKS.md, "Planner time vs depth").
+// Data: what depends on the profile and the groups only (key ids, node inputs and outputs, release steps)
+// is built once and shared by every copy and by every peak built `like` another (a plan's descents all
+// start from copies of one all-kept peak); a copy owns only the committed plan's state. A step lists each
+// group storage it touches once; the steps touching a storage are a sorted vector.
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -74,7 +78,7 @@ class IncrementalPeak {
     void assign(size_t i, int64_t value);
     int64_t max(size_t l, size_t r) const;        // [l, r]; INT64_MIN when empty
     size_t n = 0;
-    std::vector<int64_t> mx, lazy;
+    mutable std::vector<int64_t> mx, lazy;  // max() pushes pending adds down (the values stay the same)
   };
   struct Fenwick {  // range add, point query
     void init(const std::vector<int64_t>& v);
