@@ -42,7 +42,8 @@ class IncrementalPeak {
   IncrementalPeak(const StepProfile& profile, const std::vector<Group>& groups, int64_t extra_fixed_bytes,
                   const std::vector<Decision>& decisions);
   // The same profile, groups and extra bytes as `like` (whose static data — key ids, node inputs, release
-  // steps — is shared, not rebuilt), with other `decisions`.
+  // steps — is shared, not rebuilt), with other `decisions`. Copies share the static data too and own
+  // their committed plan; a peak can be copied, not assigned.
   IncrementalPeak(const IncrementalPeak& like, const std::vector<Decision>& decisions);
 
   // No early stop: peak_if computes the exact peak.
