@@ -343,6 +343,57 @@ TEST(Planner, IncrementalPeakEqualsTheSimulator) {
   }
 }
 
+// Copies of an incremental peak (every descent starts from a copy of the all-kept one) and peaks built
+// `like` another share the static data only: changes to one leave the others' peaks as they were, and each
+// still equals the simulator.
+TEST(Planner, IncrementalPeakCopiesShareOnlyStaticData) {
+  for (const auto& c : cases()) {
+    SCOPED_TRACE(c.name);
+    Config cfg = Config::from_string(c.toml, c.name + ".toml");
+    at::manual_seed(3);
+    auto model = models::build_model(cfg);
+    model->train();
+    const memory::StepProfile profile = train::profile_step(*model, batch_for(c.name), 11);
+    memory::PlanOptions o;
+    o.budget_bytes = int64_t{1} << 40;
+    const std::vector<memory::Group> groups = memory::make_plan(profile, o).groups;
+    ASSERT_GT(groups.size(), 4u);
+    const int64_t extra = 777;
+    auto simulated = [&](const std::vector<memory::Decision>& d) {
+      std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
+      for (size_t i = 0; i < groups.size(); ++i) by_storage[static_cast<size_t>(groups[i].storage)] = d[i];
+      return memory::simulate(profile, by_storage, extra).peak_bytes;
+    };
+    const std::vector<memory::Decision> kept(groups.size(), memory::Decision::Keep);
+    const memory::IncrementalPeak base(profile, groups, extra, kept);
+    const int64_t base_peak = simulated(kept);
+    ASSERT_EQ(base.peak(), base_peak);
+    std::mt19937 rng(5);
+    memory::IncrementalPeak copy = base;
+    std::vector<memory::Decision> d = kept;
+    for (int step = 0; step < 60; ++step) {
+      const size_t g = rng() % groups.size();
+      d[g] = d[g] == memory::Decision::Keep ? memory::Decision::Recompute : memory::Decision::Keep;
+      copy.set(g, d[g]);
+      ASSERT_EQ(copy.peak(), simulated(d)) << "step " << step;
+      ASSERT_EQ(base.peak(), base_peak) << "step " << step;
+    }
+    // Built like `base` for other decisions: the same as built from scratch, and independent of `copy`.
+    memory::IncrementalPeak like(base, d);
+    const memory::IncrementalPeak fresh(profile, groups, extra, d);
+    ASSERT_EQ(like.peak(), fresh.peak());
+    ASSERT_EQ(like.peak(), simulated(d));
+    std::vector<memory::Decision> e = d;
+    for (int step = 0; step < 30; ++step) {
+      const size_t g = rng() % groups.size();
+      e[g] = e[g] == memory::Decision::Keep ? memory::Decision::Recompute : memory::Decision::Keep;
+      like.set(g, e[g]);
+      ASSERT_EQ(like.peak(), simulated(e)) << "like, step " << step;
+      ASSERT_EQ(copy.peak(), simulated(d)) << "like, step " << step;
+    }
+  }
+}
+
 // Ordered sets prices each kept count incrementally; the oracle is the rule itself with a whole-step
 // simulation per kept count G (largest G first; shares of G by node-set size, largest remainders).
 TEST(Planner, OrderedSetsEqualsTheWholeStepSearch) {

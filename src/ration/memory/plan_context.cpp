@@ -174,12 +174,11 @@ bool PlanContext::keep_or_recompute(const std::vector<Decision>& d) const {
 }
 
 IncrementalPeak PlanContext::incremental(const std::vector<Decision>& d) const {
-  // Descents start from everything kept: build that one once and hand out copies.
-  if (std::all_of(d.begin(), d.end(), [](Decision x) { return x == Decision::Keep; })) {
-    if (!all_kept_peak_) all_kept_peak_.emplace(profile_, groups_, options_.extra_fixed_bytes, d);
-    return *all_kept_peak_;
-  }
-  return IncrementalPeak(profile_, groups_, options_.extra_fixed_bytes, d);
+  // Descents start from everything kept: build that one once and hand out copies. Every copy, and a peak
+  // for other decisions, shares its static data (keys, node inputs, release steps).
+  if (!all_kept_peak_) all_kept_peak_.emplace(profile_, groups_, options_.extra_fixed_bytes, all_kept().decisions);
+  if (std::all_of(d.begin(), d.end(), [](Decision x) { return x == Decision::Keep; })) return *all_kept_peak_;
+  return IncrementalPeak(*all_kept_peak_, d);
 }
 
 Choice PlanContext::all_kept() const {

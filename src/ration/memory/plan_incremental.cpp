@@ -69,14 +69,6 @@ struct TreeOps {
     mx[node] = std::max(mx[2 * node], mx[2 * node + 1]);
   }
 };
-int64_t tree_max(const std::vector<int64_t>& mx, const std::vector<int64_t>& lazy, size_t node, size_t nl, size_t nr,
-                 size_t l, size_t r) {
-  if (r < nl || nr < l) return kNone;
-  if (l <= nl && nr <= r) return mx[node];
-  const size_t mid = (nl + nr) / 2;
-  const int64_t m = std::max(tree_max(mx, lazy, 2 * node, nl, mid, l, r), tree_max(mx, lazy, 2 * node + 1, mid + 1, nr, l, r));
-  return m == kNone ? kNone : m + lazy[node];
-}
 }  // namespace
 
 void IncrementalPeak::Tree::add(size_t l, size_t r, int64_t delta) {
@@ -84,9 +76,25 @@ void IncrementalPeak::Tree::add(size_t l, size_t r, int64_t delta) {
   TreeOps{mx, lazy}.add(1, 0, mx.size() / 2 - 1, l, r, delta);
 }
 void IncrementalPeak::Tree::assign(size_t i, int64_t value) { TreeOps{mx, lazy}.assign(1, 0, mx.size() / 2 - 1, i, value); }
+// Bottom-up: push the pending adds down the two boundary paths (every node the loop picks has its
+// ancestors on them), then take the maximum of the O(log n) nodes covering [l, r].
 int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
   if (l > r || r >= n) return kNone;
-  return tree_max(mx, lazy, 1, 0, mx.size() / 2 - 1, l, r);
+  const size_t size = mx.size() / 2;
+  size_t lo = l + size, hi = r + size + 1;  // half-open over leaves
+  int height = 0;
+  while ((size_t{1} << height) < size) ++height;
+  TreeOps ops{mx, lazy};
+  for (int h = height; h > 0; --h) {
+    ops.push(lo >> h);
+    ops.push((hi - 1) >> h);
+  }
+  int64_t m = kNone;
+  for (; lo < hi; lo >>= 1, hi >>= 1) {
+    if (lo & 1) m = std::max(m, mx[lo++]);
+    if (hi & 1) m = std::max(m, mx[--hi]);
+  }
+  return m;
 }
 
 void IncrementalPeak::Fenwick::init(const std::vector<int64_t>& v) {
@@ -129,6 +137,7 @@ struct StepRun {
   int64_t& resident;
   std::vector<int>& touched;
   std::vector<int>& restored;
+  std::vector<uint32_t>& touch_epoch;  // by storage: == cache_stamp once this step listed it
   int64_t transient_bytes = 0, recompute_peak = 0;
   // Early stop (IncrementalPeak::peak_if's stop_at): once the recompute peak reaches this the step's
   // value reaches the caller's threshold, so the rest of the re-run cascade is not simulated.
@@ -144,7 +153,11 @@ struct StepRun {
   void touch(int k) {
     if (k < 0) return;
     const int s = key_storage[static_cast<size_t>(k)];
-    if (s >= 0 && is_group[static_cast<size_t>(s)]) touched.push_back(s);
+    // Each group storage once per step: a re-run cascade consults a value as its producer's output and
+    // again as its consumer's input, and only whether a step touches a storage matters.
+    if (s < 0 || !is_group[static_cast<size_t>(s)] || touch_epoch[static_cast<size_t>(s)] == cache_stamp) return;
+    touch_epoch[static_cast<size_t>(s)] = cache_stamp;
+    touched.push_back(s);
   }
   bool held(int s) {
     for (int k : storage_keys[static_cast<size_t>(s)])
@@ -189,18 +202,8 @@ struct StepRun {
   }
 };
 
-// Committed plan's key states: every key's state at the start of backward step j follows from its
-// decision, its restore step and its release step.
-IncrementalPeak::State IncrementalPeak::base_state(int k, int64_t j) const {
-  const auto kk = static_cast<size_t>(k);
-  if (j > release_step_[kk]) return State::Released;
-  const int s = key_storage_[kk];
-  if (s < 0 || !is_group_[static_cast<size_t>(s)] || !dropped(s)) return State::Kept;
-  return restore_step_[kk] < j ? State::Restored : State::Dropped;
-}
 
-IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>& groups, int64_t extra,
-                                 const std::vector<Decision>& decisions)
+IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& groups, int64_t extra)
     : p_(p), extra_(extra) {
   nn_ = p.nodes.size();
   nb_ = p.backward_order.size();
@@ -208,13 +211,10 @@ IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>&
   bytes_.resize(ns);
   for (size_t s = 0; s < ns; ++s) bytes_[s] = p.storages[s].bytes;
   is_group_.assign(ns, 0);
-  decision_.assign(ns, Decision::Keep);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    RATION_ASSERT(decisions[g] != Decision::Offload, "incremental peaks cover keep/recompute plans only");
-    const auto s = static_cast<size_t>(groups[g].storage);
+  for (const auto& g : groups) {
+    const auto s = static_cast<size_t>(g.storage);
     storage_of_group_.push_back(static_cast<int>(s));
     is_group_[s] = 1;
-    decision_[s] = decisions[g];
   }
   // Keys: every saved value.
   std::map<ValueKey, int> id;
@@ -305,10 +305,51 @@ IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>&
   forward_release_.assign(ns, kNever);
   for (size_t s = 0; s < ns; ++s)
     if (is_group_[s]) forward_release_[s] = std::max(last_alive[s], saved_at[s]);
+}
+
+IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>& groups, int64_t extra,
+                                 const std::vector<Decision>& decisions)
+    : IncrementalPeak(std::make_shared<const Static>(p, groups, extra), decisions) {}
+
+IncrementalPeak::IncrementalPeak(const IncrementalPeak& like, const std::vector<Decision>& decisions)
+    : IncrementalPeak(like.static_, decisions) {}
+
+IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std::vector<Decision>& decisions)
+    : static_(std::move(shared)),
+      p_(static_->p_),
+      extra_(static_->extra_),
+      nn_(static_->nn_),
+      nb_(static_->nb_),
+      nk_(static_->nk_),
+      storage_of_group_(static_->storage_of_group_),
+      is_group_(static_->is_group_),
+      bytes_(static_->bytes_),
+      forward_release_(static_->forward_release_),
+      key_storage_(static_->key_storage_),
+      key_producer_(static_->key_producer_),
+      release_step_(static_->release_step_),
+      storage_keys_(static_->storage_keys_),
+      node_inputs_(static_->node_inputs_),
+      node_input_producers_(static_->node_input_producers_),
+      node_saved_(static_->node_saved_),
+      node_outputs_(static_->node_outputs_),
+      node_out_storage_(static_->node_out_storage_),
+      released_at_(static_->released_at_),
+      release_steps_(static_->release_steps_),
+      workspace_(static_->workspace_),
+      start_other_(static_->start_other_),
+      transient_other_(static_->transient_other_) {
+  RATION_ASSERT(decisions.size() == storage_of_group_.size(), "incremental peak: one decision per group expected");
+  decision_.assign(bytes_.size(), Decision::Keep);
+  for (size_t g = 0; g < storage_of_group_.size(); ++g) {
+    RATION_ASSERT(decisions[g] != Decision::Offload, "incremental peaks cover keep/recompute plans only");
+    decision_[static_cast<size_t>(storage_of_group_[g])] = decisions[g];
+  }
   over_epoch_.assign(nk_, 0);
   over_state_.assign(nk_, State::Kept);
   cache_epoch_.assign(nn_, 0);
-  transient_epoch_.assign(ns, 0);
+  transient_epoch_.assign(bytes_.size(), 0);
+  touch_epoch_.assign(bytes_.size(), 0);
   build();
 }
 
@@ -358,7 +399,7 @@ void IncrementalPeak::build() {
     r.resident_at_start = resident;
     StepRun<FullState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
                            is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
-                           st, resident, r.touched, r.restored};
+                           st, resident, r.touched, r.restored, touch_epoch_};
     run.recompute_peak = resident;
     const auto ord = static_cast<size_t>(p_.backward_order[j]);
     for (int k : node_saved_[ord]) {
@@ -374,7 +415,7 @@ void IncrementalPeak::build() {
     }
     resident_at[j] = r.resident_at_start;
     for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
-    for (int s : r.touched) touches_[static_cast<size_t>(s)].insert(static_cast<int64_t>(j));
+    for (int s : r.touched) touches_[static_cast<size_t>(s)].push_back(static_cast<int64_t>(j));  // j ascends
     restored_at_[j] = std::move(r.restored);
     touched_at_[j] = std::move(r.touched);
   }
@@ -399,9 +440,8 @@ struct OverlayState {
   std::vector<int>& keys;
   uint32_t stamp;
   int64_t step;
-  IncrementalPeak::State (IncrementalPeak::*base)(int, int64_t) const;
   State get(int k) const {
-    return epoch[static_cast<size_t>(k)] == stamp ? state[static_cast<size_t>(k)] : (self->*base)(k, step);
+    return epoch[static_cast<size_t>(k)] == stamp ? state[static_cast<size_t>(k)] : self->base_state(k, step);
   }
   void set(int k, State v) {
     if (epoch[static_cast<size_t>(k)] != stamp) {
@@ -455,14 +495,14 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     e.peak = std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta);
     return;
   }
-  const int64_t first = *touches.begin();
+  const int64_t first = touches.front();
   e.first = first;
   if (first > 0) peak = std::max(peak, backward_.max(0, static_cast<size_t>(first - 1)) + e.resident_delta);
   if (peak >= stop_at) return stop();
 
   ++over_stamp_;
   over_keys_.clear();
-  OverlayState st{this, over_epoch_, over_state_, over_keys_, over_stamp_, first, &IncrementalPeak::base_state};
+  OverlayState st{this, over_epoch_, over_state_, over_keys_, over_stamp_, first};
   for (int k : storage_keys_[s]) st.set(k, to == Decision::Keep ? State::Kept : State::Dropped);
   int64_t resident = resident_.at(static_cast<size_t>(first)) + e.resident_delta;
   int64_t j = first;
@@ -476,7 +516,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     r.resident_at_start = resident;
     StepRun<OverlayState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
                               is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
-                              st, resident, r.touched, r.restored};
+                              st, resident, r.touched, r.restored, touch_epoch_};
     run.recompute_peak = resident;
     const auto ju = static_cast<size_t>(j);
     if (stop_at != kExact) run.stop_recompute_at = stop_at - start_other_[ju] - extra_;
@@ -542,7 +582,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
 int64_t IncrementalPeak::next_event(int s, int64_t j) const {
   int64_t next = static_cast<int64_t>(nb_);
   const auto& touches = touches_[static_cast<size_t>(s)];
-  auto t = touches.lower_bound(j);
+  auto t = std::lower_bound(touches.begin(), touches.end(), j);
   if (t != touches.end()) next = std::min(next, *t);
   const auto& releases = release_steps_[static_cast<size_t>(s)];
   auto r = std::lower_bound(releases.begin(), releases.end(), j);
@@ -576,11 +616,22 @@ void IncrementalPeak::commit(const Evaluation& e) {
     }
   }
   if (e.first >= 0) {
+    // A re-simulated step that restores and touches what the committed plan's step did (a long re-run
+    // cascade mostly does) keeps its lists: each key is restored at one step at most, so leaving the
+    // step's entries in place is the same as removing and adding them again.
+    same_.assign(e.used, 0);
     for (size_t u = 0; u < e.used; ++u) {
       const StepResult& r = e.steps[u];
       const auto ju = static_cast<size_t>(r.step);
+      if (r.restored == restored_at_[ju] && r.touched == touched_at_[ju]) {
+        same_[u] = 1;
+        continue;
+      }
       for (int k : restored_at_[ju]) restore_step_[static_cast<size_t>(k)] = kNever;
-      for (int t : touched_at_[ju]) touches_[static_cast<size_t>(t)].erase(touches_[static_cast<size_t>(t)].find(r.step));
+      for (int t : touched_at_[ju]) {
+        auto& steps = touches_[static_cast<size_t>(t)];
+        steps.erase(std::lower_bound(steps.begin(), steps.end(), r.step));
+      }
     }
     for (const auto& sh : e.shifted) {
       backward_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
@@ -590,12 +641,16 @@ void IncrementalPeak::commit(const Evaluation& e) {
       const StepResult& r = e.steps[u];
       const int64_t j = r.step;
       const auto ju = static_cast<size_t>(j);
+      backward_.assign(ju, r.value);
+      resident_.add(ju, ju, r.resident_at_start - resident_.at(ju));
+      if (same_[u]) continue;
       restored_at_[ju] = r.restored;
       for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;
       touched_at_[ju] = r.touched;
-      for (int t : r.touched) touches_[static_cast<size_t>(t)].insert(j);
-      backward_.assign(ju, r.value);
-      resident_.add(ju, ju, r.resident_at_start - resident_.at(ju));
+      for (int t : r.touched) {
+        auto& steps = touches_[static_cast<size_t>(t)];
+        steps.insert(std::upper_bound(steps.begin(), steps.end(), j), j);
+      }
     }
   }
   last_.valid = false;

@@ -20,10 +20,14 @@
 // whether the peak stays below a threshold (peak_if's stop_at) lets the evaluation stop at the first
 // step or re-run that reaches it; what remains super-linear is the re-simulation of one long cascade
 // step for every group it touches (BENCHMARKS.md, "Planner time vs depth").
+// Data: what depends on the profile and the groups only (key ids, node inputs and outputs, release steps)
+// is built once and shared by every copy and by every peak built `like` another (a plan's descents all
+// start from copies of one all-kept peak); a copy owns only the committed plan's state. A step lists each
+// group storage it touches once; the steps touching a storage are a sorted vector.
 #pragma once
 #include <cstdint>
 #include <limits>
-#include <set>
+#include <memory>
 #include <vector>
 
 #include "ration/memory/planner.h"
@@ -37,6 +41,10 @@ class IncrementalPeak {
   // Recompute only.
   IncrementalPeak(const StepProfile& profile, const std::vector<Group>& groups, int64_t extra_fixed_bytes,
                   const std::vector<Decision>& decisions);
+  // The same profile, groups and extra bytes as `like` (whose static data — key ids, node inputs, release
+  // steps — is shared, not rebuilt), with other `decisions`. Copies share the static data too and own
+  // their committed plan; a peak can be copied, not assigned.
+  IncrementalPeak(const IncrementalPeak& like, const std::vector<Decision>& decisions);
 
   // No early stop: peak_if computes the exact peak.
   static constexpr int64_t kExact = std::numeric_limits<int64_t>::max();
@@ -54,6 +62,15 @@ class IncrementalPeak {
   Decision decision(size_t g) const { return decision_[storage_of_group_[g]]; }
 
   enum class State : uint8_t { Kept, Dropped, Restored, Released };
+  // The committed plan's state of key `k` at the start of backward step `j`: it follows from the key's
+  // decision, its restore step and its release step.
+  State base_state(int k, int64_t j) const {
+    const auto kk = static_cast<size_t>(k);
+    if (j > release_step_[kk]) return State::Released;
+    const int s = key_storage_[kk];
+    if (s < 0 || !is_group_[static_cast<size_t>(s)] || !dropped(s)) return State::Kept;
+    return restore_step_[kk] < j ? State::Restored : State::Dropped;
+  }
 
  private:
   struct Tree {  // range add, point assign, range max (lazy segment tree)
@@ -62,7 +79,7 @@ class IncrementalPeak {
     void assign(size_t i, int64_t value);
     int64_t max(size_t l, size_t r) const;        // [l, r]; INT64_MIN when empty
     size_t n = 0;
-    std::vector<int64_t> mx, lazy;
+    mutable std::vector<int64_t> mx, lazy;  // max() pushes pending adds down (the values stay the same)
   };
   struct Fenwick {  // range add, point query
     void init(const std::vector<int64_t>& v);
@@ -94,7 +111,6 @@ class IncrementalPeak {
     bool valid = false;
   };
 
-  State base_state(int k, int64_t j) const;
   bool dropped(int s) const { return decision_[static_cast<size_t>(s)] == Decision::Recompute; }
   void build();
   // `stop_at`: see peak_if; an evaluation stopped early is left invalid (set() evaluates again).
@@ -104,43 +120,73 @@ class IncrementalPeak {
   int64_t next_event(int s, int64_t j) const;
   void commit(const Evaluation& e);
 
-  // Static data.
+  // Static data: depends on the profile, the groups and the extra bytes only; shared by copies (a
+  // descent starts from a copy of the all-kept peak) and by peaks built `like` another.
+  struct Static {
+    Static(const StepProfile& profile, const std::vector<Group>& groups, int64_t extra);
+    const StepProfile& p_;
+    int64_t extra_;
+    size_t nn_ = 0, nb_ = 0, nk_ = 0;
+    std::vector<int> storage_of_group_;
+    std::vector<char> is_group_;                     // by storage
+    std::vector<int64_t> bytes_;                     // by storage
+    std::vector<int64_t> forward_release_;           // by storage: last forward node that needs it
+    std::vector<int> key_storage_;                   // by key: storage id, -1 none
+    std::vector<int64_t> key_producer_;              // by key
+    std::vector<int64_t> release_step_;              // by key: last backward step that reads it
+    std::vector<std::vector<int>> storage_keys_;     // by storage: its saved keys
+    std::vector<std::vector<int>> node_inputs_;      // by node: key id, -1 always usable, -2 never
+    std::vector<std::vector<int64_t>> node_input_producers_;  // by node: each input's producer
+    std::vector<std::vector<int>> node_saved_;       // by node: key ids of saved values (pinned left out)
+    std::vector<std::vector<int>> node_outputs_;     // by node: key ids of outputs (-2 unsaved)
+    std::vector<std::vector<int>> node_out_storage_; // by node: storage of each output in node_outputs_
+    std::vector<std::vector<int>> released_at_;      // by backward step: keys released after it
+    std::vector<std::vector<int64_t>> release_steps_;  // by storage: its keys' release steps, ascending
+    std::vector<int64_t> workspace_;                 // by node: forward workspace
+    std::vector<int64_t> start_other_, transient_other_;  // by backward step
+  };
+  IncrementalPeak(std::shared_ptr<const Static> shared, const std::vector<Decision>& decisions);
+  std::shared_ptr<const Static> static_;
+  // Names into *static_ (bound once; a copy binds to the same shared data).
   const StepProfile& p_;
-  int64_t extra_;
-  size_t nn_ = 0, nb_ = 0, nk_ = 0;
-  std::vector<int> storage_of_group_;
-  std::vector<char> is_group_;                     // by storage
-  std::vector<int64_t> bytes_;                     // by storage
-  std::vector<int64_t> forward_release_;           // by storage: last forward node that needs it
-  std::vector<int> key_storage_;                   // by key: storage id, -1 none
-  std::vector<int64_t> key_producer_;              // by key
-  std::vector<int64_t> release_step_;              // by key: last backward step that reads it
-  std::vector<std::vector<int>> storage_keys_;     // by storage: its saved keys
-  std::vector<std::vector<int>> node_inputs_;      // by node: key id, -1 always usable, -2 never
-  std::vector<std::vector<int64_t>> node_input_producers_;  // by node: each input's producer
-  std::vector<std::vector<int>> node_saved_;       // by node: key ids of saved values (pinned left out)
-  std::vector<std::vector<int>> node_outputs_;     // by node: key ids of outputs (-2 unsaved)
-  std::vector<std::vector<int>> node_out_storage_; // by node: storage of each output in node_outputs_
-  std::vector<std::vector<int>> released_at_;      // by backward step: keys released after it
-  std::vector<std::vector<int64_t>> release_steps_;  // by storage: its keys' release steps, ascending
-  std::vector<int64_t> workspace_;                 // by node: forward workspace
-  std::vector<int64_t> start_other_, transient_other_;  // by backward step
+  const int64_t extra_;
+  const size_t nn_, nb_, nk_;
+  const std::vector<int>& storage_of_group_;
+  const std::vector<char>& is_group_;
+  const std::vector<int64_t>& bytes_;
+  const std::vector<int64_t>& forward_release_;
+  const std::vector<int>& key_storage_;
+  const std::vector<int64_t>& key_producer_;
+  const std::vector<int64_t>& release_step_;
+  const std::vector<std::vector<int>>& storage_keys_;
+  const std::vector<std::vector<int>>& node_inputs_;
+  const std::vector<std::vector<int64_t>>& node_input_producers_;
+  const std::vector<std::vector<int>>& node_saved_;
+  const std::vector<std::vector<int>>& node_outputs_;
+  const std::vector<std::vector<int>>& node_out_storage_;
+  const std::vector<std::vector<int>>& released_at_;
+  const std::vector<std::vector<int64_t>>& release_steps_;
+  const std::vector<int64_t>& workspace_;
+  const std::vector<int64_t>& start_other_;
+  const std::vector<int64_t>& transient_other_;
 
   // The committed plan.
   std::vector<Decision> decision_;                 // by storage
   std::vector<int64_t> restore_step_;              // by key: backward step that restored it (or never)
   std::vector<std::vector<int>> restored_at_;      // by backward step
   std::vector<std::vector<int>> touched_at_;       // by backward step
-  std::vector<std::multiset<int64_t>> touches_;    // by storage: steps that touch it
+  std::vector<std::vector<int64_t>> touches_;      // by storage: steps that touch it, ascending (a step
+                                                   // touching it twice is listed twice)
   Tree forward_, backward_;
   Fenwick resident_;                               // by backward step: resident bytes at its start
   Evaluation last_;
 
   // Scratch of the run being simulated (epoch stamps avoid clearing).
-  std::vector<uint32_t> over_epoch_, cache_epoch_, transient_epoch_;
+  std::vector<uint32_t> over_epoch_, cache_epoch_, transient_epoch_, touch_epoch_;
   std::vector<State> over_state_;
   std::vector<int> over_keys_;
   uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
+  std::vector<char> same_;  // commit: per window step, lists unchanged
 };
 
 }  // namespace ration::memory

@@ -9,6 +9,9 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
@@ -162,17 +165,17 @@ Choice ordered_sets(PlanContext& ctx) {
 
 // Checkpointing as PyTorch users do it: the blocks are the numbered node sets ("blocks.3"), or, in a
 // model without any, every top-level module.
+// (In order of first appearance; a set of the names seen keeps this linear in the number of groups.)
 std::vector<std::string> blocks_of(const std::vector<Group>& groups) {
   std::vector<std::string> blocks;
+  std::unordered_set<std::string> seen;
   for (const auto& g : groups) {
     const auto dot = g.node_set.find('.');
-    if (dot != std::string::npos && std::find(blocks.begin(), blocks.end(), g.node_set) == blocks.end())
-      blocks.push_back(g.node_set);
+    if (dot != std::string::npos && seen.insert(g.node_set).second) blocks.push_back(g.node_set);
   }
   if (blocks.empty()) {
     for (const auto& g : groups)
-      if (std::find(blocks.begin(), blocks.end(), g.node_set) == blocks.end() && g.node_set != "(top)")
-        blocks.push_back(g.node_set);
+      if (g.node_set != "(top)" && seen.insert(g.node_set).second) blocks.push_back(g.node_set);
   }
   return blocks;
 }
@@ -193,10 +196,12 @@ Choice keep_outputs_of_every_kth_block(PlanContext& ctx, const std::vector<std::
       if (it != group_of_storage.end() && groups[it->second].node_set != set) used_outside[it->second] = 1;
     }
   }
+  std::unordered_map<std::string, int64_t> block_index;  // block name -> its index in `blocks`
+  for (size_t b = 0; b < blocks.size(); ++b) block_index.emplace(blocks[b], static_cast<int64_t>(b));
   for (size_t i = 0; i < groups.size(); ++i) {
-    const auto it = std::find(blocks.begin(), blocks.end(), groups[i].node_set);
-    if (it == blocks.end()) continue;
-    const int64_t index = it - blocks.begin();
+    const auto it = block_index.find(groups[i].node_set);
+    if (it == block_index.end()) continue;
+    const int64_t index = it->second;
     c.decisions[i] = used_outside[i] && ((index + 1) % k == 0) ? Decision::Keep : Decision::Recompute;
   }
   return c;
