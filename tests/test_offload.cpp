@@ -59,6 +59,51 @@ TEST(Tier, SpillRoundTripLeavesNoNamedFilesAndFreesSpace) {
   EXPECT_EQ(tier.used_bytes(), 0);
 }
 
+TEST(Tier, SpillKeepsFreedFilesForTheNextWriteOfTheirSizeWithinTheMostHeldAtOnce) {
+  TempDir dir("spill-pool");
+  memory::SpillTier tier(dir.path.string());
+  const at::Tensor a = bytes(1 << 20, 1), b = bytes(1 << 20, 2), c = bytes(2 << 20, 3);
+  auto sa = tier.write(a);
+  sa.reset();
+  EXPECT_EQ(tier.pooled_bytes(), a.numel()) << "a freed spill file is kept for reuse";
+  EXPECT_EQ(tier.used_bytes(), 0);
+  auto sb = tier.write(b);  // same size: goes into the kept file
+  EXPECT_EQ(tier.reused_files(), 1);
+  EXPECT_EQ(tier.pooled_bytes(), 0);
+  at::Tensor rb = at::zeros_like(b);
+  tier.read(*sb, rb);
+  EXPECT_TRUE(at::equal(rb, b)) << "a reused file must hold the new bytes only";
+  auto sc = tier.write(c);  // no kept file of this size: a new one
+  EXPECT_EQ(tier.reused_files(), 1);
+  EXPECT_EQ(files_in(dir.path), 0) << "kept files stay anonymous";
+  // The tier held 3 MiB at once: both files are kept; then a lone 1 MiB write and free keeps no more.
+  sb.reset();
+  sc.reset();
+  EXPECT_EQ(tier.pooled_bytes(), 3 << 20);
+  EXPECT_EQ(tier.used_bytes(), 0);
+  {
+    auto s1 = tier.write(a);
+    auto s2 = tier.write(a);  // one reuses the kept 1 MiB file, the other is new
+    auto s3 = tier.write(a);
+    EXPECT_EQ(tier.reused_files(), 2);
+  }
+  EXPECT_LE(tier.pooled_bytes(), 3 << 20) << "kept files never exceed the most bytes held at once";
+  tier.release_pool();
+  EXPECT_EQ(tier.pooled_bytes(), 0);
+}
+
+TEST(Tier, SpillKeptFilesCountInTheLimit) {
+  TempDir dir("spill-pool-limit");
+  memory::SpillTier tier(dir.path.string(), /*limit=*/1 << 20);
+  tier.write(bytes(600 << 10, 1)).reset();  // kept: 600 KiB of the 1 MiB limit
+  EXPECT_EQ(tier.pooled_bytes(), 600 << 10);
+  EXPECT_EQ(tier.free_bytes(), 1 << 20) << "kept files are the tier's room";
+  // A write of another size closes kept files to stay within the limit, and fits.
+  auto s = tier.write(bytes(800 << 10, 2));
+  EXPECT_EQ(tier.pooled_bytes(), 0);
+  EXPECT_THROW(tier.write(bytes(600 << 10, 3)), memory::TierFull);
+}
+
 TEST(Tier, SpillLimitIsTierFullAndBadDirectoriesAreClearErrors) {
   TempDir dir("spill-limit");
   memory::SpillTier tier(dir.path.string(), /*limit=*/1 << 20);
