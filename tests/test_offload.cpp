@@ -402,6 +402,48 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
   EXPECT_GT(offloaded_somewhere, 0) << "a fast tier should take part in the plan";
 }
 
+// A tier far slower (40 MB/s, throttled) than the plan was priced with (10 GB/s): the first plan's copies
+// miss their deadlines (forward waits for them: slower, still within the prediction). The runtime then
+// plans the same budget again with the bandwidth its copies got, until planned copies land by their
+// deadlines: the engine counts no deadline wait in the last steps.
+TEST_F(OffloadModel, LateCopiesMakeTheRuntimeReplanUntilDeadlinesAreMet) {
+  train::MemorySettings settings;
+  settings.offload.enabled = true;
+  settings.offload.options = options("disk");
+  settings.offload.options.throttle_bytes_per_second = 40e6;
+  train::StepRuntime runtime(settings);
+  const memory::StepProfile& profile = runtime.profile(*model_, batch_, 11);
+  const int64_t base = profile.baseline_bytes;
+  memory::PlanOptions po;
+  po.budget_bytes = int64_t{1} << 40;
+  memory::OffloadCosts fast{1e7, 1e7, 0.001, 16 << 10, 0};
+  fast.copy_in = memory::CopyInMemory::Pooled;
+  po.offload = fast;
+  const memory::Plan loose = memory::make_plan(profile, po);
+  po.budget_bytes = loose.minimum_peak_bytes + (loose.unconstrained_peak_bytes - loose.minimum_peak_bytes) / 4;
+  ASSERT_GT(runtime.plan(po).offloaded_groups, 0);
+  EXPECT_EQ(runtime.copy_replans(), 0);
+  std::vector<int64_t> waits;
+  int64_t before = 0;
+  for (int s = 0; s < 7; ++s) {
+    const memory::Plan planned = *runtime.current_plan();  // the plan this step runs
+    const train::StepStats r = runtime.measure_step(*model_, batch_, train::StepOptions::collecting(11));
+    waits.push_back(r.offload.deadline_waits - before);
+    before = r.offload.deadline_waits;
+    SCOPED_TRACE("step " + std::to_string(s) + ": " + planned.to_table());
+    EXPECT_LE(r.peak_above_baseline(), po.budget_bytes - base) << "measured peak over budget";
+    EXPECT_LE(r.peak_above_baseline(), planned.prediction.peak_bytes - base) << "measured above the prediction";
+    expect_bitwise_equal({r.gradients});
+    EXPECT_EQ(runtime.engine()->pending_entries(), 0);
+  }
+  EXPECT_GT(waits.front(), 0) << "copies priced 250 times too fast must miss their deadlines";
+  EXPECT_GE(runtime.copy_replans(), 1);
+  EXPECT_EQ(waits.back(), 0) << "after re-planning, every planned copy lands by its deadline";
+  EXPECT_EQ(waits[waits.size() - 2], 0);
+  EXPECT_LT(runtime.current_plan()->offload_costs->write_bytes_per_ms, fast.write_bytes_per_ms / 100);
+  EXPECT_LE(runtime.current_plan()->prediction.peak_bytes, po.budget_bytes);
+}
+
 TEST_F(OffloadModel, JointPlanPrefersRecomputeWhenTheTierCannotHide) {
   const memory::StepProfile profile = train::profile_step(*model_, batch_, 11);
   memory::PlanOptions po;
