@@ -192,7 +192,8 @@ const memory::Plan* StepRuntime::prepare(models::Model& model, const data::Batch
 // again with the copy-out bandwidth lowered to what this step's copies got, and by at least a quarter:
 // the schedule then gives copies deadlines they meet, or recomputes where a later deadline does not fit.
 // A few times at most (docs/METHODS.md, "Joint keep, recompute and offload planning").
-void StepRuntime::adapt_to_late_copies(const memory::OffloadStats& before, const memory::OffloadStats& after) {
+void StepRuntime::adapt_to_late_copies(const memory::OffloadStats& before, const memory::OffloadStats& after,
+                                       double step_ms) {
   constexpr int kMaxCopyReplans = 4;
   if (!planned_here_ || !plan_ || plan_->offloaded_groups == 0 || !plan_options_.offload) return;
   if (after.deadline_waits <= before.deadline_waits || copy_replans_ >= kMaxCopyReplans) return;
@@ -201,6 +202,10 @@ void StepRuntime::adapt_to_late_copies(const memory::OffloadStats& before, const
   const double bytes = static_cast<double>(after.written_bytes - before.written_bytes);
   const double ms = after.write_ms - before.write_ms;
   if (bytes > 0 && ms > 0) rate = std::min(rate, bytes / ms);
+  // The schedule runs on the profile's node times: a step faster than profiled gives copies less time.
+  double profiled_ms = 0;
+  for (const auto& n : step_profile().nodes) profiled_ms += n.forward_ms + n.backward_ms;
+  if (profiled_ms > 0 && step_ms > 0 && step_ms < profiled_ms) rate *= step_ms / profiled_ms;
   costs.write_bytes_per_ms = std::max(rate, 1.0);
   memory::PlanOptions options = plan_options_;
   options.offload = costs;
@@ -324,7 +329,7 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
   st.memory = memory::stats();
   st.peak_bytes = memory::device_peak_bytes(st.memory);
   if (engine_) st.offload = engine_->stats();
-  if (engine_ && mode_ == MemoryMode::Plan) adapt_to_late_copies(offload_before, st.offload);
+  if (engine_ && mode_ == MemoryMode::Plan) adapt_to_late_copies(offload_before, st.offload, st.ms);
   if (options.buffers == BuffersAfter::Restored) model.restore_buffers(buffers);
   if (!options.optimizer) {
     if (options.gradients == GradientsAfter::Collected) st.gradients = copy_gradients(model);

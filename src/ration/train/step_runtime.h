@@ -202,7 +202,7 @@ class StepRuntime {
   void begin_step();
   void end_step();
   void attach_gradient_hooks(models::Model& model);
-  void adapt_to_late_copies(const memory::OffloadStats& before, const memory::OffloadStats& after);
+  void adapt_to_late_copies(const memory::OffloadStats& before, const memory::OffloadStats& after, double step_ms);
 
   MemorySettings settings_;
   MemoryMode mode_ = MemoryMode::Keep;
