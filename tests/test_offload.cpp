@@ -59,6 +59,51 @@ TEST(Tier, SpillRoundTripLeavesNoNamedFilesAndFreesSpace) {
   EXPECT_EQ(tier.used_bytes(), 0);
 }
 
+TEST(Tier, SpillKeepsFreedFilesForTheNextWriteOfTheirSizeWithinTheMostHeldAtOnce) {
+  TempDir dir("spill-pool");
+  memory::SpillTier tier(dir.path.string());
+  const at::Tensor a = bytes(1 << 20, 1), b = bytes(1 << 20, 2), c = bytes(2 << 20, 3);
+  auto sa = tier.write(a);
+  sa.reset();
+  EXPECT_EQ(tier.pooled_bytes(), a.numel()) << "a freed spill file is kept for reuse";
+  EXPECT_EQ(tier.used_bytes(), 0);
+  auto sb = tier.write(b);  // same size: goes into the kept file
+  EXPECT_EQ(tier.reused_files(), 1);
+  EXPECT_EQ(tier.pooled_bytes(), 0);
+  at::Tensor rb = at::zeros_like(b);
+  tier.read(*sb, rb);
+  EXPECT_TRUE(at::equal(rb, b)) << "a reused file must hold the new bytes only";
+  auto sc = tier.write(c);  // no kept file of this size: a new one
+  EXPECT_EQ(tier.reused_files(), 1);
+  EXPECT_EQ(files_in(dir.path), 0) << "kept files stay anonymous";
+  // The tier held 3 MiB at once: both files are kept; then a lone 1 MiB write and free keeps no more.
+  sb.reset();
+  sc.reset();
+  EXPECT_EQ(tier.pooled_bytes(), 3 << 20);
+  EXPECT_EQ(tier.used_bytes(), 0);
+  {
+    auto s1 = tier.write(a);
+    auto s2 = tier.write(a);  // one reuses the kept 1 MiB file, the other is new
+    auto s3 = tier.write(a);
+    EXPECT_EQ(tier.reused_files(), 2);
+  }
+  EXPECT_LE(tier.pooled_bytes(), 3 << 20) << "kept files never exceed the most bytes held at once";
+  tier.release_pool();
+  EXPECT_EQ(tier.pooled_bytes(), 0);
+}
+
+TEST(Tier, SpillKeptFilesCountInTheLimit) {
+  TempDir dir("spill-pool-limit");
+  memory::SpillTier tier(dir.path.string(), /*limit=*/1 << 20);
+  tier.write(bytes(600 << 10, 1)).reset();  // kept: 600 KiB of the 1 MiB limit
+  EXPECT_EQ(tier.pooled_bytes(), 600 << 10);
+  EXPECT_EQ(tier.free_bytes(), 1 << 20) << "kept files are the tier's room";
+  // A write of another size closes kept files to stay within the limit, and fits.
+  auto s = tier.write(bytes(800 << 10, 2));
+  EXPECT_EQ(tier.pooled_bytes(), 0);
+  EXPECT_THROW(tier.write(bytes(600 << 10, 3)), memory::TierFull);
+}
+
 TEST(Tier, SpillLimitIsTierFullAndBadDirectoriesAreClearErrors) {
   TempDir dir("spill-limit");
   memory::SpillTier tier(dir.path.string(), /*limit=*/1 << 20);
@@ -333,7 +378,8 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
   for (double f : {0.75, 0.5, 0.25, 0.0}) {
     memory::PlanOptions po = probe;
     po.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
-    const memory::Plan& plan = runtime.plan(po);
+    // A copy (not a reference): the runtime re-plans after a step whose copies missed their deadlines.
+    const memory::Plan plan = runtime.plan(po);
     SCOPED_TRACE("budget " + memory::format_bytes(po.budget_bytes) + ": " + plan.to_table());
     const train::StepStats r = runtime.measure_step(*model_, batch_, train::StepOptions::collecting(11));
     offloaded_somewhere += plan.offloaded_groups;
@@ -355,6 +401,52 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
     EXPECT_EQ(runtime.engine()->pending_entries(), 0);
   }
   EXPECT_GT(offloaded_somewhere, 0) << "a fast tier should take part in the plan";
+}
+
+// A tier far slower (40 MB/s, throttled) than the plan was priced with (10 GB/s): the first plan's copies
+// miss their deadlines (forward waits for them: slower, still within the prediction). The runtime then
+// plans the same budget again with the bandwidth its copies got, until planned copies land by their
+// deadlines: the engine counts no deadline wait in the last steps.
+TEST_F(OffloadModel, LateCopiesMakeTheRuntimeReplanUntilDeadlinesAreMet) {
+  train::MemorySettings settings;
+  settings.offload.enabled = true;
+  settings.offload.options = options("disk");
+  settings.offload.options.throttle_bytes_per_second = 40e6;
+  train::StepRuntime runtime(settings);
+  const memory::StepProfile& profile = runtime.profile(*model_, batch_, 11);
+  const int64_t base = profile.baseline_bytes;
+  memory::PlanOptions po;
+  po.budget_bytes = int64_t{1} << 40;
+  memory::OffloadCosts fast{1e7, 1e7, 0.001, 16 << 10, 0};
+  fast.copy_in = memory::CopyInMemory::Pooled;
+  fast.deadline_margin = 3;  // this test's machine may be shared: copies of a few ms jitter by as much
+  po.offload = fast;
+  const memory::Plan loose = memory::make_plan(profile, po);
+  po.budget_bytes = loose.minimum_peak_bytes + (loose.unconstrained_peak_bytes - loose.minimum_peak_bytes) / 4;
+  ASSERT_GT(runtime.plan(po).offloaded_groups, 0);
+  EXPECT_EQ(runtime.copy_replans(), 0);
+  std::vector<int64_t> waits;
+  int64_t before = 0;
+  for (int s = 0; s < 8; ++s) {
+    const memory::Plan planned = *runtime.current_plan();  // the plan this step runs
+    const train::StepStats r = runtime.measure_step(*model_, batch_, train::StepOptions::collecting(11));
+    waits.push_back(r.offload.deadline_waits - before);
+    before = r.offload.deadline_waits;
+    SCOPED_TRACE("step " + std::to_string(s) + ": " + planned.to_table());
+    EXPECT_LE(r.peak_above_baseline(), po.budget_bytes - base) << "measured peak over budget";
+    EXPECT_LE(r.peak_above_baseline(), planned.prediction.peak_bytes - base) << "measured above the prediction";
+    expect_bitwise_equal({r.gradients});
+    EXPECT_EQ(runtime.engine()->pending_entries(), 0);
+  }
+  std::string seen;
+  for (int64_t w : waits) seen += std::to_string(w) + " ";
+  SCOPED_TRACE("deadline waits per step: " + seen + "; re-plans " + std::to_string(runtime.copy_replans()) +
+               "; offloaded groups now " + std::to_string(runtime.current_plan()->offloaded_groups));
+  EXPECT_GT(waits.front(), 0) << "copies priced 250 times too fast must miss their deadlines";
+  EXPECT_GE(runtime.copy_replans(), 1);
+  EXPECT_EQ(waits.back(), 0) << "after re-planning, every planned copy lands by its deadline";
+  EXPECT_LT(runtime.current_plan()->offload_costs->write_bytes_per_ms, fast.write_bytes_per_ms / 100);
+  EXPECT_LE(runtime.current_plan()->prediction.peak_bytes, po.budget_bytes);
 }
 
 TEST_F(OffloadModel, JointPlanPrefersRecomputeWhenTheTierCannotHide) {

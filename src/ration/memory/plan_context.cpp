@@ -126,8 +126,12 @@ PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
       const Group& g = groups_[i];
       const auto st = static_cast<size_t>(g.storage);
       if (g.bytes < std::max<int64_t>(c.min_bytes, 1) || span.saved_at[st] < 0) continue;
-      const double alone = offload_alone_ms(g, c, fwd_total - end_f[static_cast<size_t>(span.saved_at[st])],
-                                            bwd_before[static_cast<size_t>(span.first_use[st])]);
+      const double window = fwd_total - end_f[static_cast<size_t>(span.saved_at[st])];
+      // A copy that cannot land before forward ends, at 1/margin of the measured bandwidth, would make
+      // forward's last node wait (a deadline it misses): such a group is kept or recomputed instead.
+      const double slow_copy = std::max(1.0, c.deadline_margin) * (c.per_copy_ms + static_cast<double>(g.bytes) / c.write_bytes_per_ms);
+      if (slow_copy > window) continue;
+      const double alone = offload_alone_ms(g, c, window, bwd_before[static_cast<size_t>(span.first_use[st])]);
       if (alone < g.recompute_ms) {
         release_as_[i] = Decision::Offload;
         any_offload_release_ = true;

@@ -288,13 +288,17 @@ OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<Decisi
   for (size_t s = 0; s < ns; ++s)
     if (decision[s] == Decision::Offload && saved_at[s] >= 0) order.push_back(s);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return saved_at[a] < saved_at[b]; });
-  double free_at = 0;
+  // The queue at the measured bandwidth (its finish predicts the stall) and at 1/margin of it (where
+  // each copy's deadline goes: a copy that slow still lands by the end of that node).
+  double free_at = 0, slow_free_at = 0;
+  const double margin = std::max(1.0, c.deadline_margin);
   for (size_t s : order) {
     const auto from = static_cast<size_t>(saved_at[s]);
-    const double done = std::max(end_f[from], free_at) + c.per_copy_ms + bytes_of(s) / c.write_bytes_per_ms;
-    free_at = done;
-    const auto k = static_cast<int64_t>(std::lower_bound(end_f.begin() + static_cast<std::ptrdiff_t>(from), end_f.end(), done) -
-                                        end_f.begin());
+    const double copy = c.per_copy_ms + bytes_of(s) / c.write_bytes_per_ms;
+    free_at = std::max(end_f[from], free_at) + copy;
+    slow_free_at = std::max(end_f[from], slow_free_at) + margin * copy;
+    const auto k = static_cast<int64_t>(std::lower_bound(end_f.begin() + static_cast<std::ptrdiff_t>(from), end_f.end(),
+                                                         slow_free_at) - end_f.begin());
     sch.deadline[s] = std::min<int64_t>(k, static_cast<int64_t>(nn) - 1);
   }
   sch.stall_ms += std::max(0.0, free_at - end_f[nn - 1]);

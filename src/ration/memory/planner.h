@@ -65,6 +65,11 @@ struct OffloadCosts {
   // rounded up to a file-system page, stay within it; a tier too small to measure has 0.
   int64_t capacity_bytes = std::numeric_limits<int64_t>::max();
   CopyInMemory copy_in = CopyInMemory::Fresh;  // Pooled: the prediction holds the engine's copy-in pool
+  // Copy-out deadlines are set where each copy lands if every copy took this many times as long as
+  // measured (the serial queue simulated at 1/margin of the bandwidth), so a copy slowed by compute or
+  // other processes still meets its deadline; the storage is counted resident until then, so the
+  // planner keeps or recomputes instead where that does not fit. 1: no margin.
+  double deadline_margin = 2.0;
 };
 
 // When each offloaded storage is copied out and fetched back (by storage id; -1 = not offloaded).

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <map>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -45,12 +46,84 @@ at::Tensor host_staging(int64_t bytes) {
 
 bool is_full_errno(int e) { return e == ENOSPC || e == EDQUOT || e == EFBIG; }
 
+}  // namespace
+
+// Freed spill files kept open for the next write of their size (see tier.h). Shared by the tier and its
+// slots, so a slot freed on a copy thread hands its file back under the pool's lock.
+struct SpillTier::FilePool {
+  ~FilePool() { shrink_to(0); }
+  // A kept file of exactly `bytes`, or -1.
+  int take(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(bytes);
+    if (it == free_.end() || it->second.empty()) return -1;
+    const int fd = it->second.back();
+    it->second.pop_back();
+    pooled_ -= bytes;
+    ++reuses_;
+    return fd;
+  }
+  // A freed file of `bytes` (`stored`: the tier's bytes in use without it): kept while kept and stored
+  // bytes together stay within the most the tier held at once, else closed (its blocks are freed).
+  void give(int fd, int64_t bytes, int64_t stored) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stored + pooled_ + bytes <= high_water_) {
+        free_[bytes].push_back(fd);
+        pooled_ += bytes;
+        return;
+      }
+    }
+    ::close(fd);
+  }
+  void note_stored(int64_t stored) {
+    std::lock_guard<std::mutex> lock(mu_);
+    high_water_ = std::max(high_water_, stored);
+  }
+  // Closes kept files, largest first, until at most `keep` bytes are kept; returns the bytes closed.
+  int64_t shrink_to(int64_t keep) {
+    std::vector<int> closing;
+    int64_t closed = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = free_.rbegin(); it != free_.rend() && pooled_ > keep; ++it) {
+        while (!it->second.empty() && pooled_ > keep) {
+          closing.push_back(it->second.back());
+          it->second.pop_back();
+          pooled_ -= it->first;
+          closed += it->first;
+        }
+      }
+    }
+    for (int fd : closing) ::close(fd);
+    return closed;
+  }
+  int64_t pooled() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pooled_;
+  }
+  int64_t reuses() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reuses_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int64_t, std::vector<int>> free_;  // file size -> kept files of that size
+  int64_t pooled_ = 0, high_water_ = 0, reuses_ = 0;
+};
+
+namespace {
+
 struct FileSlot : Tier::Slot {
   int fd = -1;
   std::atomic<int64_t>* used = nullptr;
+  std::shared_ptr<SpillTier::FilePool> pool;  // set once the write succeeded: the file goes back there
   ~FileSlot() override {
-    if (fd >= 0) ::close(fd);  // anonymous file: closing frees its blocks
     if (used) *used -= bytes;
+    if (fd < 0) return;
+    if (pool) pool->give(fd, bytes, used ? used->load() : 0);
+    else ::close(fd);  // anonymous file: closing frees its blocks
   }
 };
 
@@ -86,7 +159,8 @@ int SpillTier::open_anonymous(const std::string& dir) {
   return fd2;
 }
 
-SpillTier::SpillTier(std::string dir, int64_t limit_bytes) : dir_(std::move(dir)), limit_(limit_bytes) {
+SpillTier::SpillTier(std::string dir, int64_t limit_bytes)
+    : dir_(std::move(dir)), limit_(limit_bytes), pool_(std::make_shared<FilePool>()) {
   RATION_CHECK(!dir_.empty(), "offload.dir: empty path (expected a writable directory for spill files)");
   struct stat st{};
   RATION_CHECK(::stat(dir_.c_str(), &st) == 0, "offload.dir '", dir_, "': ", std::strerror(errno),
@@ -111,13 +185,18 @@ std::unique_ptr<Tier::Slot> SpillTier::write(const at::Tensor& src_in) {
     throw TierFull("spill directory " + dir_ + " holds " + format_bytes(used_.load()) + " of its limit " +
                    format_bytes(limit_) + "; " + format_bytes(n) + " more do not fit");
   auto slot = std::make_unique<FileSlot>();
-  slot->fd = open_anonymous(dir_);
+  slot->fd = pool_->take(n);  // a kept file of this size: its page-cache pages are reused
+  if (slot->fd < 0) {
+    if (limit_ > 0) pool_->shrink_to(std::max<int64_t>(0, limit_ - used_.load() - n));  // kept files count in the limit
+    slot->fd = open_anonymous(dir_);
+  }
   RATION_CHECK(slot->fd >= 0, "offload.dir '", dir_, "': cannot create a spill file: ", std::strerror(errno));
   const auto* p = static_cast<const char*>(src.data_ptr());
   int64_t done = 0;
   while (done < n) {
     const ssize_t w = ::pwrite(slot->fd, p + done, static_cast<size_t>(n - done), done);
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && is_full_errno(errno) && pool_->shrink_to(0) > 0) continue;  // the kept files' space first
     if (w < 0 && is_full_errno(errno))
       throw TierFull("spill directory " + dir_ + ": " + std::strerror(errno) + " after " + format_bytes(done) +
                      " of " + format_bytes(n));
@@ -127,17 +206,23 @@ std::unique_ptr<Tier::Slot> SpillTier::write(const at::Tensor& src_in) {
   slot->bytes = n;
   slot->where = "disk";
   slot->used = &used_;
-  used_ += n;
+  slot->pool = pool_;
+  pool_->note_stored(used_ += n);
   return slot;
 }
 
 int64_t SpillTier::free_bytes() const {
   struct statvfs fs{};
   int64_t free = kUnboundedTier;
-  if (::statvfs(dir_.c_str(), &fs) == 0) free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  if (::statvfs(dir_.c_str(), &fs) == 0)  // kept files are the tier's room too
+    free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize) + pool_->pooled();
   if (limit_ > 0) free = std::min(free, std::max<int64_t>(0, limit_ - used_.load()));
   return free;
 }
+
+int64_t SpillTier::pooled_bytes() const { return pool_->pooled(); }
+int64_t SpillTier::reused_files() const { return pool_->reuses(); }
+void SpillTier::release_pool() { pool_->shrink_to(0); }
 
 void SpillTier::read(const Slot& slot_in, at::Tensor& dst) {
   const auto& slot = dynamic_cast<const FileSlot&>(slot_in);

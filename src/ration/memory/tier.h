@@ -5,6 +5,11 @@
 //                   unlinked at once), so spill files vanish after use and when the process exits or
 //                   crashes; an optional byte limit; ENOSPC and the limit are reported as TierFull.
 //                   GPU buffers pass through pinned host staging from the CUDA caching host allocator.
+//                   A freed file is kept (open, anonymous) for the next write of the same size: its pages
+//                   are still in the page cache, so that write copies into memory that exists instead of
+//                   allocating and first-touching new page-cache pages (several times the copy's own
+//                   cost on this project's machine). Kept files never exceed the most bytes the tier
+//                   held at once, and count in the byte limit.
 //   HostTier      — host memory outside the device budget: pinned memory on a GPU build, plain memory
 //                   on CPU (where it stands in for the GPU's host tier in tests); an optional byte limit.
 //   ChainTier     — first tier while it has room, then the second (device → host → disk).
@@ -67,10 +72,17 @@ class SpillTier : public Tier {
   int64_t free_bytes() const override;
   // A file in `dir` that no one else can open (anonymous); -1 with errno on failure.
   static int open_anonymous(const std::string& dir);
+  // The freed files kept for reuse (see the file comment): their bytes, and how many writes reused one.
+  int64_t pooled_bytes() const;
+  int64_t reused_files() const;
+  void release_pool();  // closes every kept file (their disk space and page cache are freed)
+
+  struct FilePool;  // tier.cpp; shared with the slots, which hand their file back when freed
 
  private:
   std::string dir_;
   int64_t limit_;
+  std::shared_ptr<FilePool> pool_;
 };
 
 class HostTier : public Tier {

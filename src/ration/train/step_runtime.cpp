@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "ration/core/check.h"
@@ -151,12 +152,16 @@ const memory::Plan& StepRuntime::plan(memory::PlanOptions options) {
   if (engine_ && !options.offload) options.offload = offload_costs();
   memory::Plan made = memory::make_plan(step_profile(), options);
   plan_options_ = options;
-  return use_plan(std::move(made));
+  use_plan(std::move(made));
+  planned_here_ = true;
+  return *plan_;
 }
 
 const memory::Plan& StepRuntime::use_plan(memory::Plan plan) {
   const memory::StepProfile& profiled = step_profile();
   plan_ = std::move(plan);
+  planned_here_ = false;
+  copy_replans_ = 0;
   auto budget = std::make_unique<memory::BudgetPolicy>(*plan_, profiled, order_, engine_.get());
   budget_policy_ = budget.get();
   policy_ = std::move(budget);
@@ -179,6 +184,39 @@ const memory::Plan* StepRuntime::prepare(models::Model& model, const data::Batch
   memory::PlanOptions options = settings_.budget.plan;
   options.extra_fixed_bytes = extra_fixed_bytes;
   return &plan(options);
+}
+
+// Planned copy-outs that missed their deadline (the engine's deadline_waits) got less bandwidth than the
+// plan was priced with: the machine's load, a forward faster than profiled, copies slower than measured.
+// Forward waited for them, so the step stayed within the prediction, but slower. Plan the same budget
+// again with the copy-out bandwidth lowered to what this step's copies got, and by at least a quarter:
+// the schedule then gives copies deadlines they meet, or recomputes where a later deadline does not fit.
+// A few times at most (docs/METHODS.md, "Joint keep, recompute and offload planning").
+void StepRuntime::adapt_to_late_copies(const memory::OffloadStats& before, const memory::OffloadStats& after,
+                                       double step_ms) {
+  constexpr int kMaxCopyReplans = 4;
+  if (!planned_here_ || !plan_ || plan_->offloaded_groups == 0 || !plan_options_.offload) return;
+  if (after.deadline_waits <= before.deadline_waits || copy_replans_ >= kMaxCopyReplans) return;
+  memory::OffloadCosts costs = *plan_options_.offload;
+  double rate = 0.75 * costs.write_bytes_per_ms;
+  const double bytes = static_cast<double>(after.written_bytes - before.written_bytes);
+  const double ms = after.write_ms - before.write_ms;
+  if (bytes > 0 && ms > 0) rate = std::min(rate, bytes / ms);
+  // The schedule runs on the profile's node times: a step faster than profiled gives copies less time.
+  double profiled_ms = 0;
+  for (const auto& n : step_profile().nodes) profiled_ms += n.forward_ms + n.backward_ms;
+  if (profiled_ms > 0 && step_ms > 0 && step_ms < profiled_ms) rate *= step_ms / profiled_ms;
+  costs.write_bytes_per_ms = std::max(rate, 1.0);
+  memory::PlanOptions options = plan_options_;
+  options.offload = costs;
+  options.report_minimum = false;
+  const int replans = copy_replans_ + 1;
+  try {
+    plan(options);
+    copy_replans_ = replans;
+  } catch (const Error&) {  // cannot happen for a budget planned before; keep the plan that runs
+    copy_replans_ = kMaxCopyReplans;
+  }
 }
 
 // ---- steps ---------------------------------------------------------------------------------------------
@@ -243,6 +281,7 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
   std::vector<at::Tensor> buffers;
   if (options.buffers == BuffersAfter::Restored) buffers = model.snapshot_buffers();
 
+  const memory::OffloadStats offload_before = engine_ ? engine_->stats() : memory::OffloadStats{};
   st.baseline_bytes = memory::device_current_bytes(memory::stats());
   memory::reset_peak();
   const auto t0 = Clock::now();
@@ -290,6 +329,7 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
   st.memory = memory::stats();
   st.peak_bytes = memory::device_peak_bytes(st.memory);
   if (engine_) st.offload = engine_->stats();
+  if (engine_ && mode_ == MemoryMode::Plan) adapt_to_late_copies(offload_before, st.offload, st.ms);
   if (options.buffers == BuffersAfter::Restored) model.restore_buffers(buffers);
   if (!options.optimizer) {
     if (options.gradients == GradientsAfter::Collected) st.gradients = copy_gradients(model);

@@ -164,6 +164,9 @@ class StepRuntime {
   // Plan again for another budget, the other options unchanged (see trainer.cpp: plan, measure, correct).
   const memory::Plan& replan(int64_t budget_bytes);
   const memory::Plan* current_plan() const { return plan_ ? &*plan_ : nullptr; }
+  // Re-plans made because planned copy-outs missed their deadline (see adapt_to_late_copies), since the
+  // last plan asked for from outside.
+  int copy_replans() const { return copy_replans_; }
   memory::Plan* current_plan() { return plan_ ? &*plan_ : nullptr; }
   // The offload tier's measured costs (measured on first use with `probe_bytes` buffers, then kept).
   const memory::OffloadCosts& offload_costs(int64_t probe_bytes = 16 << 20);
@@ -199,6 +202,7 @@ class StepRuntime {
   void begin_step();
   void end_step();
   void attach_gradient_hooks(models::Model& model);
+  void adapt_to_late_copies(const memory::OffloadStats& before, const memory::OffloadStats& after, double step_ms);
 
   MemorySettings settings_;
   MemoryMode mode_ = MemoryMode::Keep;
@@ -208,6 +212,8 @@ class StepRuntime {
   std::optional<memory::StepProfile> profile_;
   std::optional<memory::Plan> plan_;
   memory::PlanOptions plan_options_;
+  bool planned_here_ = false;  // plan_ was made by plan() (plan_options_ can re-make it), not use_plan()
+  int copy_replans_ = 0;
   std::unique_ptr<memory::StepPolicy> policy_;  // the mode's decisions (Thresholds, Plan)
   memory::BudgetPolicy* budget_policy_ = nullptr;  // policy_ in Plan mode (its counts go into StepStats)
   memory::StepPolicy* active_ = nullptr;        // what the driver calls now (policy_, or a profiler)
