@@ -221,9 +221,9 @@ TEST(PsCtr, PrefetchedPullsGiveBitwiseTheParametersOfSynchronousPulls) {
   const auto overlapped_remote = train_fifty(fresh_pair(), true, ds);
   const auto collect_remote = train_fifty(fresh_pair(), true, ds, 50, models::RepullTiming::OnCollect);
   const auto untrained = train_fifty(embedded, false, ds, 0);
-  // ps.repull = "auto": the re-pull moves off the step's path where it is a round trip (remote shards).
+  // ps.repull = "auto": the re-pull moves off the step's path, embedded and remote (measured faster in both).
   EXPECT_TRUE(train_fifty(embedded, true, ds, 0, models::RepullTiming::Auto)->options.repull ==
-              models::RepullTiming::OnCollect);
+              models::RepullTiming::AfterPush);
   EXPECT_TRUE(train_fifty(fresh_pair(), true, ds, 0, models::RepullTiming::Auto)->options.repull ==
               models::RepullTiming::AfterPush);
   EXPECT_EQ(sync->prefetch_counts().used, 0);

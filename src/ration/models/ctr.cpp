@@ -103,8 +103,9 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
   }
   client_ = std::make_shared<ps::PsClient>(o.client);
   if (!client_->embedded()) client_->check_health();
-  if (options.repull == RepullTiming::Auto)
-    options.repull = client_->embedded() ? RepullTiming::OnCollect : RepullTiming::AfterPush;
+  // "auto" re-pulls after the push, embedded or remote: measured on an idle machine, it beat re-pulling on
+  // collection in both cases (BENCHMARKS.md, issue 16, quiet re-run of bench_ps_grpc).
+  if (options.repull == RepullTiming::Auto) options.repull = RepullTiming::AfterPush;
   if (o.evict.active()) {
     // The cap is the total over the embedded shards: each holds about 1/N of every table's ids.
     ps::EvictOptions per_shard = o.evict;

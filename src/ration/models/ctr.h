@@ -41,10 +41,9 @@ namespace ration::models {
 
 // When a prefetch's rows that a push changed after its pull began are pulled again (ps.repull):
 // AfterPush — on the prefetch's thread right after the push returns, overlapping the dense update (a
-// network round trip off the step's critical path); OnCollect — by the step that collects the prefetch
-// (for embedded shards a re-pull is a few hundred row copies, cheaper than handing them to another
-// thread); Auto (the default) — AfterPush with remote shards, OnCollect with embedded ones. All give
-// bitwise the rows of a synchronous pull (bench_ps_grpc measures the two).
+// network round trip off the step's critical path); OnCollect — by the step that collects the prefetch;
+// Auto (the default) — AfterPush, embedded or remote (the faster of the two in both cases on an idle
+// machine). All give bitwise the rows of a synchronous pull (bench_ps_grpc measures the two).
 enum class RepullTiming { Auto, AfterPush, OnCollect };
 
 struct CtrOptions {
