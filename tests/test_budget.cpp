@@ -292,27 +292,42 @@ TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
   EXPECT_GE(within, 4);
 }
 
+// A model family's profile and the loose plan's groups, and a whole-step simulation's peak for
+// per-group decisions: the oracle of the incremental-peak tests below.
+struct ProfiledGroups {
+  memory::StepProfile profile;
+  std::vector<memory::Group> groups;
+  int64_t simulated(const std::vector<memory::Decision>& d, int64_t extra) const {
+    std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
+    for (size_t i = 0; i < groups.size(); ++i) by_storage[static_cast<size_t>(groups[i].storage)] = d[i];
+    return memory::simulate(profile, by_storage, extra).peak_bytes;
+  }
+};
+
+ProfiledGroups profiled_groups(const Case& c) {
+  Config cfg = Config::from_string(c.toml, c.name + ".toml");
+  at::manual_seed(3);
+  auto model = models::build_model(cfg);
+  model->train();
+  ProfiledGroups out;
+  out.profile = train::profile_step(*model, batch_for(c.name), 11);
+  memory::PlanOptions o;
+  o.budget_bytes = int64_t{1} << 40;
+  out.groups = memory::make_plan(out.profile, o).groups;
+  return out;
+}
+
 // The incremental peak (used by the descents) equals a whole-step simulation after every change and for
 // every change it is asked about, on each model family, through random walks of keep/recompute flips.
 TEST(Planner, IncrementalPeakEqualsTheSimulator) {
   for (const auto& c : cases()) {
     SCOPED_TRACE(c.name);
-    Config cfg = Config::from_string(c.toml, c.name + ".toml");
-    at::manual_seed(3);
-    auto model = models::build_model(cfg);
-    model->train();
-    const memory::StepProfile profile = train::profile_step(*model, batch_for(c.name), 11);
-    memory::PlanOptions o;
-    o.budget_bytes = int64_t{1} << 40;
-    const memory::Plan loose = memory::make_plan(profile, o);
-    const std::vector<memory::Group>& groups = loose.groups;
+    const ProfiledGroups pg = profiled_groups(c);
+    const memory::StepProfile& profile = pg.profile;
+    const std::vector<memory::Group>& groups = pg.groups;
     ASSERT_GT(groups.size(), 4u);
     const int64_t extra = 12345;
-    auto simulated = [&](const std::vector<memory::Decision>& d) {
-      std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
-      for (size_t i = 0; i < groups.size(); ++i) by_storage[static_cast<size_t>(groups[i].storage)] = d[i];
-      return memory::simulate(profile, by_storage, extra).peak_bytes;
-    };
+    auto simulated = [&](const std::vector<memory::Decision>& d) { return pg.simulated(d, extra); };
     std::mt19937 rng(17);
     for (int walk = 0; walk < 3; ++walk) {
       // Walks start all kept, half recomputed, all recomputed.
@@ -349,21 +364,12 @@ TEST(Planner, IncrementalPeakEqualsTheSimulator) {
 TEST(Planner, IncrementalPeakCopiesShareOnlyStaticData) {
   for (const auto& c : cases()) {
     SCOPED_TRACE(c.name);
-    Config cfg = Config::from_string(c.toml, c.name + ".toml");
-    at::manual_seed(3);
-    auto model = models::build_model(cfg);
-    model->train();
-    const memory::StepProfile profile = train::profile_step(*model, batch_for(c.name), 11);
-    memory::PlanOptions o;
-    o.budget_bytes = int64_t{1} << 40;
-    const std::vector<memory::Group> groups = memory::make_plan(profile, o).groups;
+    const ProfiledGroups pg = profiled_groups(c);
+    const memory::StepProfile& profile = pg.profile;
+    const std::vector<memory::Group>& groups = pg.groups;
     ASSERT_GT(groups.size(), 4u);
     const int64_t extra = 777;
-    auto simulated = [&](const std::vector<memory::Decision>& d) {
-      std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
-      for (size_t i = 0; i < groups.size(); ++i) by_storage[static_cast<size_t>(groups[i].storage)] = d[i];
-      return memory::simulate(profile, by_storage, extra).peak_bytes;
-    };
+    auto simulated = [&](const std::vector<memory::Decision>& d) { return pg.simulated(d, extra); };
     const std::vector<memory::Decision> kept(groups.size(), memory::Decision::Keep);
     const memory::IncrementalPeak base(profile, groups, extra, kept);
     const int64_t base_peak = simulated(kept);
