@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <limits>
@@ -119,6 +120,10 @@ World World::init(const WorldOptions& options) {
 }
 
 World World::init_from(const Env& env, const WorldOptions& options) {
+  // A write to a peer that died must fail with EPIPE, not kill this rank with SIGPIPE (Gloo's TCP pairs
+  // write without MSG_NOSIGNAL): a survivor has to live long enough to name the lost rank and leave its
+  // note, or the other survivors take it for lost too.
+  std::signal(SIGPIPE, SIG_IGN);
   auto state = std::make_shared<State>();
   const int64_t size = parse_int("WORLD_SIZE", require(env, "WORLD_SIZE", "an integer >= 1"), 1,
                                  std::numeric_limits<int>::max(), "an integer >= 1");
