@@ -150,14 +150,16 @@ struct StepRun {
     if (key_producer[static_cast<size_t>(k)] < 0) return true;
     return holding(st.get(k));
   }
-  void touch(int k) {
+  // `as_output`: consulted as the output of a node this step re-runs (not as an input or a saved value).
+  // The list holds storage * 2 + 1 for a storage first consulted so, storage * 2 otherwise.
+  void touch(int k, bool as_output = false) {
     if (k < 0) return;
     const int s = key_storage[static_cast<size_t>(k)];
     // Each group storage once per step: a re-run cascade consults a value as its producer's output and
     // again as its consumer's input, and only whether a step touches a storage matters.
     if (s < 0 || !is_group[static_cast<size_t>(s)] || touch_epoch[static_cast<size_t>(s)] == cache_stamp) return;
     touch_epoch[static_cast<size_t>(s)] = cache_stamp;
-    touched.push_back(s);
+    touched.push_back(2 * s + (as_output ? 1 : 0));
   }
   bool held(int s) {
     for (int k : storage_keys[static_cast<size_t>(s)])
@@ -186,7 +188,7 @@ struct StepRun {
     }
     for (size_t j = 0; j < outputs[o].size(); ++j) {
       const int k = outputs[o][j];
-      touch(k);
+      touch(k, true);
       if (k < 0 || st.get(k) != State::Dropped) continue;
       const int s = out_storage[o][j];
       const bool was_held = s >= 0 && held(s);
@@ -265,6 +267,25 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
       released_at_[j].push_back(k);
     }
   }
+  // A storage whose keys are all outputs of one node that allocates it: re-running that node restores
+  // the whole storage (evaluate's shortcut for a release consulted first as such an output).
+  restored_by_producer_.assign(ns, 0);
+  for (size_t st = 0; st < ns; ++st) {
+    const auto& keys = storage_keys_[st];
+    if (!is_group_[st] || keys.empty()) continue;
+    const int64_t producer = key_producer_[static_cast<size_t>(keys.front())];
+    if (producer < 0) continue;
+    const auto o = static_cast<size_t>(producer);
+    bool all = true;
+    for (int k : keys) {
+      bool found = false;
+      for (size_t j = 0; j < node_outputs_[o].size(); ++j)
+        found = found || (node_outputs_[o][j] == k && node_out_storage_[o][j] == static_cast<int>(st));
+      all = all && key_producer_[static_cast<size_t>(k)] == producer && found;
+    }
+    const auto& alloc = p.nodes[o].allocated_storage;
+    restored_by_producer_[st] = all && std::find(alloc.begin(), alloc.end(), static_cast<int64_t>(st)) != alloc.end();
+  }
   release_steps_.assign(ns, {});
   for (size_t k = 0; k < nk_; ++k)
     if (key_storage_[k] >= 0 && release_step_[k] != kNever)
@@ -336,6 +357,7 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
       node_out_storage_(static_->node_out_storage_),
       released_at_(static_->released_at_),
       release_steps_(static_->release_steps_),
+      restored_by_producer_(static_->restored_by_producer_),
       workspace_(static_->workspace_),
       start_other_(static_->start_other_),
       transient_other_(static_->transient_other_) {
@@ -415,7 +437,7 @@ void IncrementalPeak::build() {
     }
     resident_at[j] = r.resident_at_start;
     for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
-    for (int s : r.touched) touches_[static_cast<size_t>(s)].push_back(static_cast<int64_t>(j));  // j ascends
+    for (int t : r.touched) touches_[static_cast<size_t>(t / 2)].push_back(2 * static_cast<int64_t>(j) + t % 2);  // j ascends
     restored_at_[j] = std::move(r.restored);
     touched_at_[j] = std::move(r.touched);
   }
@@ -495,10 +517,32 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     e.peak = std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta);
     return;
   }
-  const int64_t first = touches.front();
+  const int64_t first = touches.front() / 2;
   e.first = first;
   if (first > 0) peak = std::max(peak, backward_.max(0, static_cast<size_t>(first - 1)) + e.resident_delta);
   if (peak >= stop_at) return stop();
+  if (to == Decision::Recompute && touches.front() % 2 == 1 && restored_by_producer_[s]) {
+    // Released where the committed plan first consults it as the output of a node its step re-runs
+    // anyway (the rest of a re-run cascade): that re-run restores it, so the step runs the same nodes
+    // with the group's bytes missing until then, and the same bytes after (the committed run counted them
+    // twice there, resident and transient; this one once). The step is the committed one less `b`, its
+    // keys hold from there on as kept ones do, and nothing later changes: no re-simulation.
+    const auto ju = static_cast<size_t>(first);
+    if (e.used == e.steps.size()) e.steps.emplace_back();
+    StepResult& r = e.steps[e.used++];
+    r.step = first;
+    r.value = backward_.max(ju, ju) - b;
+    r.resident_at_start = resident_.at(ju) - b;
+    r.touched = touched_at_[ju];
+    r.restored = restored_at_[ju];
+    for (int k : storage_keys_[s]) r.restored.push_back(k);
+    peak = std::max(peak, r.value);
+    if (peak >= stop_at) return stop();
+    e.last = first;
+    if (ju + 1 < nb_) peak = std::max(peak, backward_.max(ju + 1, nb_ - 1));
+    e.peak = peak;
+    return;
+  }
 
   ++over_stamp_;
   over_keys_.clear();
@@ -582,8 +626,8 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
 int64_t IncrementalPeak::next_event(int s, int64_t j) const {
   int64_t next = static_cast<int64_t>(nb_);
   const auto& touches = touches_[static_cast<size_t>(s)];
-  auto t = std::lower_bound(touches.begin(), touches.end(), j);
-  if (t != touches.end()) next = std::min(next, *t);
+  auto t = std::lower_bound(touches.begin(), touches.end(), 2 * j);
+  if (t != touches.end()) next = std::min(next, *t / 2);
   const auto& releases = release_steps_[static_cast<size_t>(s)];
   auto r = std::lower_bound(releases.begin(), releases.end(), j);
   if (r != releases.end()) next = std::min(next, *r);
@@ -628,9 +672,10 @@ void IncrementalPeak::commit(const Evaluation& e) {
         continue;
       }
       for (int k : restored_at_[ju]) restore_step_[static_cast<size_t>(k)] = kNever;
+      if (r.touched == touched_at_[ju]) continue;
       for (int t : touched_at_[ju]) {
-        auto& steps = touches_[static_cast<size_t>(t)];
-        steps.erase(std::lower_bound(steps.begin(), steps.end(), r.step));
+        auto& steps = touches_[static_cast<size_t>(t / 2)];
+        steps.erase(std::lower_bound(steps.begin(), steps.end(), 2 * r.step));
       }
     }
     for (const auto& sh : e.shifted) {
@@ -646,10 +691,11 @@ void IncrementalPeak::commit(const Evaluation& e) {
       if (same_[u]) continue;
       restored_at_[ju] = r.restored;
       for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;
+      if (r.touched == touched_at_[ju]) continue;
       touched_at_[ju] = r.touched;
       for (int t : r.touched) {
-        auto& steps = touches_[static_cast<size_t>(t)];
-        steps.insert(std::upper_bound(steps.begin(), steps.end(), j), j);
+        auto& steps = touches_[static_cast<size_t>(t / 2)];
+        steps.insert(std::upper_bound(steps.begin(), steps.end(), 2 * j + 1), 2 * j + t % 2);
       }
     }
   }

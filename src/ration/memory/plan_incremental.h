@@ -142,6 +142,7 @@ class IncrementalPeak {
     std::vector<std::vector<int>> node_out_storage_; // by node: storage of each output in node_outputs_
     std::vector<std::vector<int>> released_at_;      // by backward step: keys released after it
     std::vector<std::vector<int64_t>> release_steps_;  // by storage: its keys' release steps, ascending
+    std::vector<char> restored_by_producer_;         // by storage: one node outputs all its keys, allocating it
     std::vector<int64_t> workspace_;                 // by node: forward workspace
     std::vector<int64_t> start_other_, transient_other_;  // by backward step
   };
@@ -166,6 +167,7 @@ class IncrementalPeak {
   const std::vector<std::vector<int>>& node_out_storage_;
   const std::vector<std::vector<int>>& released_at_;
   const std::vector<std::vector<int64_t>>& release_steps_;
+  const std::vector<char>& restored_by_producer_;
   const std::vector<int64_t>& workspace_;
   const std::vector<int64_t>& start_other_;
   const std::vector<int64_t>& transient_other_;
@@ -174,9 +176,11 @@ class IncrementalPeak {
   std::vector<Decision> decision_;                 // by storage
   std::vector<int64_t> restore_step_;              // by key: backward step that restored it (or never)
   std::vector<std::vector<int>> restored_at_;      // by backward step
-  std::vector<std::vector<int>> touched_at_;       // by backward step
-  std::vector<std::vector<int64_t>> touches_;      // by storage: steps that touch it, ascending (a step
-                                                   // touching it twice is listed twice)
+  std::vector<std::vector<int>> touched_at_;       // by backward step: storage * 2 + 1 where the step
+                                                   // first touches it as a re-run node's output, else * 2
+  std::vector<std::vector<int64_t>> touches_;      // by storage: 2 * step + 1 for each step that touches it
+                                                   // first as a re-run node's output, 2 * step for the other
+                                                   // steps touching it; ascending
   Tree forward_, backward_;
   Fenwick resident_;                               // by backward step: resident bytes at its start
   Evaluation last_;
