@@ -13,6 +13,7 @@ constexpr int64_t kNever = std::numeric_limits<int64_t>::max() / 4;
 constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
 constexpr int kAlwaysUsable = -1;  // a leaf or constant input (pinned)
 constexpr int kNeverUsable = -2;   // a value no backward saves: always rebuilt when needed
+constexpr size_t kLongStep = 16;   // storages a step touches from which a release's extension is priced apart
 
 using State = IncrementalPeak::State;
 bool holding(State s) { return s == State::Kept || s == State::Restored; }
@@ -453,29 +454,15 @@ int64_t IncrementalPeak::peak() const {
   return peak;
 }
 
-namespace {
 // Key states of the run being evaluated: the overlay where it differs from the committed plan.
-struct OverlayState {
-  const IncrementalPeak* self;
-  std::vector<uint32_t>& epoch;
-  std::vector<State>& state;
-  std::vector<int>& keys;
-  uint32_t stamp;
+struct IncrementalPeak::OverlayState {
+  IncrementalPeak* self;
   int64_t step;
-  State get(int k) const {
-    return epoch[static_cast<size_t>(k)] == stamp ? state[static_cast<size_t>(k)] : self->base_state(k, step);
-  }
-  void set(int k, State v) {
-    if (epoch[static_cast<size_t>(k)] != stamp) {
-      epoch[static_cast<size_t>(k)] = stamp;
-      keys.push_back(k);
-    }
-    state[static_cast<size_t>(k)] = v;
-  }
+  State get(int k) const { return self->over_get(k, step); }
+  void set(int k, State v) { self->over_set(k, v); }
 };
-}  // namespace
 
-void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t stop_at) {
+void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t stop_at, bool lazy) {
   e.storage = s;
   e.to = to;
   e.used = 0;  // e.steps keeps its step results (and their buffers) from earlier evaluations
@@ -546,46 +533,74 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
 
   ++over_stamp_;
   over_keys_.clear();
-  OverlayState st{this, over_epoch_, over_state_, over_keys_, over_stamp_, first};
+  OverlayState st{this, first};
   for (int k : storage_keys_[s]) st.set(k, to == Decision::Keep ? State::Kept : State::Dropped);
   int64_t resident = resident_.at(static_cast<size_t>(first)) + e.resident_delta;
+  // A release first consulted as an input at a step that re-runs many nodes: the step now also re-runs
+  // the storage's producer and whatever that needs (the extension). Which keys it restores is found
+  // without re-running the rest of the step (a node the committed step re-ran restores the same keys in
+  // both runs), and with it every later step; only the step's own value needs the whole re-run. So the
+  // later steps come first: when one of them (or the unchanged rest) reaches stop_at the release is
+  // rejected without that value, else the evaluation runs again in full.
+  const bool extension = lazy && stop_at != kExact && to == Decision::Recompute && touches.front() % 2 == 0 &&
+                         restored_by_producer_[s] && touched_at_[static_cast<size_t>(first)].size() >= kLongStep;
   int64_t j = first;
   for (;; ++j) {
     st.step = j;
-    if (e.used == e.steps.size()) e.steps.emplace_back();
-    StepResult& r = e.steps[e.used++];
-    r.touched.clear();
-    r.restored.clear();
-    r.step = j;
-    r.resident_at_start = resident;
-    StepRun<OverlayState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
-                              is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
-                              st, resident, r.touched, r.restored, touch_epoch_};
-    run.recompute_peak = resident;
     const auto ju = static_cast<size_t>(j);
-    if (stop_at != kExact) run.stop_recompute_at = stop_at - start_other_[ju] - extra_;
-    const auto ord = static_cast<size_t>(p_.backward_order[ju]);
-    for (int k : node_saved_[ord]) {
-      run.touch(k);
-      if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
-      if (run.stopped) break;
+    if (extension && j == first) {
+      extension_.clear();
+      ++cache_stamp_;
+      extend(key_producer_[static_cast<size_t>(storage_keys_[s].front())], j, extension_);
+      // Resident at the next step's start: the committed one plus each storage the extension holds that
+      // the committed plan does not hold there (the released storage itself is held again in both).
+      resident = ju + 1 < nb_ ? resident_.at(ju + 1) : 0;
+      ++transient_stamp_;
+      for (int k : extension_) {
+        const int ks = key_storage_[static_cast<size_t>(k)];
+        if (ks == static_cast<int>(s) || transient_epoch_[static_cast<size_t>(ks)] == transient_stamp_) continue;
+        transient_epoch_[static_cast<size_t>(ks)] = transient_stamp_;
+        bool held = false;
+        for (int other : storage_keys_[static_cast<size_t>(ks)])
+          held = held || (over_epoch_[static_cast<size_t>(other)] != over_stamp_ && holding(base_state(other, j + 1)));
+        if (!held) resident += bytes_[static_cast<size_t>(ks)];
+      }
+      for (int k : released_at_[ju]) st.set(k, State::Released);
+    } else {
+      if (e.used == e.steps.size()) e.steps.emplace_back();
+      StepResult& r = e.steps[e.used++];
+      r.touched.clear();
+      r.restored.clear();
+      r.step = j;
+      r.resident_at_start = resident;
+      StepRun<OverlayState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
+                                is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+                                st, resident, r.touched, r.restored, touch_epoch_};
+      run.recompute_peak = resident;
+      if (stop_at != kExact) run.stop_recompute_at = stop_at - start_other_[ju] - extra_;
+      const auto ord = static_cast<size_t>(p_.backward_order[ju]);
+      for (int k : node_saved_[ord]) {
+        run.touch(k);
+        if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
+        if (run.stopped) break;
+      }
+      if (run.stopped) {
+        peak = std::max(peak, start_other_[ju] + run.recompute_peak + extra_);
+        return stop();
+      }
+      r.value = std::max(start_other_[ju] + run.recompute_peak, transient_other_[ju] + resident + run.transient_bytes) + extra_;
+      peak = std::max(peak, r.value);
+      if (peak >= stop_at) return stop();
+      for (int k : released_at_[ju]) {
+        const State was = st.get(k);
+        st.set(k, State::Released);
+        const int ks = key_storage_[static_cast<size_t>(k)];
+        if (holding(was) && is_group_[static_cast<size_t>(ks)] && !run.held(ks)) resident -= bytes_[static_cast<size_t>(ks)];
+      }
+      // A key the committed plan restored here but this run did not stays dropped in this run.
+      for (int k : restored_at_[ju])
+        if (over_epoch_[static_cast<size_t>(k)] != over_stamp_) st.set(k, State::Dropped);
     }
-    if (run.stopped) {
-      peak = std::max(peak, start_other_[ju] + run.recompute_peak + extra_);
-      return stop();
-    }
-    r.value = std::max(start_other_[ju] + run.recompute_peak, transient_other_[ju] + resident + run.transient_bytes) + extra_;
-    peak = std::max(peak, r.value);
-    if (peak >= stop_at) return stop();
-    for (int k : released_at_[ju]) {
-      const State was = st.get(k);
-      st.set(k, State::Released);
-      const int ks = key_storage_[static_cast<size_t>(k)];
-      if (holding(was) && is_group_[static_cast<size_t>(ks)] && !run.held(ks)) resident -= bytes_[static_cast<size_t>(ks)];
-    }
-    // A key the committed plan restored here but this run did not stays dropped in this run.
-    for (int k : restored_at_[ju])
-      if (over_epoch_[static_cast<size_t>(k)] != over_stamp_) st.set(k, State::Dropped);
     // Keys in the same state as the committed plan's from the next step on need no overlay.
     size_t kept = 0;
     for (int k : over_keys_) {
@@ -620,7 +635,33 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
   }
   e.last = j;
   if (static_cast<size_t>(j) + 1 < nb_) peak = std::max(peak, backward_.max(static_cast<size_t>(j + 1), nb_ - 1));
+  if (extension) {
+    if (peak >= stop_at) return stop();
+    return evaluate(s, to, e, stop_at, false);  // the extension's step decides: run it
+  }
   e.peak = peak;
+}
+
+void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored) {
+  const auto o = static_cast<size_t>(ord);
+  if (cache_epoch_[o] == cache_stamp_) return;
+  cache_epoch_[o] = cache_stamp_;
+  const auto& inputs = node_inputs_[o];
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int k = inputs[i];
+    if (k == kAlwaysUsable) continue;
+    // Usable at the step's start, or restored by the committed step (its producer re-runs in both runs,
+    // and what that needs was re-run there too): nothing to add behind it.
+    if (k != kNeverUsable && (key_producer_[static_cast<size_t>(k)] < 0 || holding(over_get(k, j)) ||
+                              restore_step_[static_cast<size_t>(k)] == j))
+      continue;
+    extend(node_input_producers_[o][i], j, restored);
+  }
+  for (int k : node_outputs_[o]) {
+    if (k < 0 || over_get(k, j) != State::Dropped || restore_step_[static_cast<size_t>(k)] == j) continue;
+    over_set(k, State::Restored);
+    restored.push_back(k);
+  }
 }
 
 int64_t IncrementalPeak::next_event(int s, int64_t j) const {

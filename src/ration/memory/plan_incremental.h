@@ -114,7 +114,23 @@ class IncrementalPeak {
   bool dropped(int s) const { return decision_[static_cast<size_t>(s)] == Decision::Recompute; }
   void build();
   // `stop_at`: see peak_if; an evaluation stopped early is left invalid (set() evaluates again).
-  void evaluate(size_t storage, Decision to, Evaluation& e, int64_t stop_at = kExact);
+  // `lazy`: a release first consulted as an input at a long re-run step may be rejected without that
+  // step's value (see evaluate).
+  void evaluate(size_t storage, Decision to, Evaluation& e, int64_t stop_at = kExact, bool lazy = true);
+  // The nodes a release adds to step j's re-runs (from `ord`, the released storage's producer): marks the
+  // keys they restore beyond the committed step's as Restored in the overlay and lists them.
+  void extend(int64_t ord, int64_t j, std::vector<int>& restored);
+  struct OverlayState;  // StepRun's view of over_get / over_set
+  State over_get(int k, int64_t j) const {
+    return over_epoch_[static_cast<size_t>(k)] == over_stamp_ ? over_state_[static_cast<size_t>(k)] : base_state(k, j);
+  }
+  void over_set(int k, State v) {
+    if (over_epoch_[static_cast<size_t>(k)] != over_stamp_) {
+      over_epoch_[static_cast<size_t>(k)] = over_stamp_;
+      over_keys_.push_back(k);
+    }
+    over_state_[static_cast<size_t>(k)] = v;
+  }
   // The first backward step from `j` on that touches group storage `s` or releases one of its keys
   // in the committed plan (nb_ when none).
   int64_t next_event(int s, int64_t j) const;
@@ -191,6 +207,7 @@ class IncrementalPeak {
   std::vector<int> over_keys_;
   uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
   std::vector<char> same_;  // commit: per window step, lists unchanged
+  std::vector<int> extension_;  // evaluate: keys a release's extension restores
 };
 
 }  // namespace ration::memory
