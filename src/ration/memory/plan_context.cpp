@@ -71,12 +71,16 @@ std::vector<Group> groups_of(const StepProfile& profile, std::vector<int64_t>& r
     g.recompute_ms = single_cost(profile, forward_ms, saved_keys, g.producer, seen);
     found.emplace_back(g, static_cast<int64_t>(seen.size()));
   }
-  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first.producer < b.first.producer; });
+  // Sorted by index (a Group carries two strings: moving whole groups costs more than the sort).
+  std::vector<size_t> order(found.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return found[a].first.producer < found[b].first.producer; });
   std::vector<Group> groups;
+  groups.reserve(found.size());
   rerun_nodes.clear();
-  for (auto& [g, nodes] : found) {
-    groups.push_back(std::move(g));
-    rerun_nodes.push_back(nodes);
+  for (size_t i : order) {
+    groups.push_back(std::move(found[i].first));
+    rerun_nodes.push_back(found[i].second);
   }
   return groups;
 }

@@ -120,12 +120,12 @@ int64_t IncrementalPeak::Fenwick::at(size_t i) const {
 // `St` reads and writes key states: the whole run's (build) or an overlay on the committed plan (evaluate).
 template <class St>
 struct StepRun {
-  const StepProfile& p;
-  const std::vector<std::vector<int>>& inputs;
-  const std::vector<std::vector<int64_t>>& input_producers;
-  const std::vector<std::vector<int>>& outputs;
-  const std::vector<std::vector<int>>& out_storage;
-  const std::vector<std::vector<int>>& storage_keys;
+  const plan_detail::Lists<int64_t>& alloc;  // by node: storages its forward allocated
+  const plan_detail::Lists<int>& inputs;
+  const plan_detail::Lists<int64_t>& input_producers;
+  const plan_detail::Lists<int>& outputs;
+  const plan_detail::Lists<int>& out_storage;
+  const plan_detail::Lists<int>& storage_keys;
   const std::vector<int>& key_storage;
   const std::vector<int64_t>& key_producer;
   const std::vector<char>& is_group;
@@ -177,7 +177,7 @@ struct StepRun {
       if (!usable(in)) rerun(input_producers[o][i]);
       if (stopped) return;
     }
-    for (int64_t s : p.nodes[o].allocated_storage) {
+    for (int64_t s : alloc[o]) {
       if (transient_epoch[static_cast<size_t>(s)] == transient_stamp) continue;
       transient_epoch[static_cast<size_t>(s)] = transient_stamp;
       transient_bytes += bytes[static_cast<size_t>(s)];
@@ -219,60 +219,86 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
     storage_of_group_.push_back(static_cast<int>(s));
     is_group_[s] = 1;
   }
-  // Keys: every saved value.
-  std::map<ValueKey, int> id;
+  // Keys: every saved value, numbered in first-saved order. A node output's id is found by position (its
+  // node's first output slot plus its index), a leaf's in a map (leaves are few next to node outputs).
+  std::vector<size_t> out_base(nn_ + 1, 0);
+  for (size_t o = 0; o < nn_; ++o) out_base[o + 1] = out_base[o] + p.nodes[o].output_storage.size();
+  std::vector<int> out_key(out_base[nn_], -1);
+  std::map<ValueKey, int> leaf_key;
+  auto id_of = [&](const ValueKey& key) -> int {  // -1: not saved
+    if (key.is_leaf()) {
+      auto it = leaf_key.find(key);
+      return it == leaf_key.end() ? -1 : it->second;
+    }
+    const auto o = static_cast<size_t>(key.producer);
+    if (key.output < 0 || out_base[o] + static_cast<size_t>(key.output) >= out_base[o + 1]) return -1;
+    return out_key[out_base[o] + static_cast<size_t>(key.output)];
+  };
   for (const auto& node : p.nodes) {
     for (const auto& key : node.saved) {
-      if (id.count(key)) continue;
-      id[key] = static_cast<int>(nk_++);
-      key_storage_.push_back(static_cast<int>(p.storage_of(key)));
+      if (id_of(key) >= 0) continue;
+      const int k = static_cast<int>(nk_++);
+      if (key.is_leaf()) {
+        leaf_key[key] = k;
+        key_storage_.push_back(static_cast<int>(p.storage_of(key)));
+      } else {
+        const auto o = static_cast<size_t>(key.producer);
+        RATION_ASSERT(out_base[o] + static_cast<size_t>(key.output) < out_base[o + 1], "incremental peak: saved value ",
+                      key.producer, ":", key.output, " is not an output of its node");
+        out_key[out_base[o] + static_cast<size_t>(key.output)] = k;
+        key_storage_.push_back(static_cast<int>(p.nodes[o].output_storage[static_cast<size_t>(key.output)]));
+      }
       key_producer_.push_back(key.producer);
     }
   }
-  storage_keys_.assign(ns, {});
-  for (size_t k = 0; k < nk_; ++k)
-    if (key_storage_[k] >= 0) storage_keys_[static_cast<size_t>(key_storage_[k])].push_back(static_cast<int>(k));
-  node_inputs_.resize(nn_);
-  node_input_producers_.resize(nn_);
-  node_saved_.resize(nn_);
-  node_outputs_.resize(nn_);
-  node_out_storage_.resize(nn_);
+  {
+    std::vector<std::pair<size_t, int>> by_storage;
+    for (size_t k = 0; k < nk_; ++k)
+      if (key_storage_[k] >= 0) by_storage.emplace_back(static_cast<size_t>(key_storage_[k]), static_cast<int>(k));
+    storage_keys_ = Lists<int>::grouped(ns, by_storage);
+  }
   workspace_.resize(nn_);
   std::vector<int64_t> pending(nk_, 0);
   for (size_t o = 0; o < nn_; ++o) {
     const ProfiledNode& n = p.nodes[o];
     for (const auto& in : n.inputs) {
-      auto it = id.find(in);
-      node_inputs_[o].push_back(in.is_leaf() ? kAlwaysUsable : it != id.end() ? it->second : kNeverUsable);
-      node_input_producers_[o].push_back(in.producer);
+      const int k = in.is_leaf() ? kAlwaysUsable : id_of(in);
+      node_inputs_.add(k < 0 && !in.is_leaf() ? kNeverUsable : k);
+      node_input_producers_.add(in.producer);
     }
     for (const auto& key : n.saved) {
-      node_saved_[o].push_back(id.at(key));
-      ++pending[static_cast<size_t>(id.at(key))];
+      const int k = id_of(key);
+      node_saved_.add(k);
+      ++pending[static_cast<size_t>(k)];
     }
     for (size_t j = 0; j < n.output_storage.size(); ++j) {
-      auto it = id.find(ValueKey{static_cast<int64_t>(o), static_cast<int>(j)});
-      node_outputs_[o].push_back(it != id.end() ? it->second : kNeverUsable);
-      node_out_storage_[o].push_back(static_cast<int>(n.output_storage[j]));
+      const int k = out_key[out_base[o] + j];
+      node_outputs_.add(k >= 0 ? k : kNeverUsable);
+      node_out_storage_.add(static_cast<int>(n.output_storage[j]));
     }
+    for (int64_t st : n.allocated_storage) node_alloc_.add(st);
+    for (auto* l : {&node_inputs_, &node_saved_, &node_outputs_, &node_out_storage_}) l->close();
+    node_input_producers_.close();
+    node_alloc_.close();
     workspace_[o] = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
   }
   // Release: after the backward step of a key's last pending use (keys without a storage never are).
   release_step_.assign(nk_, kNever);
-  released_at_.assign(nb_, {});
+
   std::vector<int64_t> storage_release(ns, -1);  // measured run: last release of any key on a group storage
   for (size_t j = 0; j < nb_; ++j) {
     for (int k : node_saved_[static_cast<size_t>(p.backward_order[j])]) {
       if (--pending[static_cast<size_t>(k)] != 0 || key_storage_[static_cast<size_t>(k)] < 0) continue;
       release_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
-      released_at_[j].push_back(k);
+      released_at_.add(k);
     }
+    released_at_.close();
   }
   // A storage whose keys are all outputs of one node that allocates it: re-running that node restores
   // the whole storage (evaluate's shortcut for a release consulted first as such an output).
   restored_by_producer_.assign(ns, 0);
   for (size_t st = 0; st < ns; ++st) {
-    const auto& keys = storage_keys_[st];
+    const auto keys = storage_keys_[st];
     if (!is_group_[st] || keys.empty()) continue;
     const int64_t producer = key_producer_[static_cast<size_t>(keys.front())];
     if (producer < 0) continue;
@@ -287,11 +313,12 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
     const auto& alloc = p.nodes[o].allocated_storage;
     restored_by_producer_[st] = all && std::find(alloc.begin(), alloc.end(), static_cast<int64_t>(st)) != alloc.end();
   }
-  release_steps_.assign(ns, {});
-  for (size_t k = 0; k < nk_; ++k)
-    if (key_storage_[k] >= 0 && release_step_[k] != kNever)
-      release_steps_[static_cast<size_t>(key_storage_[k])].push_back(release_step_[k]);
-  for (auto& steps : release_steps_) std::sort(steps.begin(), steps.end());
+  {
+    std::vector<std::pair<size_t, int64_t>> by_storage;  // in step order: each storage's list ascends
+    for (size_t j = 0; j < nb_; ++j)
+      for (int k : released_at_[j]) by_storage.emplace_back(static_cast<size_t>(key_storage_[static_cast<size_t>(k)]), static_cast<int64_t>(j));
+    release_steps_ = Lists<int64_t>::grouped(ns, by_storage);
+  }
   // The measured (keep-everything) run's saved bytes at each backward step's start, and what it held
   // besides them.
   std::vector<int64_t> measured(nb_ + 1, 0);
@@ -314,14 +341,15 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
   // Forward: a recomputed group is freed after the last forward node that needs it.
   std::vector<int64_t> saved_at(ns, -1), last_alive(ns, -1);
   for (size_t k = 0; k < nn_; ++k)
-    for (const auto& key : p.nodes[k].saved) {
-      const int64_t s = p.storage_of(key);
+    for (int key : node_saved_[k]) {
+      const int s = key_storage_[static_cast<size_t>(key)];
       if (s >= 0 && saved_at[static_cast<size_t>(s)] < 0) saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
     }
+  auto it = p.value_last_alive.begin();  // both maps ascend by key: walked side by side
   for (const auto& [key, s] : p.value_storage) {
+    while (it != p.value_last_alive.end() && it->first < key) ++it;
     if (s < 0 || key.is_leaf()) continue;
-    auto it = p.value_last_alive.find(key);
-    const int64_t last = it == p.value_last_alive.end() ? static_cast<int64_t>(nn_) : it->second;
+    const int64_t last = it == p.value_last_alive.end() || it->first != key ? static_cast<int64_t>(nn_) : it->second;
     last_alive[static_cast<size_t>(s)] = std::max(last_alive[static_cast<size_t>(s)], last);
   }
   forward_release_.assign(ns, kNever);
@@ -358,6 +386,7 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
       node_out_storage_(static_->node_out_storage_),
       released_at_(static_->released_at_),
       release_steps_(static_->release_steps_),
+      node_alloc_(static_->node_alloc_),
       restored_by_producer_(static_->restored_by_producer_),
       workspace_(static_->workspace_),
       start_other_(static_->start_other_),
@@ -420,7 +449,7 @@ void IncrementalPeak::build() {
   for (size_t j = 0; j < nb_; ++j) {
     StepResult r;
     r.resident_at_start = resident;
-    StepRun<FullState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
+    StepRun<FullState> run{node_alloc_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
                            is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                            st, resident, r.touched, r.restored, touch_epoch_};
     run.recompute_peak = resident;
@@ -573,7 +602,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       r.restored.clear();
       r.step = j;
       r.resident_at_start = resident;
-      StepRun<OverlayState> run{p_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
+      StepRun<OverlayState> run{node_alloc_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
                                 is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                                 st, resident, r.touched, r.restored, touch_epoch_};
       run.recompute_peak = resident;

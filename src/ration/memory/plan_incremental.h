@@ -28,12 +28,48 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "ration/memory/planner.h"
 #include "ration/memory/profile.h"
 
 namespace ration::memory {
+
+namespace plan_detail {
+// Read-only lists by index, stored back to back (one allocation, walked in order) instead of one vector
+// each: the re-run walk reads a node's inputs, outputs and allocations from neighbouring lines.
+template <class T>
+struct Lists {
+  struct Span {
+    const T* b;
+    const T* e;
+    const T* begin() const { return b; }
+    const T* end() const { return e; }
+    size_t size() const { return static_cast<size_t>(e - b); }
+    bool empty() const { return b == e; }
+    const T& operator[](size_t i) const { return b[i]; }
+    const T& front() const { return *b; }
+  };
+  // Built in index order: add() a list's items, then close() it.
+  void add(T v) { items.push_back(v); }
+  void close() { start.push_back(items.size()); }
+  // Lists 0..n-1 from (index, item) pairs, each list keeping the pairs' order.
+  static Lists grouped(size_t n, const std::vector<std::pair<size_t, T>>& pairs) {
+    Lists l;
+    l.start.assign(n + 1, 0);
+    for (const auto& pr : pairs) ++l.start[pr.first + 1];
+    for (size_t i = 0; i < n; ++i) l.start[i + 1] += l.start[i];
+    l.items.resize(pairs.size());
+    std::vector<size_t> at(l.start.begin(), l.start.end() - 1);
+    for (const auto& pr : pairs) l.items[at[pr.first]++] = pr.second;
+    return l;
+  }
+  Span operator[](size_t i) const { return {items.data() + start[i], items.data() + start[i + 1]}; }
+  std::vector<size_t> start{0};
+  std::vector<T> items;
+};
+}  // namespace plan_detail
 
 class IncrementalPeak {
  public:
@@ -136,6 +172,9 @@ class IncrementalPeak {
   int64_t next_event(int s, int64_t j) const;
   void commit(const Evaluation& e);
 
+  template <class T>
+  using Lists = plan_detail::Lists<T>;
+
   // Static data: depends on the profile, the groups and the extra bytes only; shared by copies (a
   // descent starts from a copy of the all-kept peak) and by peaks built `like` another.
   struct Static {
@@ -150,14 +189,15 @@ class IncrementalPeak {
     std::vector<int> key_storage_;                   // by key: storage id, -1 none
     std::vector<int64_t> key_producer_;              // by key
     std::vector<int64_t> release_step_;              // by key: last backward step that reads it
-    std::vector<std::vector<int>> storage_keys_;     // by storage: its saved keys
-    std::vector<std::vector<int>> node_inputs_;      // by node: key id, -1 always usable, -2 never
-    std::vector<std::vector<int64_t>> node_input_producers_;  // by node: each input's producer
-    std::vector<std::vector<int>> node_saved_;       // by node: key ids of saved values (pinned left out)
-    std::vector<std::vector<int>> node_outputs_;     // by node: key ids of outputs (-2 unsaved)
-    std::vector<std::vector<int>> node_out_storage_; // by node: storage of each output in node_outputs_
-    std::vector<std::vector<int>> released_at_;      // by backward step: keys released after it
-    std::vector<std::vector<int64_t>> release_steps_;  // by storage: its keys' release steps, ascending
+    Lists<int> storage_keys_;     // by storage: its saved keys
+    Lists<int> node_inputs_;      // by node: key id, -1 always usable, -2 never
+    Lists<int64_t> node_input_producers_;  // by node: each input's producer
+    Lists<int> node_saved_;       // by node: key ids of saved values (pinned left out)
+    Lists<int> node_outputs_;     // by node: key ids of outputs (-2 unsaved)
+    Lists<int> node_out_storage_; // by node: storage of each output in node_outputs_
+    Lists<int> released_at_;      // by backward step: keys released after it
+    Lists<int64_t> release_steps_;  // by storage: its keys' release steps, ascending
+    Lists<int64_t> node_alloc_;                      // by node: storages its forward allocated
     std::vector<char> restored_by_producer_;         // by storage: one node outputs all its keys, allocating it
     std::vector<int64_t> workspace_;                 // by node: forward workspace
     std::vector<int64_t> start_other_, transient_other_;  // by backward step
@@ -175,14 +215,15 @@ class IncrementalPeak {
   const std::vector<int>& key_storage_;
   const std::vector<int64_t>& key_producer_;
   const std::vector<int64_t>& release_step_;
-  const std::vector<std::vector<int>>& storage_keys_;
-  const std::vector<std::vector<int>>& node_inputs_;
-  const std::vector<std::vector<int64_t>>& node_input_producers_;
-  const std::vector<std::vector<int>>& node_saved_;
-  const std::vector<std::vector<int>>& node_outputs_;
-  const std::vector<std::vector<int>>& node_out_storage_;
-  const std::vector<std::vector<int>>& released_at_;
-  const std::vector<std::vector<int64_t>>& release_steps_;
+  const Lists<int>& storage_keys_;
+  const Lists<int>& node_inputs_;
+  const Lists<int64_t>& node_input_producers_;
+  const Lists<int>& node_saved_;
+  const Lists<int>& node_outputs_;
+  const Lists<int>& node_out_storage_;
+  const Lists<int>& released_at_;
+  const Lists<int64_t>& release_steps_;
+  const Lists<int64_t>& node_alloc_;
   const std::vector<char>& restored_by_producer_;
   const std::vector<int64_t>& workspace_;
   const std::vector<int64_t>& start_other_;
