@@ -23,79 +23,68 @@ int norm(State s) { return holding(s) ? 0 : s == State::Dropped ? 1 : 2; }
 }  // namespace
 
 // ---- segment tree / Fenwick -----------------------------------------------------------------------
+// A node's pending add stays at the node (never pushed down): mx[i] is the maximum of its subtree with
+// the adds at i and below, and a leaf's value is mx[leaf] plus the adds of its ancestors. So max() only
+// reads (no writes into a tree other evaluations share lines with), and add() / assign() update the two
+// boundary paths.
 void IncrementalPeak::Tree::init(const std::vector<int64_t>& v) {
   n = v.size();
-  size_t size = 1;
+  size = 1;
   while (size < std::max<size_t>(n, 1)) size <<= 1;
   mx.assign(2 * size, kNone);
-  lazy.assign(2 * size, 0);
+  add_at.assign(size, 0);
   for (size_t i = 0; i < n; ++i) mx[size + i] = v[i];
   for (size_t i = size; i-- > 1;) mx[i] = std::max(mx[2 * i], mx[2 * i + 1]);
 }
 
-namespace {
-struct TreeOps {
-  std::vector<int64_t>& mx;
-  std::vector<int64_t>& lazy;
-  void apply(size_t node, int64_t d) {
-    if (mx[node] != kNone) mx[node] += d;
-    lazy[node] += d;
+void IncrementalPeak::Tree::pull(size_t i) {
+  for (i >>= 1; i >= 1; i >>= 1) {
+    const int64_t m = std::max(mx[2 * i], mx[2 * i + 1]);
+    mx[i] = m == kNone ? kNone : m + add_at[i];  // a subtree of padding leaves stays empty
   }
-  void push(size_t node) {
-    if (lazy[node] != 0) {
-      apply(2 * node, lazy[node]);
-      apply(2 * node + 1, lazy[node]);
-      lazy[node] = 0;
-    }
-  }
-  void add(size_t node, size_t nl, size_t nr, size_t l, size_t r, int64_t d) {
-    if (r < nl || nr < l) return;
-    if (l <= nl && nr <= r) return apply(node, d);
-    push(node);
-    const size_t mid = (nl + nr) / 2;
-    add(2 * node, nl, mid, l, r, d);
-    add(2 * node + 1, mid + 1, nr, l, r, d);
-    mx[node] = std::max(mx[2 * node], mx[2 * node + 1]);
-  }
-  void assign(size_t node, size_t nl, size_t nr, size_t i, int64_t v) {
-    if (nl == nr) {
-      mx[node] = v;
-      lazy[node] = 0;
-      return;
-    }
-    push(node);
-    const size_t mid = (nl + nr) / 2;
-    if (i <= mid) assign(2 * node, nl, mid, i, v);
-    else assign(2 * node + 1, mid + 1, nr, i, v);
-    mx[node] = std::max(mx[2 * node], mx[2 * node + 1]);
-  }
-};
-}  // namespace
+}
 
 void IncrementalPeak::Tree::add(size_t l, size_t r, int64_t delta) {
   if (l > r || r >= n || delta == 0) return;
-  TreeOps{mx, lazy}.add(1, 0, mx.size() / 2 - 1, l, r, delta);
+  size_t lo = l + size, hi = r + size + 1;  // half-open over leaves
+  auto apply = [&](size_t i) {
+    mx[i] += delta;
+    if (i < size) add_at[i] += delta;
+  };
+  for (; lo < hi; lo >>= 1, hi >>= 1) {
+    if (lo & 1) apply(lo++);
+    if (hi & 1) apply(--hi);
+  }
+  pull(l + size);
+  pull(r + size);
 }
-void IncrementalPeak::Tree::assign(size_t i, int64_t value) { TreeOps{mx, lazy}.assign(1, 0, mx.size() / 2 - 1, i, value); }
-// Bottom-up: push the pending adds down the two boundary paths (every node the loop picks has its
-// ancestors on them), then take the maximum of the O(log n) nodes covering [l, r].
+
+void IncrementalPeak::Tree::assign(size_t i, int64_t value) {
+  const size_t leaf = i + size;
+  int64_t above = 0;
+  for (size_t a = leaf >> 1; a >= 1; a >>= 1) above += add_at[a];
+  mx[leaf] = value - above;
+  pull(leaf);
+}
+
+// Bottom-up over the O(log n) nodes covering [l, r]. Each side's running maximum is kept relative to the
+// level reached: moving up, its nodes all lie under one node of the new level (left: the one before `lo`,
+// right: `hi`), whose add is added; at the end the adds of those nodes' ancestors are.
 int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
   if (l > r || r >= n) return kNone;
-  const size_t size = mx.size() / 2;
-  size_t lo = l + size, hi = r + size + 1;  // half-open over leaves
-  int height = 0;
-  while ((size_t{1} << height) < size) ++height;
-  TreeOps ops{mx, lazy};
-  for (int h = height; h > 0; --h) {
-    ops.push(lo >> h);
-    ops.push((hi - 1) >> h);
+  size_t lo = l + size, hi = r + size + 1;
+  int64_t left = kNone, right = kNone;
+  while (lo < hi) {
+    if (lo & 1) left = std::max(left, mx[lo++]);
+    if (hi & 1) right = std::max(right, mx[--hi]);
+    lo >>= 1;
+    hi >>= 1;
+    if (left != kNone) left += add_at[lo - 1];
+    if (right != kNone && hi < size) right += add_at[hi];
   }
-  int64_t m = kNone;
-  for (; lo < hi; lo >>= 1, hi >>= 1) {
-    if (lo & 1) m = std::max(m, mx[lo++]);
-    if (hi & 1) m = std::max(m, mx[--hi]);
-  }
-  return m;
+  for (size_t a = lo - 1; left != kNone && a > 1;) left += add_at[a >>= 1];
+  for (size_t a = hi; right != kNone && a > 1;) right += add_at[a >>= 1];
+  return std::max(left, right);
 }
 
 void IncrementalPeak::Fenwick::init(const std::vector<int64_t>& v) {
@@ -549,9 +538,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     r.step = first;
     r.value = backward_.max(ju, ju) - b;
     r.resident_at_start = resident_.at(ju) - b;
-    r.touched = touched_at_[ju];
-    r.restored = restored_at_[ju];
-    for (int k : storage_keys_[s]) r.restored.push_back(k);
+    r.adds_storage_keys = true;  // the lists are the committed step's, copied only if this is committed
     peak = std::max(peak, r.value);
     if (peak >= stop_at) return stop();
     e.last = first;
@@ -598,6 +585,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     } else {
       if (e.used == e.steps.size()) e.steps.emplace_back();
       StepResult& r = e.steps[e.used++];
+      r.adds_storage_keys = false;
       r.touched.clear();
       r.restored.clear();
       r.step = j;
@@ -737,6 +725,14 @@ void IncrementalPeak::commit(const Evaluation& e) {
     for (size_t u = 0; u < e.used; ++u) {
       const StepResult& r = e.steps[u];
       const auto ju = static_cast<size_t>(r.step);
+      if (r.adds_storage_keys) {  // evaluate's shortcut: the step restores the released storage's keys too
+        for (int k : storage_keys_[s]) {
+          restored_at_[ju].push_back(k);
+          restore_step_[static_cast<size_t>(k)] = r.step;
+        }
+        same_[u] = 1;
+        continue;
+      }
       if (r.restored == restored_at_[ju] && r.touched == touched_at_[ju]) {
         same_[u] = 1;
         continue;

@@ -109,13 +109,14 @@ class IncrementalPeak {
   }
 
  private:
-  struct Tree {  // range add, point assign, range max (lazy segment tree)
+  struct Tree {  // range add, point assign, range max (segment tree, adds kept at the nodes they cover)
     void init(const std::vector<int64_t>& v);
     void add(size_t l, size_t r, int64_t delta);  // [l, r]
     void assign(size_t i, int64_t value);
     int64_t max(size_t l, size_t r) const;        // [l, r]; INT64_MIN when empty
-    size_t n = 0;
-    mutable std::vector<int64_t> mx, lazy;  // max() pushes pending adds down (the values stay the same)
+    void pull(size_t i);                          // recompute the ancestors of node i
+    size_t n = 0, size = 1;
+    std::vector<int64_t> mx, add_at;  // by node; add_at by inner node
   };
   struct Fenwick {  // range add, point query
     void init(const std::vector<int64_t>& v);
@@ -129,6 +130,8 @@ class IncrementalPeak {
     int64_t value = 0, resident_at_start = 0;
     std::vector<int> touched;   // group storages touched
     std::vector<int> restored;  // keys restored
+    // Instead of the lists: the committed step's, with the evaluated storage's keys restored too.
+    bool adds_storage_keys = false;
   };
   struct Evaluation {
     size_t storage = 0;
