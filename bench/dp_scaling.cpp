@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   }
   const std::vector<ModelCase> models = {{"cnn", 64}, {"gpt", 8}};
   const std::vector<std::string> compressions = {"none", "fp16", "onebit"};
-  json result = {{"machine", "2 vCPU Xeon KVM guest, Debian 12, 1 thread per process"},
+  json result = {{"machine", ration::bench::machine() + ", 1 thread per process"},
                  {"steps", steps},
                  {"reps", reps}};
 

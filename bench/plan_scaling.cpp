@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
       std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
       for (const auto& g : mid.groups) by_storage[static_cast<size_t>(g.storage)] = g.decision;
       std::vector<double> sim_cpu;
-      for (int r = 0; r < std::max(reps, 3); ++r) {
+      for (int r = 0; r < std::max(reps, 7); ++r) {
         const double c0 = thread_cpu_ms();
         const memory::Prediction p = memory::simulate(profile, by_storage, loose.extra_fixed_bytes);
         sim_cpu.push_back(thread_cpu_ms() - c0);
@@ -183,12 +183,13 @@ int main(int argc, char** argv) {
         const auto& b = rows[to]["plans"][c];
         const double w = b["plan_ms"].get<double>() / a["plan_ms"].get<double>();
         const double u = b["plan_cpu_ms"].get<double>() / a["plan_cpu_ms"].get<double>();
-        std::printf("  %-18s wall x%5.2f (n^%.2f)  cpu x%5.2f (n^%.2f)%s\n", a["name"].get<std::string>().c_str(), w,
-                    std::log(w) / std::log(g1 / g0), u, std::log(u) / std::log(g1 / g0), u <= nlogn ? "" : "  > n log n");
+        std::printf("  %-18s wall x%5.2f (n^%.2f)  cpu x%5.2f (n^%.2f)%s%s\n", a["name"].get<std::string>().c_str(), w,
+                    std::log(w) / std::log(g1 / g0), u, std::log(u) / std::log(g1 / g0), u <= nlogn ? "" : "  > n log n",
+                    u <= sim ? "  (<= yardstick)" : "  > yardstick");
       }
     }
     nlohmann::json j = {{"bench", "plan_scaling"}, {"config", config}, {"overrides", overrides}, {"reps", reps},
-                        {"machine", "2 vCPU Xeon KVM guest, Debian 12"}, {"rows", rows}};
+                        {"machine", bench::machine()}, {"rows", rows}};
     std::ofstream(out) << j.dump(2) << "\n";
     std::printf("wrote %s\n", out.c_str());
   } catch (const Error& e) {

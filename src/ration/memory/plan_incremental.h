@@ -18,12 +18,18 @@
 // evaluation costs O((steps that touch the differing keys) · log n), a few steps on every model measured,
 // even where a re-run cascade keeps values restored for hundreds of steps. A caller that only asks
 // whether the peak stays below a threshold (peak_if's stop_at) lets the evaluation stop at the first
-// step or re-run that reaches it; what remains super-linear is the re-simulation of one long cascade
-// step for every group it touches (BENCHMARKS.md, "Planner time vs depth").
+// step or re-run that reaches it.
+// Long re-run steps (a cascade that restores a whole run of dropped layers) are not re-simulated for the
+// releases a descent tries most: a group the committed step already restores by re-running its producer
+// (first consulted there as that producer's output) costs exactly its bytes less at that step and
+// nothing after; a group first consulted there as an input adds its producer's re-runs (the extension),
+// whose restored keys are found by walking the extension alone, so the later steps are priced before the
+// long step itself, which is re-simulated only when they do not already reject the release.
 // Data: what depends on the profile and the groups only (key ids, node inputs and outputs, release steps)
 // is built once and shared by every copy and by every peak built `like` another (a plan's descents all
-// start from copies of one all-kept peak); a copy owns only the committed plan's state. A step lists each
-// group storage it touches once; the steps touching a storage are a sorted vector.
+// start from copies of one all-kept peak); a copy owns only the committed plan's state. Static lists are
+// stored back to back (Lists). A step lists each group storage it touches once, with how it first touched
+// it; the steps touching a storage are a sorted vector.
 #pragma once
 #include <cstdint>
 #include <limits>
