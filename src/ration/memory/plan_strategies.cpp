@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -120,6 +121,94 @@ Choice ordered(PlanContext& ctx) {
 // their sizes (largest remainders); within each set, groups are recomputed in forward order until its
 // share is met. Going from G to G − 1 moves a few sets' shares by one, so only the groups whose
 // decision changes are re-priced (incremental peak) instead of simulating the whole step per G.
+// The kept groups per set at each target (the largest-remainder rule of ordered-sets): set k keeps
+// floor(target · s_k / n) of its s_k groups, and the target's remaining groups go one each to the sets
+// with the largest remainders, ties to the earlier set. Sets of equal size have equal shares and equal
+// remainders, so the rule is evaluated per size class (O(classes) per target, not O(sets · log sets)),
+// and a target lists only the sets whose share changed from the previous target's.
+class SetShares {
+ public:
+  SetShares(const std::vector<std::vector<size_t>>& sets, size_t n) : n_(std::max<size_t>(n, 1)) {
+    std::map<size_t, size_t> class_of_size;
+    for (size_t k = 0; k < sets.size(); ++k) {
+      const auto [it, added] = class_of_size.emplace(sets[k].size(), classes_.size());
+      if (added) classes_.push_back(Class{sets[k].size(), {}, static_cast<int64_t>(sets[k].size()), 0, 0, 0, 0});
+      classes_[it->second].members.push_back(k);  // k ascends
+    }
+  }
+  // The shares at `target` (targets descend from n by one): `changed` gets (set, new share), ascending
+  // by set, for every set whose share differs from the previous target's.
+  void at(int64_t target, std::vector<std::pair<size_t, int64_t>>& changed) {
+    changed.clear();
+    int64_t rest = target;
+    for (Class& c : classes_) {
+      const double exact = static_cast<double>(target) * static_cast<double>(c.size) / static_cast<double>(n_);
+      c.new_floor = static_cast<int64_t>(std::floor(exact));
+      c.rem = exact - std::floor(exact);
+      c.new_extra = 0;
+      rest -= c.new_floor * static_cast<int64_t>(c.members.size());
+    }
+    order_.resize(classes_.size());
+    for (size_t c = 0; c < order_.size(); ++c) order_[c] = c;
+    std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
+      return classes_[a].rem > classes_[b].rem || (classes_[a].rem == classes_[b].rem && a < b);
+    });
+    for (size_t i = 0; i < order_.size() && rest > 0;) {
+      size_t j = i, members = 0;  // classes order_[i, j) tie on the remainder
+      for (; j < order_.size() && classes_[order_[j]].rem == classes_[order_[i]].rem; ++j)
+        members += classes_[order_[j]].members.size();
+      if (rest >= static_cast<int64_t>(members)) {
+        for (size_t t = i; t < j; ++t) classes_[order_[t]].new_extra = static_cast<int64_t>(classes_[order_[t]].members.size());
+        rest -= static_cast<int64_t>(members);
+      } else {
+        // The `rest` earliest sets of the tied classes: those below the smallest bound that has `rest`
+        // of them below it.
+        auto below = [&](size_t bound, size_t c) {
+          const auto& m = classes_[c].members;
+          return static_cast<int64_t>(std::lower_bound(m.begin(), m.end(), bound) - m.begin());
+        };
+        size_t lo = 0, hi = 0;
+        for (size_t t = i; t < j; ++t) hi = std::max(hi, classes_[order_[t]].members.back() + 1);
+        while (lo < hi) {
+          const size_t mid = lo + (hi - lo) / 2;
+          int64_t count = 0;
+          for (size_t t = i; t < j; ++t) count += below(mid, order_[t]);
+          if (count >= rest) hi = mid;
+          else lo = mid + 1;
+        }
+        for (size_t t = i; t < j; ++t) classes_[order_[t]].new_extra = below(lo, order_[t]);
+        rest = 0;
+      }
+      i = j;
+    }
+    for (Class& c : classes_) {
+      // A member's share is floor + (its position < extra): with the floor unchanged only the members
+      // between the two boundaries change.
+      const int64_t from = c.new_floor == c.floor ? std::min(c.extra, c.new_extra) : 0;
+      const int64_t to = c.new_floor == c.floor ? std::max(c.extra, c.new_extra) : static_cast<int64_t>(c.members.size());
+      for (int64_t m = from; m < to; ++m) {
+        const int64_t was = c.floor + (m < c.extra ? 1 : 0), share = c.new_floor + (m < c.new_extra ? 1 : 0);
+        if (share != was) changed.emplace_back(c.members[static_cast<size_t>(m)], share);
+      }
+      c.floor = c.new_floor;
+      c.extra = c.new_extra;
+    }
+    std::sort(changed.begin(), changed.end());
+  }
+
+ private:
+  struct Class {
+    size_t size;                  // groups per set
+    std::vector<size_t> members;  // its sets, ascending
+    int64_t floor, extra;         // the previous target's shares: floor + (position < extra)
+    int64_t new_floor, new_extra;
+    double rem;
+  };
+  size_t n_;
+  std::vector<Class> classes_;
+  std::vector<size_t> order_;
+};
+
 Choice ordered_sets(PlanContext& ctx) {
   Choice c = ctx.all_kept();
   const size_t n = ctx.size();
@@ -131,26 +220,13 @@ Choice ordered_sets(PlanContext& ctx) {
     sets[it->second].push_back(i);
   }
   IncrementalPeak inc = ctx.incremental(c.decisions);
-  std::vector<int64_t> per(sets.size()), applied(sets.size());  // applied: each set's share in `c`
-  for (size_t k = 0; k < sets.size(); ++k) applied[k] = static_cast<int64_t>(sets[k].size());
-  std::vector<std::pair<double, size_t>> remainders;
+  SetShares shares(sets, n);
+  std::vector<std::pair<size_t, int64_t>> changed;
   for (int64_t target = static_cast<int64_t>(n); target >= 0; --target) {
-    remainders.clear();
-    int64_t assigned = 0;
-    for (size_t k = 0; k < sets.size(); ++k) {
-      const double exact = static_cast<double>(target) * static_cast<double>(sets[k].size()) /
-                           static_cast<double>(std::max<size_t>(n, 1));
-      per[k] = static_cast<int64_t>(std::floor(exact));
-      assigned += per[k];
-      remainders.emplace_back(exact - std::floor(exact), k);
-    }
-    std::stable_sort(remainders.begin(), remainders.end(), [](auto& a, auto& b) { return a.first > b.first; });
-    for (size_t r = 0; assigned < target && r < remainders.size(); ++r, ++assigned) per[remainders[r].second] += 1;
-    for (size_t k = 0; k < sets.size(); ++k) {
-      if (per[k] == applied[k]) continue;
-      applied[k] = per[k];
+    shares.at(target, changed);
+    for (const auto& [k, keep] : changed) {
       const auto& idx = sets[k];
-      const int64_t to_recompute = static_cast<int64_t>(idx.size()) - per[k];
+      const int64_t to_recompute = static_cast<int64_t>(idx.size()) - keep;
       for (size_t m = 0; m < idx.size(); ++m) {
         const Decision want = static_cast<int64_t>(m) >= to_recompute ? Decision::Keep : Decision::Recompute;
         if (c.decisions[idx[m]] == want) continue;
