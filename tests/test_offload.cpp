@@ -403,15 +403,16 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
   EXPECT_GT(offloaded_somewhere, 0) << "a fast tier should take part in the plan";
 }
 
-// A tier far slower (40 MB/s, throttled) than the plan was priced with (10 GB/s): the first plan's copies
-// miss their deadlines (forward waits for them: slower, still within the prediction). The runtime then
+// A tier far slower (10 MB/s, throttled) than the plan was priced with (10 GB/s): the first plan's copies
+// miss their deadlines (forward waits for them: slower, still within the prediction) even where a loaded
+// machine slows the forward pass that hides them (at 40 MB/s a slowed first step sometimes hid them all). The runtime then
 // plans the same budget again with the bandwidth its copies got, until planned copies land by their
 // deadlines: the engine counts no deadline wait in the last steps.
 TEST_F(OffloadModel, LateCopiesMakeTheRuntimeReplanUntilDeadlinesAreMet) {
   train::MemorySettings settings;
   settings.offload.enabled = true;
   settings.offload.options = options("disk");
-  settings.offload.options.throttle_bytes_per_second = 40e6;
+  settings.offload.options.throttle_bytes_per_second = 10e6;
   train::StepRuntime runtime(settings);
   const memory::StepProfile& profile = runtime.profile(*model_, batch_, 11);
   const int64_t base = profile.baseline_bytes;
@@ -442,7 +443,7 @@ TEST_F(OffloadModel, LateCopiesMakeTheRuntimeReplanUntilDeadlinesAreMet) {
   for (int64_t w : waits) seen += std::to_string(w) + " ";
   SCOPED_TRACE("deadline waits per step: " + seen + "; re-plans " + std::to_string(runtime.copy_replans()) +
                "; offloaded groups now " + std::to_string(runtime.current_plan()->offloaded_groups));
-  EXPECT_GT(waits.front(), 0) << "copies priced 250 times too fast must miss their deadlines";
+  EXPECT_GT(waits.front(), 0) << "copies priced 1000 times too fast must miss their deadlines";
   EXPECT_GE(runtime.copy_replans(), 1);
   EXPECT_EQ(waits.back(), 0) << "after re-planning, every planned copy lands by its deadline";
   EXPECT_LT(runtime.current_plan()->offload_costs->write_bytes_per_ms, fast.write_bytes_per_ms / 100);
