@@ -1,8 +1,11 @@
 #!/bin/bash
 # kill_rank.sh BUILD_DIR SOURCE_DIR N VICTIM [TRAIN ARGS...] — `ration launch -n N` trains gpt; once rank 0 has logged a
 # few steps, rank VICTIM is killed with SIGKILL (mid-step: a step takes ~100 ms, the kill lands anywhere).
-# Passes when, within dist.timeout_s (20 s here), the launcher exits non-zero naming the victim and its
-# signal, and every surviving rank exits non-zero with an error naming the lost rank.
+# Passes when the launcher exits non-zero naming the victim and its signal, and every surviving rank exits
+# non-zero with an error naming the lost rank, within dist.timeout_s (20 s here) plus two diagnosis windows
+# (3 s each) and 2 s: a survivor whose pending collective is with another survivor (busy diagnosing, not
+# the killed rank) sees no closed socket and fails only at the world's timeout, then diagnoses for one
+# window, while rank 0 lingers for its note (dist/liveness.h). CI saw 23.4 s on that path once.
 set -u
 build=$1 src=$2 n=$3 victim=$4
 shift 4  # the rest: extra `ration train` arguments (e.g. --set dist.topology=ps --set dist.backup_workers=1)
@@ -31,7 +34,8 @@ elapsed=$(echo "$(date +%s.%N) - $t0" | bc)
 cat "$log" | grep -v "^\[rank 0\] step"
 echo "launcher exit $rc after ${elapsed}s"
 [ "$rc" -ne 0 ] || fail "the launcher exited 0"
-[ "$(echo "$elapsed < $timeout_s" | bc)" = 1 ] || fail "took ${elapsed}s, more than dist.timeout_s=$timeout_s"
+bound=$((timeout_s + 2 * 3 + 2))
+[ "$(echo "$elapsed < $bound" | bc)" = 1 ] || fail "took ${elapsed}s, more than dist.timeout_s=$timeout_s + 2 diagnosis windows + 2 s"
 grep -q "ration launch: rank $victim failed (killed by signal 9" "$log" || fail "the launcher did not name rank $victim"
 for r in $(seq 0 $((n - 1))); do
   [ "$r" = "$victim" ] && continue
