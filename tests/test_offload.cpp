@@ -405,9 +405,9 @@ TEST_F(OffloadModel, JointPlanFitsPredictsAndKeepsGradientsBitwise) {
 
 // A tier far slower (10 MB/s, throttled) than the plan was priced with (10 GB/s): the first plan's copies
 // miss their deadlines (forward waits for them: slower, still within the prediction) even where a loaded
-// machine slows the forward pass that hides them (at 40 MB/s a slowed first step sometimes hid them all). The runtime then
-// plans the same budget again with the bandwidth its copies got, until planned copies land by their
-// deadlines: the engine counts no deadline wait in the last steps.
+// machine slows the forward pass that hides them (at 40 MB/s a slowed first step sometimes hid them all).
+// The runtime then plans the same budget again with the bandwidth its copies got, until planned copies
+// land by their deadlines: the engine counts no deadline wait in the last steps.
 TEST_F(OffloadModel, LateCopiesMakeTheRuntimeReplanUntilDeadlinesAreMet) {
   train::MemorySettings settings;
   settings.offload.enabled = true;

@@ -14,11 +14,22 @@ constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
 constexpr int kAlwaysUsable = -1;  // a leaf or constant input (pinned)
 constexpr int kNeverUsable = -2;   // a value no backward saves: always rebuilt when needed
 constexpr size_t kLongStep = 16;   // storages a step touches from which a release's extension is priced apart
+constexpr char kSameLists = 1, kSameTouched = 2;  // commit's same_
 
 using State = IncrementalPeak::State;
 bool holding(State s) { return s == State::Kept || s == State::Restored; }
 // Two runs agree on a key from here on when it is usable-and-holding in both, or in the same other state.
 int norm(State s) { return holding(s) ? 0 : s == State::Dropped ? 1 : 2; }
+
+// A step's touch of a storage (touched_at_) and a storage's touch at a step (touches_) are one integer
+// each: the storage or step times two, plus one where the step first consulted the storage as the output
+// of a node it re-runs. Entries of one storage sort by step.
+template <class I>
+I touch_entry(I id, bool as_output) { return 2 * id + (as_output ? 1 : 0); }
+template <class I>
+I touch_id(I entry) { return entry / 2; }
+template <class I>
+bool touch_as_output(I entry) { return entry % 2 == 1; }
 
 }  // namespace
 
@@ -141,7 +152,6 @@ struct StepRun {
     return holding(st.get(k));
   }
   // `as_output`: consulted as the output of a node this step re-runs (not as an input or a saved value).
-  // The list holds storage * 2 + 1 for a storage first consulted so, storage * 2 otherwise.
   void touch(int k, bool as_output = false) {
     if (k < 0) return;
     const int s = key_storage[static_cast<size_t>(k)];
@@ -149,7 +159,7 @@ struct StepRun {
     // again as its consumer's input, and only whether a step touches a storage matters.
     if (s < 0 || !is_group[static_cast<size_t>(s)] || touch_epoch[static_cast<size_t>(s)] == cache_stamp) return;
     touch_epoch[static_cast<size_t>(s)] = cache_stamp;
-    touched.push_back(2 * s + (as_output ? 1 : 0));
+    touched.push_back(touch_entry(s, as_output));
   }
   bool held(int s) {
     for (int k : storage_keys[static_cast<size_t>(s)])
@@ -273,8 +283,6 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
   }
   // Release: after the backward step of a key's last pending use (keys without a storage never are).
   release_step_.assign(nk_, kNever);
-
-  std::vector<int64_t> storage_release(ns, -1);  // measured run: last release of any key on a group storage
   for (size_t j = 0; j < nb_; ++j) {
     for (int k : node_saved_[static_cast<size_t>(p.backward_order[j])]) {
       if (--pending[static_cast<size_t>(k)] != 0 || key_storage_[static_cast<size_t>(k)] < 0) continue;
@@ -299,7 +307,7 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
         found = found || (node_outputs_[o][j] == k && node_out_storage_[o][j] == static_cast<int>(st));
       all = all && key_producer_[static_cast<size_t>(k)] == producer && found;
     }
-    const auto& alloc = p.nodes[o].allocated_storage;
+    const auto alloc = node_alloc_[o];
     restored_by_producer_[st] = all && std::find(alloc.begin(), alloc.end(), static_cast<int64_t>(st)) != alloc.end();
   }
   {
@@ -456,7 +464,8 @@ void IncrementalPeak::build() {
     }
     resident_at[j] = r.resident_at_start;
     for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
-    for (int t : r.touched) touches_[static_cast<size_t>(t / 2)].push_back(2 * static_cast<int64_t>(j) + t % 2);  // j ascends
+    for (int t : r.touched)  // j ascends
+      touches_[static_cast<size_t>(touch_id(t))].push_back(touch_entry(static_cast<int64_t>(j), touch_as_output(t)));
     restored_at_[j] = std::move(r.restored);
     touched_at_[j] = std::move(r.touched);
   }
@@ -522,11 +531,11 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     e.peak = std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta);
     return;
   }
-  const int64_t first = touches.front() / 2;
+  const int64_t first = touch_id(touches.front());
   e.first = first;
   if (first > 0) peak = std::max(peak, backward_.max(0, static_cast<size_t>(first - 1)) + e.resident_delta);
   if (peak >= stop_at) return stop();
-  if (to == Decision::Recompute && touches.front() % 2 == 1 && restored_by_producer_[s]) {
+  if (to == Decision::Recompute && touch_as_output(touches.front()) && restored_by_producer_[s]) {
     // Released where the committed plan first consults it as the output of a node its step re-runs
     // anyway (the rest of a re-run cascade): that re-run restores it, so the step runs the same nodes
     // with the group's bytes missing until then, and the same bytes after (the committed run counted them
@@ -558,7 +567,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
   // both runs), and with it every later step; only the step's own value needs the whole re-run. So the
   // later steps come first: when one of them (or the unchanged rest) reaches stop_at the release is
   // rejected without that value, else the evaluation runs again in full.
-  const bool extension = lazy && stop_at != kExact && to == Decision::Recompute && touches.front() % 2 == 0 &&
+  const bool extension = lazy && stop_at != kExact && to == Decision::Recompute && !touch_as_output(touches.front()) &&
                          restored_by_producer_[s] && touched_at_[static_cast<size_t>(first)].size() >= kLongStep;
   int64_t j = first;
   for (;; ++j) {
@@ -684,8 +693,8 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
 int64_t IncrementalPeak::next_event(int s, int64_t j) const {
   int64_t next = static_cast<int64_t>(nb_);
   const auto& touches = touches_[static_cast<size_t>(s)];
-  auto t = std::lower_bound(touches.begin(), touches.end(), 2 * j);
-  if (t != touches.end()) next = std::min(next, *t / 2);
+  auto t = std::lower_bound(touches.begin(), touches.end(), touch_entry(j, false));
+  if (t != touches.end()) next = std::min(next, touch_id(*t));
   const auto& releases = release_steps_[static_cast<size_t>(s)];
   auto r = std::lower_bound(releases.begin(), releases.end(), j);
   if (r != releases.end()) next = std::min(next, *r);
@@ -721,6 +730,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
     // A re-simulated step that restores and touches what the committed plan's step did (a long re-run
     // cascade mostly does) keeps its lists: each key is restored at one step at most, so leaving the
     // step's entries in place is the same as removing and adding them again.
+    // same_ per window step: kSameLists (nothing to change) or kSameTouched (only the restored list).
     same_.assign(e.used, 0);
     for (size_t u = 0; u < e.used; ++u) {
       const StepResult& r = e.steps[u];
@@ -730,18 +740,22 @@ void IncrementalPeak::commit(const Evaluation& e) {
           restored_at_[ju].push_back(k);
           restore_step_[static_cast<size_t>(k)] = r.step;
         }
-        same_[u] = 1;
+        same_[u] = kSameLists;
         continue;
       }
-      if (r.restored == restored_at_[ju] && r.touched == touched_at_[ju]) {
-        same_[u] = 1;
+      const bool same_touched = r.touched == touched_at_[ju];
+      if (same_touched && r.restored == restored_at_[ju]) {
+        same_[u] = kSameLists;
         continue;
       }
       for (int k : restored_at_[ju]) restore_step_[static_cast<size_t>(k)] = kNever;
-      if (r.touched == touched_at_[ju]) continue;
+      if (same_touched) {
+        same_[u] = kSameTouched;
+        continue;
+      }
       for (int t : touched_at_[ju]) {
-        auto& steps = touches_[static_cast<size_t>(t / 2)];
-        steps.erase(std::lower_bound(steps.begin(), steps.end(), 2 * r.step));
+        auto& steps = touches_[static_cast<size_t>(touch_id(t))];
+        steps.erase(std::lower_bound(steps.begin(), steps.end(), touch_entry(r.step, false)));
       }
     }
     for (const auto& sh : e.shifted) {
@@ -754,14 +768,14 @@ void IncrementalPeak::commit(const Evaluation& e) {
       const auto ju = static_cast<size_t>(j);
       backward_.assign(ju, r.value);
       resident_.add(ju, ju, r.resident_at_start - resident_.at(ju));
-      if (same_[u]) continue;
+      if (same_[u] == kSameLists) continue;
       restored_at_[ju] = r.restored;
       for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;
-      if (r.touched == touched_at_[ju]) continue;
+      if (same_[u] == kSameTouched) continue;
       touched_at_[ju] = r.touched;
       for (int t : r.touched) {
-        auto& steps = touches_[static_cast<size_t>(t / 2)];
-        steps.insert(std::upper_bound(steps.begin(), steps.end(), 2 * j + 1), 2 * j + t % 2);
+        auto& steps = touches_[static_cast<size_t>(touch_id(t))];
+        steps.insert(std::upper_bound(steps.begin(), steps.end(), touch_entry(j, true)), touch_entry(j, touch_as_output(t)));
       }
     }
   }

@@ -198,14 +198,14 @@ class IncrementalPeak {
     std::vector<int> key_storage_;                   // by key: storage id, -1 none
     std::vector<int64_t> key_producer_;              // by key
     std::vector<int64_t> release_step_;              // by key: last backward step that reads it
-    Lists<int> storage_keys_;     // by storage: its saved keys
-    Lists<int> node_inputs_;      // by node: key id, -1 always usable, -2 never
-    Lists<int64_t> node_input_producers_;  // by node: each input's producer
-    Lists<int> node_saved_;       // by node: key ids of saved values (pinned left out)
-    Lists<int> node_outputs_;     // by node: key ids of outputs (-2 unsaved)
-    Lists<int> node_out_storage_; // by node: storage of each output in node_outputs_
-    Lists<int> released_at_;      // by backward step: keys released after it
-    Lists<int64_t> release_steps_;  // by storage: its keys' release steps, ascending
+    Lists<int> storage_keys_;                        // by storage: its saved keys
+    Lists<int> node_inputs_;                         // by node: key id, -1 always usable, -2 never
+    Lists<int64_t> node_input_producers_;            // by node: each input's producer
+    Lists<int> node_saved_;                          // by node: key ids of saved values (pinned left out)
+    Lists<int> node_outputs_;                        // by node: key ids of outputs (-2 unsaved)
+    Lists<int> node_out_storage_;                    // by node: storage of each output in node_outputs_
+    Lists<int> released_at_;                         // by backward step: keys released after it
+    Lists<int64_t> release_steps_;                   // by storage: its keys' release steps, ascending
     Lists<int64_t> node_alloc_;                      // by node: storages its forward allocated
     std::vector<char> restored_by_producer_;         // by storage: one node outputs all its keys, allocating it
     std::vector<int64_t> workspace_;                 // by node: forward workspace
@@ -256,7 +256,7 @@ class IncrementalPeak {
   std::vector<State> over_state_;
   std::vector<int> over_keys_;
   uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
-  std::vector<char> same_;  // commit: per window step, lists unchanged
+  std::vector<char> same_;  // commit: per window step, which lists are unchanged
   std::vector<int> extension_;  // evaluate: keys a release's extension restores
 };
 

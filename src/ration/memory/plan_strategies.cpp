@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -117,10 +116,6 @@ Choice ordered(PlanContext& ctx) {
   return c;
 }
 
-// Ordered sets: the largest number of kept groups G that fits, split across node sets in proportion to
-// their sizes (largest remainders); within each set, groups are recomputed in forward order until its
-// share is met. Going from G to G − 1 moves a few sets' shares by one, so only the groups whose
-// decision changes are re-priced (incremental peak) instead of simulating the whole step per G.
 // The kept groups per set at each target (the largest-remainder rule of ordered-sets): set k keeps
 // floor(target · s_k / n) of its s_k groups, and the target's remaining groups go one each to the sets
 // with the largest remainders, ties to the earlier set. Sets of equal size have equal shares and equal
@@ -209,6 +204,10 @@ class SetShares {
   std::vector<size_t> order_;
 };
 
+// Ordered sets: the largest number of kept groups G that fits, split across node sets in proportion to
+// their sizes (largest remainders); within each set, groups are recomputed in forward order until its
+// share is met. Going from G to G − 1 moves a few sets' shares by one, so only the groups whose
+// decision changes are re-priced (incremental peak) instead of simulating the whole step per G.
 Choice ordered_sets(PlanContext& ctx) {
   Choice c = ctx.all_kept();
   const size_t n = ctx.size();
