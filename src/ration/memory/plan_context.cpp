@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
-#include <set>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
@@ -14,14 +13,41 @@
 namespace ration::memory {
 namespace {
 
+// Which node outputs some backward saves, by position (node o's outputs start at base[o]).
+struct SavedOutputs {
+  explicit SavedOutputs(const StepProfile& p) {
+    base.assign(p.nodes.size() + 1, 0);
+    for (size_t o = 0; o < p.nodes.size(); ++o) base[o + 1] = base[o] + p.nodes[o].output_storage.size();
+    saved.assign(base.back(), 0);
+    for (const auto& node : p.nodes)
+      for (const auto& k : node.saved)
+        if (const size_t i = slot(k); i != kNone) saved[i] = 1;
+  }
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  size_t slot(const ValueKey& k) const {  // kNone: a leaf, or past its node's outputs
+    if (k.is_leaf() || static_cast<size_t>(k.producer) + 1 >= base.size() || k.output < 0) return kNone;
+    const size_t i = base[static_cast<size_t>(k.producer)] + static_cast<size_t>(k.output);
+    return i < base[static_cast<size_t>(k.producer) + 1] ? i : kNone;
+  }
+  bool count(const ValueKey& k) const {
+    const size_t i = slot(k);
+    return i != kNone && saved[i] != 0;
+  }
+  std::vector<size_t> base;
+  std::vector<char> saved;
+};
+
 // Cost of re-running the producer of storage s if only s were dropped (its unsaved inputs re-run too).
-double single_cost(const StepProfile& p, const std::vector<double>& forward_ms, const std::set<ValueKey>& saved,
-                   int64_t producer, std::unordered_set<int64_t>& seen) {
-  if (producer < 0 || !seen.insert(producer).second) return 0;
+// `seen` (by node) holds `stamp` for the nodes counted so far; `count` counts them.
+double single_cost(const StepProfile& p, const std::vector<double>& forward_ms, const SavedOutputs& saved,
+                   int64_t producer, std::vector<uint32_t>& seen, uint32_t stamp, int64_t& count) {
+  if (producer < 0 || seen[static_cast<size_t>(producer)] == stamp) return 0;
+  seen[static_cast<size_t>(producer)] = stamp;
+  ++count;
   const ProfiledNode& n = p.nodes[static_cast<size_t>(producer)];
   double cost = forward_ms[static_cast<size_t>(producer)];
   for (const auto& in : n.inputs) {
-    if (!in.is_leaf() && !saved.count(in)) cost += single_cost(p, forward_ms, saved, in.producer, seen);
+    if (!in.is_leaf() && !saved.count(in)) cost += single_cost(p, forward_ms, saved, in.producer, seen, stamp, count);
   }
   return cost;
 }
@@ -31,7 +57,7 @@ double single_cost(const StepProfile& p, const std::vector<double>& forward_ms, 
 // same work — same op, same module path up to block numbers, same bytes allocated — get the median of
 // their measured times, so identical layers cost the same and a single outlier does not move the order.
 std::vector<double> typical_forward_ms(const StepProfile& p) {
-  std::map<std::string, std::vector<size_t>> same_work;
+  std::unordered_map<std::string, std::vector<size_t>> same_work;
   for (size_t k = 0; k < p.nodes.size(); ++k) {
     const ProfiledNode& n = p.nodes[k];
     std::string key = n.op + "|";
@@ -53,9 +79,9 @@ std::vector<double> typical_forward_ms(const StepProfile& p) {
 // The saved groups of a profile, in forward order of their producers, with the number of nodes a
 // single release would re-run (the group's producer and its unsaved inputs' producers).
 std::vector<Group> groups_of(const StepProfile& profile, std::vector<int64_t>& rerun_nodes) {
-  std::set<ValueKey> saved_keys;
-  for (const auto& node : profile.nodes)
-    for (const auto& k : node.saved) saved_keys.insert(k);
+  const SavedOutputs saved(profile);
+  std::vector<uint32_t> seen(profile.nodes.size(), 0);
+  uint32_t stamp = 0;
   const std::vector<double> forward_ms = typical_forward_ms(profile);
   std::vector<std::pair<Group, int64_t>> found;
   for (int64_t s : profile.saved_storages()) {
@@ -67,9 +93,9 @@ std::vector<Group> groups_of(const StepProfile& profile, std::vector<int64_t>& r
     g.producer = profile.storages[static_cast<size_t>(s)].allocated_by;
     g.op = profile.nodes[static_cast<size_t>(g.producer)].op;
     g.node_set = node_set_of(profile.nodes[static_cast<size_t>(g.producer)].scope);
-    std::unordered_set<int64_t> seen;
-    g.recompute_ms = single_cost(profile, forward_ms, saved_keys, g.producer, seen);
-    found.emplace_back(g, static_cast<int64_t>(seen.size()));
+    int64_t rerun = 0;
+    g.recompute_ms = single_cost(profile, forward_ms, saved, g.producer, seen, ++stamp, rerun);
+    found.emplace_back(g, rerun);
   }
   // Sorted by index (a Group carries two strings: moving whole groups costs more than the sort).
   std::vector<size_t> order(found.size());

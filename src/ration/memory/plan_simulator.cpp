@@ -24,32 +24,64 @@ SaveSpan save_span(const StepProfile& p) {
 Simulator::Simulator(const StepProfile& p, const std::vector<Decision>& decision, int64_t extra,
                      const OffloadSchedule* schedule, const std::map<int64_t, int64_t>* store_from)
     : p_(p), decision_(decision), extra_(extra), schedule_(schedule), store_from_(store_from) {
-  const size_t ns = p.storages.size();
+  const size_t ns = p.storages.size(), nn = p.nodes.size();
   saved_at_.assign(ns, -1);
   first_use_.assign(ns, -1);
+  out_base_.assign(nn + 1, 0);
+  for (size_t o = 0; o < nn; ++o) out_base_[o + 1] = out_base_[o] + p.nodes[o].output_storage.size();
+  for (const auto& node : p.nodes)
+    for (const auto& key : node.saved)
+      if (key.is_leaf()) leaf_id_.emplace(key, 0);
+  int leaves = 0;
+  for (auto& entry : leaf_id_) entry.second = leaves++;
+  const size_t nk = leaf_id_.size() + out_base_[nn];
+  key_storage_.assign(nk, -1);
+  for (const auto& [key, k] : leaf_id_) key_storage_[static_cast<size_t>(k)] = p.storage_of(key);
   // A dropped storage is freed once no Value held by model code refers to it: the latest
   // "last alive" of the values on it (held past forward = never freed in forward).
   last_alive_.assign(ns, -1);
-  const int64_t past_forward = static_cast<int64_t>(p.nodes.size());
+  const auto past_forward = static_cast<int64_t>(nn);
+  auto alive = p.value_last_alive.begin();  // both maps ascend by key: walked side by side
   for (const auto& [key, s] : p.value_storage) {
-    if (s < 0 || key.is_leaf()) continue;
-    auto it = p.value_last_alive.find(key);
-    const int64_t last = it == p.value_last_alive.end() ? past_forward : it->second;
+    while (alive != p.value_last_alive.end() && alive->first < key) ++alive;
+    if (key.is_leaf()) continue;
+    if (const int k = id(key); k >= 0) key_storage_[static_cast<size_t>(k)] = s;
+    if (s < 0) continue;
+    const int64_t last = alive == p.value_last_alive.end() || alive->first != key ? past_forward : alive->second;
     last_alive_[static_cast<size_t>(s)] = std::max(last_alive_[static_cast<size_t>(s)], last);
   }
-  for (size_t k = 0; k < p.nodes.size(); ++k) {
+  pending_.assign(nk, 0);
+  for (size_t k = 0; k < nn; ++k) {
     for (const auto& key : p.nodes[k].saved) {
-      ++pending_[key];
-      const int64_t s = p.storage_of(key);
+      const int id = this->id(key);
+      RATION_ASSERT(id >= 0, "simulator: saved value ", key.producer, ":", key.output, " is not an output of its node");
+      ++pending_[static_cast<size_t>(id)];
+      const int64_t s = key_storage_[static_cast<size_t>(id)];
       if (s >= 0 && saved_at_[static_cast<size_t>(s)] < 0) saved_at_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
       if (s >= 0) first_use_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
     }
   }
+  fetched_.assign(ns, 0);
+  cache_.assign(nn, 0);
+  transient_.assign(ns, 0);
+}
+
+int Simulator::id(const ValueKey& key) const {
+  if (key.is_leaf()) {
+    auto it = leaf_id_.find(key);
+    return it == leaf_id_.end() ? -1 : it->second;
+  }
+  const auto o = static_cast<size_t>(key.producer);
+  if (o >= p_.nodes.size() || key.output < 0 || out_base_[o] + static_cast<size_t>(key.output) >= out_base_[o + 1]) return -1;
+  return static_cast<int>(leaf_id_.size() + out_base_[o] + static_cast<size_t>(key.output));
 }
 
 Prediction Simulator::run() {
   Prediction pred;
-  const size_t ns = p_.storages.size();
+  const size_t ns = p_.storages.size(), nk = pending_.size();
+  // Where the peak is, named once at the end: (backward?, node ordinal) of the first node reaching it.
+  bool peak_backward = false;
+  int64_t peak_node = -1;
   // ---- forward: measured peak minus saved storages the measured run held, plus what this plan holds.
   // Events per node: storages allocated there (both runs hold them), dropped storages released after
   // their last forward use (this plan only).
@@ -65,6 +97,7 @@ Prediction Simulator::run() {
     }
   }
   int64_t measured_saved = 0, planned_saved = 0;
+  pred.forward_peaks.reserve(p_.nodes.size());
   for (size_t k = 0; k < p_.nodes.size(); ++k) {
     measured_saved += alloc_at[k];
     planned_saved += alloc_at[k];
@@ -72,37 +105,45 @@ Prediction Simulator::run() {
     pred.forward_peaks.push_back(peak);
     if (peak > pred.peak_bytes) {
       pred.peak_bytes = peak;
-      pred.peak_at = "forward " + p_.nodes[k].op + "#" + std::to_string(k);
+      peak_node = static_cast<int64_t>(k);
     }
     planned_saved -= release_after[k];
   }
   // ---- backward.
   orig_holders_.assign(ns, 0);
   rec_holders_.assign(ns, 0);
-  std::map<ValueKey, int> measured_pending = pending_;
+  std::vector<int> measured_pending = pending_;
   std::vector<int64_t> measured_holders(ns, 0);
   resident_ = 0;
-  for (const auto& [key, n] : pending_) {
-    const int64_t s = p_.storage_of(key);
+  state_.assign(nk, KeyState::Absent);
+  storage_keys_.assign(ns, {});
+  unfetched_.clear();
+  for (size_t k = 0; k < nk; ++k) {  // every saved value, in key order
+    if (pending_[k] == 0) continue;
+    const int64_t s = key_storage_[k];
     if (!droppable(s)) {  // e.g. a view of a parameter: never dropped, its memory is not ours to plan
-      state_[key] = KeyState::Kept;
+      state_[k] = KeyState::Kept;
       continue;
     }
-    measured_holders[static_cast<size_t>(s)] += 1;
-    if (!dropped(static_cast<size_t>(s))) {
+    const auto su = static_cast<size_t>(s);
+    measured_holders[su] += 1;
+    if (!dropped(su)) {
       hold(orig_holders_, s, +1);
-      state_[key] = KeyState::Kept;
-    } else if (decision_[static_cast<size_t>(s)] == Decision::Offload) {
-      state_[key] = KeyState::Offloaded;
-      storage_keys_[s].push_back(key);
+      state_[k] = KeyState::Kept;
+    } else if (decision_[su] == Decision::Offload) {
+      state_[k] = KeyState::Offloaded;
+      if (storage_keys_[su].empty()) unfetched_.push_back(s);
+      storage_keys_[su].push_back(static_cast<int>(k));
     } else {
-      state_[key] = KeyState::Dropped;
+      state_[k] = KeyState::Dropped;
     }
   }
+  std::sort(unfetched_.begin(), unfetched_.end());
   // What the measured (keep-everything) run held: every saved storage until its last use.
   int64_t measured_resident = 0;
   for (size_t s = 0; s < ns; ++s)
     if (measured_holders[s] > 0) measured_resident += p_.storages[s].bytes;
+  pred.backward_peaks.reserve(p_.backward_order.size());
   for (size_t j = 0; j < p_.backward_order.size(); ++j) {
     const int64_t ord = p_.backward_order[j];
     const ProfiledNode& node = p_.nodes[static_cast<size_t>(ord)];
@@ -110,14 +151,19 @@ Prediction Simulator::run() {
     // its backward workspace) and what was live besides saved values as it started.
     const int64_t transient_other = p_.backward_peak_bytes[j] - measured_resident;
     const int64_t start_other = p_.backward_start_bytes[j] - measured_resident;
-    // clear() of a hash set costs its bucket count, which stays at its largest cascade's: clear only
-    // what a re-run filled, or a step with nothing to clear pays for the longest cascade again.
-    if (!cache_.empty()) cache_.clear();
-    if (!transient_.empty()) transient_.clear();
+    ++stamp_;  // a new recompute cache: no re-runs, no transients
     transient_bytes_ = 0;
     // Prefetch: offloaded storages whose first use is within their distance are fetched back now.
-    for (auto& [s, keys] : storage_keys_)
-      if (!fetched_.count(s) && first_use(s) >= ord - schedule_->prefetch[static_cast<size_t>(s)]) fetch(s);
+    size_t waiting = 0;
+    for (const int64_t s : unfetched_) {
+      if (fetched_[static_cast<size_t>(s)]) continue;  // fetched on demand meanwhile
+      if (first_use(s) >= ord - schedule_->prefetch[static_cast<size_t>(s)]) {
+        fetch(s);
+        continue;
+      }
+      unfetched_[waiting++] = s;
+    }
+    unfetched_.resize(waiting);
     frame_bytes_ = 0;
     step_ = static_cast<int64_t>(j);
     recompute_peak_ = resident_;
@@ -128,22 +174,25 @@ Prediction Simulator::run() {
     pred.backward_peaks.push_back(peak);
     if (peak > pred.peak_bytes) {
       pred.peak_bytes = peak;
-      pred.peak_at = "backward " + node.op + "#" + std::to_string(ord);
+      peak_backward = true;
+      peak_node = ord;
     }
     // Release after the node: pending uses of its saved keys.
     for (const auto& key : node.saved) {
-      const int64_t s = p_.storage_of(key);
-      if (--measured_pending[key] == 0 && droppable(s) && --measured_holders[static_cast<size_t>(s)] == 0)
+      const auto k = static_cast<size_t>(id(key));
+      const int64_t s = key_storage_[k];
+      if (--measured_pending[k] == 0 && droppable(s) && --measured_holders[static_cast<size_t>(s)] == 0)
         measured_resident -= p_.storages[static_cast<size_t>(s)].bytes;
-      auto& n = pending_[key];
-      if (--n > 0) continue;
-      auto st = state_.find(key);
-      if (st == state_.end() || s < 0) continue;
-      if (droppable(s) && st->second == KeyState::Kept) hold(orig_holders_, s, -1);
-      if (droppable(s) && st->second == KeyState::Restored) hold(rec_holders_, s, -1);
-      st->second = KeyState::Released;
+      if (--pending_[k] > 0) continue;
+      if (s < 0) continue;
+      if (droppable(s) && state_[k] == KeyState::Kept) hold(orig_holders_, s, -1);
+      if (droppable(s) && state_[k] == KeyState::Restored) hold(rec_holders_, s, -1);
+      state_[k] = KeyState::Released;
     }
   }
+  if (peak_node >= 0)
+    pred.peak_at = std::string(peak_backward ? "backward " : "forward ") + p_.nodes[static_cast<size_t>(peak_node)].op + "#" +
+                   std::to_string(peak_node);
   for (const auto& [bytes, count] : pool_max_) {
     pred.copy_in_pool[bytes] = count;
     pred.copy_in_pool_bytes += bytes * count;
@@ -153,11 +202,11 @@ Prediction Simulator::run() {
 
 // An offloaded storage comes back whole (one buffer); each of its keys holds it until its last use.
 void Simulator::fetch(int64_t s) {
-  if (!fetched_.insert(s).second) return;
-  for (const auto& key : storage_keys_[s]) {
-    auto st = state_.find(key);
-    if (st == state_.end() || st->second != KeyState::Offloaded) continue;
-    st->second = KeyState::Restored;
+  if (fetched_[static_cast<size_t>(s)]) return;
+  fetched_[static_cast<size_t>(s)] = 1;
+  for (const int k : storage_keys_[static_cast<size_t>(s)]) {
+    if (state_[static_cast<size_t>(k)] != KeyState::Offloaded) continue;
+    state_[static_cast<size_t>(k)] = KeyState::Restored;
     hold(rec_holders_, s, +1);
   }
 }
@@ -185,16 +234,17 @@ void Simulator::hold(std::vector<int64_t>& holders, int64_t s, int delta) {
   resident_ += (after ? 1 : -1) * bytes;
 }
 
-bool Simulator::usable(const ValueKey& key) const {
+bool Simulator::usable(const ValueKey& key, int k) const {
   if (key.is_leaf()) return true;
-  auto it = state_.find(key);
-  return it != state_.end() && (it->second == KeyState::Kept || it->second == KeyState::Restored);
+  const KeyState st = state(k);
+  return st == KeyState::Kept || st == KeyState::Restored;
 }
 
 void Simulator::ensure(const ValueKey& key, Prediction& pred) {
-  if (usable(key)) return;
-  if (auto st = state_.find(key); st != state_.end() && st->second == KeyState::Offloaded) {
-    fetch(p_.storage_of(key));  // needed before its prefetch point: fetched on demand
+  const int k = id(key);
+  if (usable(key, k)) return;
+  if (state(k) == KeyState::Offloaded) {
+    fetch(storage(key, k));  // needed before its prefetch point: fetched on demand
     return;
   }
   rerun(key.producer, key.output, /*store_required=*/true, pred);
@@ -213,20 +263,23 @@ bool Simulator::transient(int64_t ord) const {
 // is asked) stores and caches nothing; returns the bytes its caller then holds: output `out`'s fresh
 // storage, or the held input it is a view of. Inputs from transient re-runs are held while it runs.
 int64_t Simulator::rerun(int64_t ord, int out, bool store_required, Prediction& pred) {
-  if (cache_.count(ord)) return 0;
+  const auto o = static_cast<size_t>(ord);
+  if (cache_[o] == stamp_) return 0;
   const bool is_transient = !store_required && transient(ord);
-  if (!is_transient) cache_.insert(ord);
-  const ProfiledNode& n = p_.nodes[static_cast<size_t>(ord)];
+  if (!is_transient) cache_[o] = stamp_;
+  const ProfiledNode& n = p_.nodes[o];
   std::vector<std::pair<int64_t, int64_t>> held;  // (storage, bytes) of inputs this re-run holds
   for (const auto& in : n.inputs) {
-    if (usable(in)) continue;
-    if (auto st = state_.find(in); st != state_.end() && st->second == KeyState::Offloaded) {
-      fetch(p_.storage_of(in));  // as SavedValue::materialize: an offloaded input is fetched, not re-run
+    if (in.is_leaf()) continue;  // always usable
+    const int k = id(in);
+    if (usable(in, k)) continue;
+    if (state(k) == KeyState::Offloaded) {
+      fetch(storage(in, k));  // as SavedValue::materialize: an offloaded input is fetched, not re-run
       continue;
     }
     const int64_t b = rerun(in.producer, in.output, /*store_required=*/false, pred);
     if (b > 0) {
-      held.emplace_back(p_.storage_of(in), b);
+      held.emplace_back(storage(in, k), b);
       frame_bytes_ += b;
     }
   }
@@ -235,8 +288,13 @@ int64_t Simulator::rerun(int64_t ord, int out, bool store_required, Prediction& 
   // The producer allocates its fresh storages; while it runs, its measured forward workspace comes on top.
   int64_t fresh = 0;
   for (int64_t st : n.allocated_storage) {
-    if (is_transient) fresh += p_.storages[static_cast<size_t>(st)].bytes;
-    else if (transient_.insert(st).second) transient_bytes_ += p_.storages[static_cast<size_t>(st)].bytes;
+    const auto su = static_cast<size_t>(st);
+    if (is_transient) {
+      fresh += p_.storages[su].bytes;
+    } else if (transient_[su] != stamp_) {
+      transient_[su] = stamp_;
+      transient_bytes_ += p_.storages[su].bytes;
+    }
   }
   const int64_t workspace = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
   recompute_peak_ = std::max(recompute_peak_, resident_ + transient_bytes_ + frame_bytes_ + fresh + workspace);
@@ -251,15 +309,18 @@ int64_t Simulator::rerun(int64_t ord, int out, bool store_required, Prediction& 
   }
   // Outputs whose keys were dropped and are still awaited are stored: their storage instance moves
   // from the cache's transients to the resident set (a view restored later moves its base likewise).
+  const size_t first = leaf_id_.size() + out_base_[o];
   for (size_t j = 0; j < n.output_storage.size(); ++j) {
-    const ValueKey key{ord, static_cast<int>(j)};
-    auto st = state_.find(key);
-    if (st == state_.end() || st->second != KeyState::Dropped) continue;
-    st->second = KeyState::Restored;
+    KeyState& st = state_[first + j];
+    if (st != KeyState::Dropped) continue;
+    st = KeyState::Restored;
     const int64_t storage = n.output_storage[j];
     if (storage < 0) continue;
     hold(rec_holders_, storage, +1);
-    if (transient_.erase(storage)) transient_bytes_ -= p_.storages[static_cast<size_t>(storage)].bytes;
+    if (transient_[static_cast<size_t>(storage)] == stamp_) {
+      transient_[static_cast<size_t>(storage)] = 0;
+      transient_bytes_ -= p_.storages[static_cast<size_t>(storage)].bytes;
+    }
   }
   return 0;
 }

@@ -8,8 +8,6 @@
 #pragma once
 #include <cstdint>
 #include <map>
-#include <set>
-#include <unordered_set>
 #include <vector>
 
 #include "ration/memory/planner.h"
@@ -43,15 +41,22 @@ class Simulator {
   Prediction run();
 
  private:
-  enum class KeyState { Kept, Dropped, Offloaded, Restored, Released };
+  // Absent: not a saved value (no state; never usable unless a leaf).
+  enum class KeyState : uint8_t { Absent, Kept, Dropped, Offloaded, Restored, Released };
   bool dropped(size_t s) const { return decision_[s] != Decision::Keep; }
   int64_t first_use(int64_t s) const { return first_use_[static_cast<size_t>(s)]; }
+  // Values are numbered: the saved leaves first (in key order), then every node output by position (its
+  // node's first output slot plus its index), so walking ids in order walks keys in ValueKey order.
+  // -1: a key that is neither (an output index past its node's outputs, or a leaf no backward saves).
+  int id(const ValueKey& key) const;
+  int64_t storage(const ValueKey& key, int k) const { return k >= 0 ? key_storage_[static_cast<size_t>(k)] : p_.storage_of(key); }
+  KeyState state(int k) const { return k >= 0 ? state_[static_cast<size_t>(k)] : KeyState::Absent; }
   void fetch(int64_t s);
   bool pooled(int64_t s) const {  // fetched into the engine's copy-in pool (CopyInMemory::Pooled)
     return schedule_ != nullptr && schedule_->copy_in == CopyInMemory::Pooled && offloaded(s);
   }
   void hold(std::vector<int64_t>& holders, int64_t s, int delta);
-  bool usable(const ValueKey& key) const;
+  bool usable(const ValueKey& key, int k) const;
   void ensure(const ValueKey& key, Prediction& pred);
   bool transient(int64_t ord) const;
   int64_t rerun(int64_t ord, int out, bool store_required, Prediction& pred);
@@ -61,13 +66,19 @@ class Simulator {
   int64_t extra_;
   const OffloadSchedule* schedule_;
   std::vector<int64_t> saved_at_, last_alive_, first_use_;
-  std::map<int64_t, std::vector<ValueKey>> storage_keys_;  // offloaded storage -> its saved keys
-  std::set<int64_t> fetched_;
-  std::map<ValueKey, int> pending_;
-  std::map<ValueKey, KeyState> state_;
+  std::map<ValueKey, int> leaf_id_;         // saved leaves
+  std::vector<size_t> out_base_;            // by node: id of its first output
+  std::vector<int64_t> key_storage_;        // by id
+  std::vector<int> pending_;                // by id: backward reads still to come
+  std::vector<KeyState> state_;             // by id
+  std::vector<std::vector<int>> storage_keys_;  // by storage: an offloaded storage's saved keys
+  std::vector<int64_t> unfetched_;          // offloaded storages with saved keys, not fetched yet, ascending
+  std::vector<char> fetched_;               // by storage
   std::vector<int64_t> orig_holders_, rec_holders_;
-  std::unordered_set<int64_t> cache_;
-  std::unordered_set<int64_t> transient_;  // recomputed storage instances held only by the cache
+  // This backward step's re-runs (by node) and transient storage instances held only by the recompute
+  // cache (by storage): present where the entry equals the step's stamp.
+  std::vector<uint32_t> cache_, transient_;
+  uint32_t stamp_ = 0;
   int64_t transient_bytes_ = 0, recompute_peak_ = 0;
   const std::map<int64_t, int64_t>* store_from_ = nullptr;
   int64_t step_ = 0;         // index of the backward node being simulated

@@ -15,6 +15,12 @@ double now_ms() {
 }  // namespace
 
 int64_t StepProfile::storage_of(const ValueKey& k) const {
+  // A node output's storage is recorded twice, in its node's output_storage and in value_storage (the
+  // same id: ProfilePolicy writes both): read by position, without a walk down the map.
+  if (!k.is_leaf() && static_cast<size_t>(k.producer) < nodes.size() && k.output >= 0) {
+    const auto& out = nodes[static_cast<size_t>(k.producer)].output_storage;
+    if (static_cast<size_t>(k.output) < out.size()) return out[static_cast<size_t>(k.output)];
+  }
   auto it = value_storage.find(k);
   return it == value_storage.end() ? -1 : it->second;
 }
