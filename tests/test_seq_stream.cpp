@@ -1,8 +1,11 @@
 // test_seq_stream.cpp — the dependency analysis and the streaming executor (docs/METHODS.md,
 // "Temporal-dependency buffers for sequence models"):
 //   * the sequence plan lists every layer with type, L, buffer steps (1, L + 1, T) and bytes;
-//   * streamed logits equal the full-sequence forward: bitwise for lstm_lm (type 1), within 1e-6 for
-//     tcn_lm and windowed gpt (type 2), for chunks 1, 7 and 64 and lengths that are not multiples of them;
+//   * streamed logits equal the full-sequence forward within 1e-6 (lstm_lm: type 1; tcn_lm and windowed
+//     gpt: type 2), for chunks 1, 7 and 64 and lengths that are not multiples of them. Not bitwise: the
+//     output projection of a chunk multiplies fewer rows than the whole sequence's, and OpenBLAS's
+//     kernels (its small-matrix path on AVX-512 machines) may sum a row's products in another order for
+//     another row count (seen: 3e-8 on an AVX-512 EPYC, bitwise elsewhere);
 //   * the ring buffers wrap correctly; the measured peak of scoring a stream is flat in its length;
 //   * errors: a type-3 layer (named), chunk 0, a window not below block_size, a model that does not stream.
 #include <nlohmann/json.hpp>
@@ -56,10 +59,10 @@ void expect_stream_equals_full(models::Model& model, const at::Tensor& tokens, d
   }
 }
 
-TEST(SeqStream, LstmLmStreamsBitwise) {
+TEST(SeqStream, LstmLmStreamsWithin1e6) {
   at::manual_seed(1);
   auto model = build(kLstm);
-  expect_stream_equals_full(*model, at::randint(0, 11, {2, 150}, at::kLong), 0.0);
+  expect_stream_equals_full(*model, at::randint(0, 11, {2, 150}, at::kLong), 1e-6);
 }
 
 TEST(SeqStream, TcnLmStreamsWithin1e6) {
