@@ -33,19 +33,36 @@ bool touch_as_output(I entry) { return entry % 2 == 1; }
 
 }  // namespace
 
-// ---- segment tree / Fenwick -----------------------------------------------------------------------
-// A node's pending add stays at the node (never pushed down): mx[i] is the maximum of its subtree with
-// the adds at i and below, and a leaf's value is mx[leaf] plus the adds of its ancestors. So max() only
-// reads (no writes into a tree other evaluations share lines with), and add() / assign() update the two
-// boundary paths.
+// ---- range max / Fenwick ----------------------------------------------------------------------------
+// Value i lives in block i / kBlock; its value is val[i] plus the block's offset (the adds at the block's
+// leaf and its ancestors). A tree node's pending add stays at the node (never pushed down): mx[i] is the
+// maximum of its subtree with the adds at i and below. So max() only reads (no writes into lines other
+// evaluations share), an add covering whole blocks updates O(log n) tree nodes, and a partial block is
+// one cache line of values. The tree over blocks is an eighth of a tree over values: at a few thousand
+// steps it stays in the cache next to the other per-step data.
 void IncrementalPeak::Tree::init(const std::vector<int64_t>& v) {
   n = v.size();
+  blocks = (n + kBlock - 1) / kBlock;
   size = 1;
-  while (size < std::max<size_t>(n, 1)) size <<= 1;
+  while (size < std::max<size_t>(blocks, 1)) size <<= 1;
+  val.assign(blocks * kBlock, kNone);  // padding stays kNone: never part of a range, never a block's max
+  std::copy(v.begin(), v.end(), val.begin());
   mx.assign(2 * size, kNone);
-  add_at.assign(size, 0);
-  for (size_t i = 0; i < n; ++i) mx[size + i] = v[i];
+  add_at.assign(2 * size, 0);
+  for (size_t b = 0; b < blocks; ++b) mx[size + b] = scan(b * kBlock, b * kBlock + kBlock - 1);
   for (size_t i = size; i-- > 1;) mx[i] = std::max(mx[2 * i], mx[2 * i + 1]);
+}
+
+int64_t IncrementalPeak::Tree::scan(size_t l, size_t r) const {
+  int64_t m = kNone;
+  for (size_t i = l; i <= r; ++i) m = std::max(m, val[i]);
+  return m;
+}
+
+int64_t IncrementalPeak::Tree::offset(size_t b) const {
+  int64_t o = 0;
+  for (size_t a = size + b; a >= 1; a >>= 1) o += add_at[a];
+  return o;
 }
 
 void IncrementalPeak::Tree::pull(size_t i) {
@@ -55,34 +72,54 @@ void IncrementalPeak::Tree::pull(size_t i) {
   }
 }
 
+void IncrementalPeak::Tree::refresh(size_t b) {
+  const size_t leaf = size + b;
+  const int64_t m = scan(b * kBlock, b * kBlock + kBlock - 1);
+  mx[leaf] = m == kNone ? kNone : m + add_at[leaf];
+  pull(leaf);
+}
+
 void IncrementalPeak::Tree::add(size_t l, size_t r, int64_t delta) {
   if (l > r || r >= n || delta == 0) return;
-  size_t lo = l + size, hi = r + size + 1;  // half-open over leaves
+  size_t bl = l / kBlock, br = r / kBlock;
+  auto partial = [&](size_t b, size_t from, size_t to) {
+    for (size_t i = from; i <= to; ++i) val[i] += delta;
+    refresh(b);
+  };
+  if (bl == br && (l % kBlock != 0 || (r % kBlock != kBlock - 1 && r != n - 1))) return partial(bl, l, r);
+  if (l % kBlock != 0) {
+    partial(bl, l, bl * kBlock + kBlock - 1);
+    ++bl;
+  }
+  if (r % kBlock != kBlock - 1 && r != n - 1) {  // br > 0 here (l and r lie in different blocks)
+    partial(br, br * kBlock, r);
+    --br;
+  }
+  if (bl > br) return;
+  size_t lo = bl + size, hi = br + size + 1;  // half-open over leaves
   auto apply = [&](size_t i) {
     mx[i] += delta;
-    if (i < size) add_at[i] += delta;
+    add_at[i] += delta;
   };
   for (; lo < hi; lo >>= 1, hi >>= 1) {
     if (lo & 1) apply(lo++);
     if (hi & 1) apply(--hi);
   }
-  pull(l + size);
-  pull(r + size);
+  pull(bl + size);
+  pull(br + size);
 }
 
 void IncrementalPeak::Tree::assign(size_t i, int64_t value) {
-  const size_t leaf = i + size;
-  int64_t above = 0;
-  for (size_t a = leaf >> 1; a >= 1; a >>= 1) above += add_at[a];
-  mx[leaf] = value - above;
-  pull(leaf);
+  const size_t b = i / kBlock;
+  val[i] = value - offset(b);
+  refresh(b);
 }
 
-// Bottom-up over the O(log n) nodes covering [l, r]. Each side's running maximum is kept relative to the
-// level reached: moving up, its nodes all lie under one node of the new level (left: the one before `lo`,
-// right: `hi`), whose add is added; at the end the adds of those nodes' ancestors are.
-int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
-  if (l > r || r >= n) return kNone;
+// Bottom-up over the O(log n) tree nodes covering blocks [l, r]. Each side's running maximum is kept
+// relative to the level reached: moving up, its nodes all lie under one node of the new level (left: the
+// one before `lo`, right: `hi`), whose add is added; at the end the adds of those nodes' ancestors are.
+int64_t IncrementalPeak::Tree::blocks_max(size_t l, size_t r) const {
+  if (l == 0 && r + 1 == blocks) return mx[1];
   size_t lo = l + size, hi = r + size + 1;
   int64_t left = kNone, right = kNone;
   while (lo < hi) {
@@ -98,21 +135,52 @@ int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
   return std::max(left, right);
 }
 
+int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
+  if (l > r || r >= n) return kNone;
+  size_t bl = l / kBlock, br = r / kBlock;
+  if (bl == br) return scan(l, r) + offset(bl);
+  int64_t m = kNone;
+  if (l % kBlock != 0) {
+    m = std::max(m, scan(l, bl * kBlock + kBlock - 1) + offset(bl));
+    ++bl;
+  }
+  if (r % kBlock != kBlock - 1 && r != n - 1) {
+    m = std::max(m, scan(br * kBlock, r) + offset(br));
+    --br;
+  }
+  if (bl <= br) m = std::max(m, blocks_max(bl, br));
+  return m;
+}
+
 void IncrementalPeak::Fenwick::init(const std::vector<int64_t>& v) {
-  t.assign(v.size() + 1, 0);
-  for (size_t i = 0; i < v.size(); ++i) add(i, i, v[i]);
+  n = v.size();
+  val = v;
+  t.assign((n + Tree::kBlock - 1) / Tree::kBlock + 1, 0);
 }
 void IncrementalPeak::Fenwick::add(size_t l, size_t r, int64_t delta) {
-  auto bump = [&](size_t i, int64_t d) {
-    for (++i; i < t.size(); i += i & (~i + 1)) t[i] += d;
+  if (l > r || r >= n || delta == 0) return;
+  constexpr size_t kB = Tree::kBlock;
+  auto bump = [&](size_t b, int64_t d) {  // blocks b.. get d
+    for (++b; b < t.size(); b += b & (~b + 1)) t[b] += d;
   };
-  if (l > r || delta == 0) return;
-  bump(l, delta);
-  if (r + 1 < t.size() - 1) bump(r + 1, -delta);
+  size_t bl = l / kB, br = r / kB;
+  if (l % kB != 0 || bl == br) {  // the first block's part
+    const size_t to = bl == br ? r : bl * kB + kB - 1;
+    for (size_t i = l; i <= to; ++i) val[i] += delta;
+    if (bl == br) return;
+    ++bl;
+  }
+  if (r % kB != kB - 1 && r != n - 1) {  // the last block's part
+    for (size_t i = br * kB; i <= r; ++i) val[i] += delta;
+    --br;
+  }
+  if (bl > br) return;
+  bump(bl, delta);
+  bump(br + 1, -delta);
 }
 int64_t IncrementalPeak::Fenwick::at(size_t i) const {
-  int64_t s = 0;
-  for (++i; i > 0; i -= i & (~i + 1)) s += t[i];
+  int64_t s = val[i];
+  for (size_t b = i / Tree::kBlock + 1; b > 0; b -= b & (~b + 1)) s += t[b];
   return s;
 }
 
@@ -120,17 +188,12 @@ int64_t IncrementalPeak::Fenwick::at(size_t i) const {
 // `St` reads and writes key states: the whole run's (build) or an overlay on the committed plan (evaluate).
 template <class St>
 struct StepRun {
-  const plan_detail::Lists<int64_t>& alloc;  // by node: storages its forward allocated
-  const plan_detail::Lists<int>& inputs;
-  const plan_detail::Lists<int64_t>& input_producers;
-  const plan_detail::Lists<int>& outputs;
-  const plan_detail::Lists<int>& out_storage;
+  const plan_detail::Lists<int>& nodes;  // by node: its record
   const plan_detail::Lists<int>& storage_keys;
   const std::vector<int>& key_storage;
   const std::vector<int64_t>& key_producer;
   const std::vector<char>& is_group;
   const std::vector<int64_t>& bytes;
-  const std::vector<int64_t>& workspace;
   std::vector<uint32_t>& cache_epoch;
   std::vector<uint32_t>& transient_epoch;
   uint32_t cache_stamp, transient_stamp;
@@ -170,27 +233,30 @@ struct StepRun {
     const auto o = static_cast<size_t>(ord);
     if (cache_epoch[o] == cache_stamp) return;
     cache_epoch[o] = cache_stamp;
-    for (size_t i = 0; i < inputs[o].size(); ++i) {
-      const int in = inputs[o][i];
+    const auto n = nodes[o];
+    const plan_detail::NodeRecord node{n.begin(), n.end()};
+    for (size_t i = 0; i < node.inputs(); ++i) {
+      const int in = node.input(i);
       touch(in);
-      if (!usable(in)) rerun(input_producers[o][i]);
+      if (!usable(in)) rerun(node.producer(i));
       if (stopped) return;
     }
-    for (int64_t s : alloc[o]) {
-      if (transient_epoch[static_cast<size_t>(s)] == transient_stamp) continue;
-      transient_epoch[static_cast<size_t>(s)] = transient_stamp;
-      transient_bytes += bytes[static_cast<size_t>(s)];
+    for (const int* a = node.alloc_begin(); a != node.alloc_end(); ++a) {
+      const auto s = static_cast<size_t>(*a);
+      if (transient_epoch[s] == transient_stamp) continue;
+      transient_epoch[s] = transient_stamp;
+      transient_bytes += bytes[s];
     }
-    recompute_peak = std::max(recompute_peak, resident + transient_bytes + workspace[o]);
+    recompute_peak = std::max(recompute_peak, resident + transient_bytes + node.workspace());
     if (recompute_peak >= stop_recompute_at) {
       stopped = true;
       return;
     }
-    for (size_t j = 0; j < outputs[o].size(); ++j) {
-      const int k = outputs[o][j];
+    for (size_t j = 0; j < node.outputs(); ++j) {
+      const int k = node.output(j);
       touch(k, true);
       if (k < 0 || st.get(k) != State::Dropped) continue;
-      const int s = out_storage[o][j];
+      const int s = node.out_storage(j);
       const bool was_held = s >= 0 && held(s);
       st.set(k, State::Restored);
       restored.push_back(k);
@@ -256,30 +322,32 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
       if (key_storage_[k] >= 0) by_storage.emplace_back(static_cast<size_t>(key_storage_[k]), static_cast<int>(k));
     storage_keys_ = Lists<int>::grouped(ns, by_storage);
   }
-  workspace_.resize(nn_);
   std::vector<int64_t> pending(nk_, 0);
   for (size_t o = 0; o < nn_; ++o) {
     const ProfiledNode& n = p.nodes[o];
+    const auto workspace = static_cast<uint64_t>(std::max<int64_t>(0, n.peak_bytes - n.end_bytes));
+    nodes_.add(static_cast<int>(n.inputs.size()));
+    nodes_.add(static_cast<int>(n.output_storage.size()));
+    nodes_.add(static_cast<int>(static_cast<uint32_t>(workspace)));
+    nodes_.add(static_cast<int>(static_cast<uint32_t>(workspace >> 32)));
     for (const auto& in : n.inputs) {
       const int k = in.is_leaf() ? kAlwaysUsable : id_of(in);
-      node_inputs_.add(k < 0 && !in.is_leaf() ? kNeverUsable : k);
-      node_input_producers_.add(in.producer);
+      nodes_.add(k < 0 && !in.is_leaf() ? kNeverUsable : k);
+      nodes_.add(static_cast<int>(in.producer));
     }
+    for (size_t j = 0; j < n.output_storage.size(); ++j) {
+      const int k = out_key[out_base[o] + j];
+      nodes_.add(k >= 0 ? k : kNeverUsable);
+      nodes_.add(static_cast<int>(n.output_storage[j]));
+    }
+    for (int64_t st : n.allocated_storage) nodes_.add(static_cast<int>(st));
+    nodes_.close();
     for (const auto& key : n.saved) {
       const int k = id_of(key);
       node_saved_.add(k);
       ++pending[static_cast<size_t>(k)];
     }
-    for (size_t j = 0; j < n.output_storage.size(); ++j) {
-      const int k = out_key[out_base[o] + j];
-      node_outputs_.add(k >= 0 ? k : kNeverUsable);
-      node_out_storage_.add(static_cast<int>(n.output_storage[j]));
-    }
-    for (int64_t st : n.allocated_storage) node_alloc_.add(st);
-    for (auto* l : {&node_inputs_, &node_saved_, &node_outputs_, &node_out_storage_}) l->close();
-    node_input_producers_.close();
-    node_alloc_.close();
-    workspace_[o] = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
+    node_saved_.close();
   }
   // Release: after the backward step of a key's last pending use (keys without a storage never are).
   release_step_.assign(nk_, kNever);
@@ -299,16 +367,16 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
     if (!is_group_[st] || keys.empty()) continue;
     const int64_t producer = key_producer_[static_cast<size_t>(keys.front())];
     if (producer < 0) continue;
-    const auto o = static_cast<size_t>(producer);
+    const auto rec = nodes_[static_cast<size_t>(producer)];
+    const plan_detail::NodeRecord node{rec.begin(), rec.end()};
     bool all = true;
     for (int k : keys) {
       bool found = false;
-      for (size_t j = 0; j < node_outputs_[o].size(); ++j)
-        found = found || (node_outputs_[o][j] == k && node_out_storage_[o][j] == static_cast<int>(st));
+      for (size_t j = 0; j < node.outputs(); ++j)
+        found = found || (node.output(j) == k && node.out_storage(j) == static_cast<int>(st));
       all = all && key_producer_[static_cast<size_t>(k)] == producer && found;
     }
-    const auto alloc = node_alloc_[o];
-    restored_by_producer_[st] = all && std::find(alloc.begin(), alloc.end(), static_cast<int64_t>(st)) != alloc.end();
+    restored_by_producer_[st] = all && std::find(node.alloc_begin(), node.alloc_end(), static_cast<int>(st)) != node.alloc_end();
   }
   {
     std::vector<std::pair<size_t, int64_t>> by_storage;  // in step order: each storage's list ascends
@@ -376,16 +444,11 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
       key_producer_(static_->key_producer_),
       release_step_(static_->release_step_),
       storage_keys_(static_->storage_keys_),
-      node_inputs_(static_->node_inputs_),
-      node_input_producers_(static_->node_input_producers_),
+      nodes_(static_->nodes_),
       node_saved_(static_->node_saved_),
-      node_outputs_(static_->node_outputs_),
-      node_out_storage_(static_->node_out_storage_),
       released_at_(static_->released_at_),
       release_steps_(static_->release_steps_),
-      node_alloc_(static_->node_alloc_),
       restored_by_producer_(static_->restored_by_producer_),
-      workspace_(static_->workspace_),
       start_other_(static_->start_other_),
       transient_other_(static_->transient_other_) {
   RATION_ASSERT(decisions.size() == storage_of_group_.size(), "incremental peak: one decision per group expected");
@@ -446,8 +509,8 @@ void IncrementalPeak::build() {
   for (size_t j = 0; j < nb_; ++j) {
     StepResult r;
     r.resident_at_start = resident;
-    StepRun<FullState> run{node_alloc_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
-                           is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+    StepRun<FullState> run{nodes_, storage_keys_, key_storage_, key_producer_,
+                           is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                            st, resident, r.touched, r.restored, touch_epoch_};
     run.recompute_peak = resident;
     const auto ord = static_cast<size_t>(p_.backward_order[j]);
@@ -599,8 +662,8 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       r.restored.clear();
       r.step = j;
       r.resident_at_start = resident;
-      StepRun<OverlayState> run{node_alloc_, node_inputs_, node_input_producers_, node_outputs_, node_out_storage_, storage_keys_, key_storage_, key_producer_,
-                                is_group_, bytes_, workspace_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+      StepRun<OverlayState> run{nodes_, storage_keys_, key_storage_, key_producer_,
+                                is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                                 st, resident, r.touched, r.restored, touch_epoch_};
       run.recompute_peak = resident;
       if (stop_at != kExact) run.stop_recompute_at = stop_at - start_other_[ju] - extra_;
@@ -672,18 +735,20 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
   const auto o = static_cast<size_t>(ord);
   if (cache_epoch_[o] == cache_stamp_) return;
   cache_epoch_[o] = cache_stamp_;
-  const auto& inputs = node_inputs_[o];
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const int k = inputs[i];
+  const auto rec = nodes_[o];
+  const plan_detail::NodeRecord node{rec.begin(), rec.end()};
+  for (size_t i = 0; i < node.inputs(); ++i) {
+    const int k = node.input(i);
     if (k == kAlwaysUsable) continue;
     // Usable at the step's start, or restored by the committed step (its producer re-runs in both runs,
     // and what that needs was re-run there too): nothing to add behind it.
     if (k != kNeverUsable && (key_producer_[static_cast<size_t>(k)] < 0 || holding(over_get(k, j)) ||
                               restore_step_[static_cast<size_t>(k)] == j))
       continue;
-    extend(node_input_producers_[o][i], j, restored);
+    extend(node.producer(i), j, restored);
   }
-  for (int k : node_outputs_[o]) {
+  for (size_t jo = 0; jo < node.outputs(); ++jo) {
+    const int k = node.output(jo);
     if (k < 0 || over_get(k, j) != State::Dropped || restore_step_[static_cast<size_t>(k)] == j) continue;
     over_set(k, State::Restored);
     restored.push_back(k);

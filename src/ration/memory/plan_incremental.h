@@ -28,8 +28,12 @@
 // Data: what depends on the profile and the groups only (key ids, node inputs and outputs, release steps)
 // is built once and shared by every copy and by every peak built `like` another (a plan's descents all
 // start from copies of one all-kept peak); a copy owns only the committed plan's state. Static lists are
-// stored back to back (Lists). A step lists each group storage it touches once, with how it first touched
-// it; the steps touching a storage are a sorted vector.
+// stored back to back (Lists), and a node's lists as one record (its inputs with their producers, its
+// outputs with their storages, its allocations, its workspace), so a re-run reads one or two lines per
+// node. A step lists each group storage it touches once, with how it first touched it; the steps touching
+// a storage are a sorted vector. The range max and the resident bytes keep their values in blocks of a
+// cache line with the structure over the blocks an eighth of the size: at thousands of steps the planner's
+// data otherwise outgrow the core's cache, and every evaluation's reads miss it.
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -59,7 +63,7 @@ struct Lists {
   };
   // Built in index order: add() a list's items, then close() it.
   void add(T v) { items.push_back(v); }
-  void close() { start.push_back(items.size()); }
+  void close() { start.push_back(static_cast<uint32_t>(items.size())); }
   // Lists 0..n-1 from (index, item) pairs, each list keeping the pairs' order.
   static Lists grouped(size_t n, const std::vector<std::pair<size_t, T>>& pairs) {
     Lists l;
@@ -72,8 +76,27 @@ struct Lists {
     return l;
   }
   Span operator[](size_t i) const { return {items.data() + start[i], items.data() + start[i + 1]}; }
-  std::vector<size_t> start{0};
+  std::vector<uint32_t> start{0};
   std::vector<T> items;
+};
+
+// One node's static record, read by the re-run walk from neighbouring lines: input and output counts,
+// its forward workspace, then (key, producer) per input, (key, storage) per output, and the storages its
+// forward allocated, as one list of ints.
+struct NodeRecord {
+  const int* r;
+  const int* e;
+  size_t inputs() const { return static_cast<size_t>(r[0]); }
+  size_t outputs() const { return static_cast<size_t>(r[1]); }
+  int64_t workspace() const {
+    return static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(r[3])) << 32) | static_cast<uint32_t>(r[2]));
+  }
+  int input(size_t i) const { return r[4 + 2 * i]; }
+  int producer(size_t i) const { return r[5 + 2 * i]; }
+  int output(size_t j) const { return r[4 + 2 * inputs() + 2 * j]; }
+  int out_storage(size_t j) const { return r[5 + 2 * inputs() + 2 * j]; }
+  const int* alloc_begin() const { return r + 4 + 2 * inputs() + 2 * outputs(); }
+  const int* alloc_end() const { return e; }
 };
 }  // namespace plan_detail
 
@@ -115,20 +138,33 @@ class IncrementalPeak {
   }
 
  private:
-  struct Tree {  // range add, point assign, range max (segment tree, adds kept at the nodes they cover)
+  // Range add, point assign, range max over n values: the values in blocks of kBlock (one cache line),
+  // a segment tree over the blocks' maxima (adds kept at the nodes they cover, leaves included).
+  struct Tree {
+    static constexpr size_t kBlock = 8;
     void init(const std::vector<int64_t>& v);
     void add(size_t l, size_t r, int64_t delta);  // [l, r]
     void assign(size_t i, int64_t value);
     int64_t max(size_t l, size_t r) const;        // [l, r]; INT64_MIN when empty
-    void pull(size_t i);                          // recompute the ancestors of node i
-    size_t n = 0, size = 1;
-    std::vector<int64_t> mx, add_at;  // by node; add_at by inner node
+    size_t n = 0, blocks = 0, size = 1;
+    std::vector<int64_t> val;         // by value: relative to its block's offset
+    std::vector<int64_t> mx, add_at;  // by tree node (leaf size + b: block b)
+
+   private:
+    int64_t offset(size_t b) const;            // the adds over block b: its leaf's and its ancestors'
+    int64_t scan(size_t l, size_t r) const;    // max of val[l..r]
+    void refresh(size_t b);                    // block b's leaf from its values, then its ancestors
+    void pull(size_t i);                       // recompute the ancestors of tree node i
+    int64_t blocks_max(size_t l, size_t r) const;  // over blocks [l, r]
   };
-  struct Fenwick {  // range add, point query
+  // Range add, point query: the values in blocks of Tree::kBlock, adds covering whole blocks in a
+  // Fenwick tree over the blocks (an eighth of the values: it stays in the cache).
+  struct Fenwick {
     void init(const std::vector<int64_t>& v);
-    void add(size_t l, size_t r, int64_t delta);
+    void add(size_t l, size_t r, int64_t delta);  // [l, r]
     int64_t at(size_t i) const;
-    std::vector<int64_t> t;
+    size_t n = 0;
+    std::vector<int64_t> val, t;  // t: by block + 1
   };
   // One simulated backward step's results in the run being evaluated.
   struct StepResult {
@@ -199,16 +235,13 @@ class IncrementalPeak {
     std::vector<int64_t> key_producer_;              // by key
     std::vector<int64_t> release_step_;              // by key: last backward step that reads it
     Lists<int> storage_keys_;                        // by storage: its saved keys
-    Lists<int> node_inputs_;                         // by node: key id, -1 always usable, -2 never
-    Lists<int64_t> node_input_producers_;            // by node: each input's producer
+    Lists<int> nodes_;                               // by node: its record (plan_detail::NodeRecord); an
+                                                     // input key is -1 always usable, -2 never; an output
+                                                     // key -2 unsaved
     Lists<int> node_saved_;                          // by node: key ids of saved values (pinned left out)
-    Lists<int> node_outputs_;                        // by node: key ids of outputs (-2 unsaved)
-    Lists<int> node_out_storage_;                    // by node: storage of each output in node_outputs_
     Lists<int> released_at_;                         // by backward step: keys released after it
     Lists<int64_t> release_steps_;                   // by storage: its keys' release steps, ascending
-    Lists<int64_t> node_alloc_;                      // by node: storages its forward allocated
     std::vector<char> restored_by_producer_;         // by storage: one node outputs all its keys, allocating it
-    std::vector<int64_t> workspace_;                 // by node: forward workspace
     std::vector<int64_t> start_other_, transient_other_;  // by backward step
   };
   IncrementalPeak(std::shared_ptr<const Static> shared, const std::vector<Decision>& decisions);
@@ -225,16 +258,11 @@ class IncrementalPeak {
   const std::vector<int64_t>& key_producer_;
   const std::vector<int64_t>& release_step_;
   const Lists<int>& storage_keys_;
-  const Lists<int>& node_inputs_;
-  const Lists<int64_t>& node_input_producers_;
+  const Lists<int>& nodes_;
   const Lists<int>& node_saved_;
-  const Lists<int>& node_outputs_;
-  const Lists<int>& node_out_storage_;
   const Lists<int>& released_at_;
   const Lists<int64_t>& release_steps_;
-  const Lists<int64_t>& node_alloc_;
   const std::vector<char>& restored_by_producer_;
-  const std::vector<int64_t>& workspace_;
   const std::vector<int64_t>& start_other_;
   const std::vector<int64_t>& transient_other_;
 
