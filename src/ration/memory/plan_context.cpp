@@ -13,27 +13,18 @@
 namespace ration::memory {
 namespace {
 
-// Which node outputs some backward saves, by position (node o's outputs start at base[o]).
+// Which node outputs some backward saves, by output slot.
 struct SavedOutputs {
-  explicit SavedOutputs(const StepProfile& p) {
-    base.assign(p.nodes.size() + 1, 0);
-    for (size_t o = 0; o < p.nodes.size(); ++o) base[o + 1] = base[o] + p.nodes[o].output_storage.size();
-    saved.assign(base.back(), 0);
+  explicit SavedOutputs(const StepProfile& p) : slots(p), saved(slots.size(), 0) {
     for (const auto& node : p.nodes)
       for (const auto& k : node.saved)
-        if (const size_t i = slot(k); i != kNone) saved[i] = 1;
-  }
-  static constexpr size_t kNone = static_cast<size_t>(-1);
-  size_t slot(const ValueKey& k) const {  // kNone: a leaf, or past its node's outputs
-    if (k.is_leaf() || static_cast<size_t>(k.producer) + 1 >= base.size() || k.output < 0) return kNone;
-    const size_t i = base[static_cast<size_t>(k.producer)] + static_cast<size_t>(k.output);
-    return i < base[static_cast<size_t>(k.producer) + 1] ? i : kNone;
+        if (const size_t i = slots.slot(k); i != OutputSlots::kNone) saved[i] = 1;
   }
   bool count(const ValueKey& k) const {
-    const size_t i = slot(k);
-    return i != kNone && saved[i] != 0;
+    const size_t i = slots.slot(k);
+    return i != OutputSlots::kNone && saved[i] != 0;
   }
-  std::vector<size_t> base;
+  OutputSlots slots;
   std::vector<char> saved;
 };
 

@@ -31,6 +31,28 @@ I touch_id(I entry) { return entry / 2; }
 template <class I>
 bool touch_as_output(I entry) { return entry % 2 == 1; }
 
+// [l, r] of n values kept in blocks of kB: part(b, from, to) for each block the range covers in part, then
+// whole(first, last) for the blocks it covers whole (the last block is whole once r is the last value).
+template <class Part, class Whole>
+void split_blocks(size_t l, size_t r, size_t n, size_t kB, Part part, Whole whole) {
+  size_t bl = l / kB, br = r / kB;
+  const bool head_whole = l % kB == 0, tail_whole = r % kB == kB - 1 || r == n - 1;
+  if (bl == br) {
+    if (head_whole && tail_whole) whole(bl, br);
+    else part(bl, l, r);
+    return;
+  }
+  if (!head_whole) {
+    part(bl, l, bl * kB + kB - 1);
+    ++bl;
+  }
+  if (!tail_whole) {  // br > 0: l and r lie in different blocks
+    part(br, br * kB, r);
+    --br;
+  }
+  if (bl <= br) whole(bl, br);
+}
+
 }  // namespace
 
 // ---- range max / Fenwick ----------------------------------------------------------------------------
@@ -81,32 +103,24 @@ void IncrementalPeak::Tree::refresh(size_t b) {
 
 void IncrementalPeak::Tree::add(size_t l, size_t r, int64_t delta) {
   if (l > r || r >= n || delta == 0) return;
-  size_t bl = l / kBlock, br = r / kBlock;
-  auto partial = [&](size_t b, size_t from, size_t to) {
+  auto part = [&](size_t b, size_t from, size_t to) {
     for (size_t i = from; i <= to; ++i) val[i] += delta;
     refresh(b);
   };
-  if (bl == br && (l % kBlock != 0 || (r % kBlock != kBlock - 1 && r != n - 1))) return partial(bl, l, r);
-  if (l % kBlock != 0) {
-    partial(bl, l, bl * kBlock + kBlock - 1);
-    ++bl;
-  }
-  if (r % kBlock != kBlock - 1 && r != n - 1) {  // br > 0 here (l and r lie in different blocks)
-    partial(br, br * kBlock, r);
-    --br;
-  }
-  if (bl > br) return;
-  size_t lo = bl + size, hi = br + size + 1;  // half-open over leaves
-  auto apply = [&](size_t i) {
-    mx[i] += delta;
-    add_at[i] += delta;
+  auto whole = [&](size_t bl, size_t br) {
+    size_t lo = bl + size, hi = br + size + 1;  // half-open over leaves
+    auto apply = [&](size_t i) {
+      mx[i] += delta;
+      add_at[i] += delta;
+    };
+    for (; lo < hi; lo >>= 1, hi >>= 1) {
+      if (lo & 1) apply(lo++);
+      if (hi & 1) apply(--hi);
+    }
+    pull(bl + size);
+    pull(br + size);
   };
-  for (; lo < hi; lo >>= 1, hi >>= 1) {
-    if (lo & 1) apply(lo++);
-    if (hi & 1) apply(--hi);
-  }
-  pull(bl + size);
-  pull(br + size);
+  split_blocks(l, r, n, kBlock, part, whole);
 }
 
 void IncrementalPeak::Tree::assign(size_t i, int64_t value) {
@@ -137,18 +151,10 @@ int64_t IncrementalPeak::Tree::blocks_max(size_t l, size_t r) const {
 
 int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
   if (l > r || r >= n) return kNone;
-  size_t bl = l / kBlock, br = r / kBlock;
-  if (bl == br) return scan(l, r) + offset(bl);
   int64_t m = kNone;
-  if (l % kBlock != 0) {
-    m = std::max(m, scan(l, bl * kBlock + kBlock - 1) + offset(bl));
-    ++bl;
-  }
-  if (r % kBlock != kBlock - 1 && r != n - 1) {
-    m = std::max(m, scan(br * kBlock, r) + offset(br));
-    --br;
-  }
-  if (bl <= br) m = std::max(m, blocks_max(bl, br));
+  split_blocks(
+      l, r, n, kBlock, [&](size_t b, size_t from, size_t to) { m = std::max(m, scan(from, to) + offset(b)); },
+      [&](size_t bl, size_t br) { m = std::max(m, blocks_max(bl, br)); });
   return m;
 }
 
@@ -159,24 +165,18 @@ void IncrementalPeak::Fenwick::init(const std::vector<int64_t>& v) {
 }
 void IncrementalPeak::Fenwick::add(size_t l, size_t r, int64_t delta) {
   if (l > r || r >= n || delta == 0) return;
-  constexpr size_t kB = Tree::kBlock;
   auto bump = [&](size_t b, int64_t d) {  // blocks b.. get d
     for (++b; b < t.size(); b += b & (~b + 1)) t[b] += d;
   };
-  size_t bl = l / kB, br = r / kB;
-  if (l % kB != 0 || bl == br) {  // the first block's part
-    const size_t to = bl == br ? r : bl * kB + kB - 1;
-    for (size_t i = l; i <= to; ++i) val[i] += delta;
-    if (bl == br) return;
-    ++bl;
-  }
-  if (r % kB != kB - 1 && r != n - 1) {  // the last block's part
-    for (size_t i = br * kB; i <= r; ++i) val[i] += delta;
-    --br;
-  }
-  if (bl > br) return;
-  bump(bl, delta);
-  bump(br + 1, -delta);
+  split_blocks(
+      l, r, n, Tree::kBlock,
+      [&](size_t, size_t from, size_t to) {
+        for (size_t i = from; i <= to; ++i) val[i] += delta;
+      },
+      [&](size_t bl, size_t br) {
+        bump(bl, delta);
+        bump(br + 1, -delta);
+      });
 }
 int64_t IncrementalPeak::Fenwick::at(size_t i) const {
   int64_t s = val[i];
@@ -233,8 +233,7 @@ struct StepRun {
     const auto o = static_cast<size_t>(ord);
     if (cache_epoch[o] == cache_stamp) return;
     cache_epoch[o] = cache_stamp;
-    const auto n = nodes[o];
-    const plan_detail::NodeRecord node{n.begin(), n.end()};
+    const auto node = plan_detail::NodeRecord::of(nodes, o);
     for (size_t i = 0; i < node.inputs(); ++i) {
       const int in = node.input(i);
       touch(in);
@@ -286,18 +285,16 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
   }
   // Keys: every saved value, numbered in first-saved order. A node output's id is found by position (its
   // node's first output slot plus its index), a leaf's in a map (leaves are few next to node outputs).
-  std::vector<size_t> out_base(nn_ + 1, 0);
-  for (size_t o = 0; o < nn_; ++o) out_base[o + 1] = out_base[o] + p.nodes[o].output_storage.size();
-  std::vector<int> out_key(out_base[nn_], -1);
+  const OutputSlots slots(p);
+  std::vector<int> out_key(slots.size(), -1);
   std::map<ValueKey, int> leaf_key;
   auto id_of = [&](const ValueKey& key) -> int {  // -1: not saved
     if (key.is_leaf()) {
       auto it = leaf_key.find(key);
       return it == leaf_key.end() ? -1 : it->second;
     }
-    const auto o = static_cast<size_t>(key.producer);
-    if (key.output < 0 || out_base[o] + static_cast<size_t>(key.output) >= out_base[o + 1]) return -1;
-    return out_key[out_base[o] + static_cast<size_t>(key.output)];
+    const size_t i = slots.slot(key);
+    return i == OutputSlots::kNone ? -1 : out_key[i];
   };
   for (const auto& node : p.nodes) {
     for (const auto& key : node.saved) {
@@ -307,11 +304,11 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
         leaf_key[key] = k;
         key_storage_.push_back(static_cast<int>(p.storage_of(key)));
       } else {
-        const auto o = static_cast<size_t>(key.producer);
-        RATION_ASSERT(out_base[o] + static_cast<size_t>(key.output) < out_base[o + 1], "incremental peak: saved value ",
-                      key.producer, ":", key.output, " is not an output of its node");
-        out_key[out_base[o] + static_cast<size_t>(key.output)] = k;
-        key_storage_.push_back(static_cast<int>(p.nodes[o].output_storage[static_cast<size_t>(key.output)]));
+        const size_t i = slots.slot(key);
+        RATION_ASSERT(i != OutputSlots::kNone, "incremental peak: saved value ", key.producer, ":", key.output,
+                      " is not an output of its node");
+        out_key[i] = k;
+        key_storage_.push_back(static_cast<int>(p.storage_of(key)));
       }
       key_producer_.push_back(key.producer);
     }
@@ -336,7 +333,7 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
       nodes_.add(static_cast<int>(in.producer));
     }
     for (size_t j = 0; j < n.output_storage.size(); ++j) {
-      const int k = out_key[out_base[o] + j];
+      const int k = out_key[slots.first(o) + j];
       nodes_.add(k >= 0 ? k : kNeverUsable);
       nodes_.add(static_cast<int>(n.output_storage[j]));
     }
@@ -367,8 +364,7 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
     if (!is_group_[st] || keys.empty()) continue;
     const int64_t producer = key_producer_[static_cast<size_t>(keys.front())];
     if (producer < 0) continue;
-    const auto rec = nodes_[static_cast<size_t>(producer)];
-    const plan_detail::NodeRecord node{rec.begin(), rec.end()};
+    const auto node = plan_detail::NodeRecord::of(nodes_, static_cast<size_t>(producer));
     bool all = true;
     for (int k : keys) {
       bool found = false;
@@ -735,8 +731,7 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
   const auto o = static_cast<size_t>(ord);
   if (cache_epoch_[o] == cache_stamp_) return;
   cache_epoch_[o] = cache_stamp_;
-  const auto rec = nodes_[o];
-  const plan_detail::NodeRecord node{rec.begin(), rec.end()};
+  const auto node = plan_detail::NodeRecord::of(nodes_, o);
   for (size_t i = 0; i < node.inputs(); ++i) {
     const int k = node.input(i);
     if (k == kAlwaysUsable) continue;

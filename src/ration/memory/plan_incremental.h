@@ -84,6 +84,10 @@ struct Lists {
 // its forward workspace, then (key, producer) per input, (key, storage) per output, and the storages its
 // forward allocated, as one list of ints.
 struct NodeRecord {
+  static NodeRecord of(const Lists<int>& records, size_t node) {
+    const auto l = records[node];
+    return {l.begin(), l.end()};
+  }
   const int* r;
   const int* e;
   size_t inputs() const { return static_cast<size_t>(r[0]); }

@@ -23,18 +23,16 @@ SaveSpan save_span(const StepProfile& p) {
 
 Simulator::Simulator(const StepProfile& p, const std::vector<Decision>& decision, int64_t extra,
                      const OffloadSchedule* schedule, const std::map<int64_t, int64_t>* store_from)
-    : p_(p), decision_(decision), extra_(extra), schedule_(schedule), store_from_(store_from) {
+    : p_(p), decision_(decision), extra_(extra), schedule_(schedule), slots_(p), store_from_(store_from) {
   const size_t ns = p.storages.size(), nn = p.nodes.size();
   saved_at_.assign(ns, -1);
   first_use_.assign(ns, -1);
-  out_base_.assign(nn + 1, 0);
-  for (size_t o = 0; o < nn; ++o) out_base_[o + 1] = out_base_[o] + p.nodes[o].output_storage.size();
   for (const auto& node : p.nodes)
     for (const auto& key : node.saved)
       if (key.is_leaf()) leaf_id_.emplace(key, 0);
   int leaves = 0;
   for (auto& entry : leaf_id_) entry.second = leaves++;
-  const size_t nk = leaf_id_.size() + out_base_[nn];
+  const size_t nk = leaf_id_.size() + slots_.size();
   key_storage_.assign(nk, -1);
   for (const auto& [key, k] : leaf_id_) key_storage_[static_cast<size_t>(k)] = p.storage_of(key);
   // A dropped storage is freed once no Value held by model code refers to it: the latest
@@ -71,9 +69,8 @@ int Simulator::id(const ValueKey& key) const {
     auto it = leaf_id_.find(key);
     return it == leaf_id_.end() ? -1 : it->second;
   }
-  const auto o = static_cast<size_t>(key.producer);
-  if (o >= p_.nodes.size() || key.output < 0 || out_base_[o] + static_cast<size_t>(key.output) >= out_base_[o + 1]) return -1;
-  return static_cast<int>(leaf_id_.size() + out_base_[o] + static_cast<size_t>(key.output));
+  const size_t i = slots_.slot(key);
+  return i == OutputSlots::kNone ? -1 : static_cast<int>(leaf_id_.size() + i);
 }
 
 Prediction Simulator::run() {
@@ -309,7 +306,7 @@ int64_t Simulator::rerun(int64_t ord, int out, bool store_required, Prediction& 
   }
   // Outputs whose keys were dropped and are still awaited are stored: their storage instance moves
   // from the cache's transients to the resident set (a view restored later moves its base likewise).
-  const size_t first = leaf_id_.size() + out_base_[o];
+  const size_t first = leaf_id_.size() + slots_.first(o);
   for (size_t j = 0; j < n.output_storage.size(); ++j) {
     KeyState& st = state_[first + j];
     if (st != KeyState::Dropped) continue;

@@ -67,7 +67,7 @@ class Simulator {
   const OffloadSchedule* schedule_;
   std::vector<int64_t> saved_at_, last_alive_, first_use_;
   std::map<ValueKey, int> leaf_id_;         // saved leaves
-  std::vector<size_t> out_base_;            // by node: id of its first output
+  OutputSlots slots_;                       // node outputs' ids, after the leaves'
   std::vector<int64_t> key_storage_;        // by id
   std::vector<int> pending_;                // by id: backward reads still to come
   std::vector<KeyState> state_;             // by id

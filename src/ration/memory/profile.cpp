@@ -25,6 +25,10 @@ int64_t StepProfile::storage_of(const ValueKey& k) const {
   return it == value_storage.end() ? -1 : it->second;
 }
 
+OutputSlots::OutputSlots(const StepProfile& p) : base(p.nodes.size() + 1, 0) {
+  for (size_t o = 0; o < p.nodes.size(); ++o) base[o + 1] = base[o] + p.nodes[o].output_storage.size();
+}
+
 std::vector<int64_t> StepProfile::saved_storages() const {
   std::vector<int64_t> out;
   std::vector<bool> seen(storages.size(), false);
