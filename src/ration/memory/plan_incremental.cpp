@@ -489,9 +489,8 @@ void IncrementalPeak::build() {
   }
   FullState st{states};
   restore_step_.assign(nk_, kNever);
-  restored_at_.assign(nb_, {});
-  touched_at_.assign(nb_, {});
-  touches_.assign(decision_.size(), {});
+  RATION_ASSERT(nb_ < (size_t{1} << 29), "incremental peak: too many backward steps");
+  std::vector<std::pair<size_t, int>> restored, touched, touches;  // (step or storage, entry)
   std::vector<int64_t> values(nb_), resident_at(nb_);
   int64_t resident = 0;
   for (size_t s = 0; s < decision_.size(); ++s) {
@@ -522,12 +521,18 @@ void IncrementalPeak::build() {
       if (holding(was) && is_group_[static_cast<size_t>(s)] && !run.held(s)) resident -= bytes_[static_cast<size_t>(s)];
     }
     resident_at[j] = r.resident_at_start;
-    for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
-    for (int t : r.touched)  // j ascends
-      touches_[static_cast<size_t>(touch_id(t))].push_back(touch_entry(static_cast<int64_t>(j), touch_as_output(t)));
-    restored_at_[j] = std::move(r.restored);
-    touched_at_[j] = std::move(r.touched);
+    for (int k : r.restored) {
+      restore_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
+      restored.emplace_back(j, k);
+    }
+    for (int t : r.touched) {  // j ascends
+      touches.emplace_back(static_cast<size_t>(touch_id(t)), touch_entry(static_cast<int>(j), touch_as_output(t)));
+      touched.emplace_back(j, t);
+    }
   }
+  restored_at_.reset(nb_, restored);
+  touched_at_.reset(nb_, touched);
+  touches_.reset(decision_.size(), touches);
   backward_.init(values);
   resident_.init(resident_at);
   last_.valid = false;
@@ -585,7 +590,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     return;
   }
   if (peak >= stop_at) return stop();
-  const auto& touches = touches_[s];
+  const auto touches = touches_[s];
   if (touches.empty()) {
     e.peak = std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta);
     return;
@@ -627,7 +632,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
   // later steps come first: when one of them (or the unchanged rest) reaches stop_at the release is
   // rejected without that value, else the evaluation runs again in full.
   const bool extension = lazy && stop_at != kExact && to == Decision::Recompute && !touch_as_output(touches.front()) &&
-                         restored_by_producer_[s] && touched_at_[static_cast<size_t>(first)].size() >= kLongStep;
+                         restored_by_producer_[s] && touched_at_.size(static_cast<size_t>(first)) >= kLongStep;
   int64_t j = first;
   for (;; ++j) {
     st.step = j;
@@ -752,9 +757,9 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
 
 int64_t IncrementalPeak::next_event(int s, int64_t j) const {
   int64_t next = static_cast<int64_t>(nb_);
-  const auto& touches = touches_[static_cast<size_t>(s)];
-  auto t = std::lower_bound(touches.begin(), touches.end(), touch_entry(j, false));
-  if (t != touches.end()) next = std::min(next, touch_id(*t));
+  const auto touches = touches_[static_cast<size_t>(s)];
+  auto t = std::lower_bound(touches.begin(), touches.end(), touch_entry(static_cast<int>(j), false));
+  if (t != touches.end()) next = std::min<int64_t>(next, touch_id(*t));
   const auto& releases = release_steps_[static_cast<size_t>(s)];
   auto r = std::lower_bound(releases.begin(), releases.end(), j);
   if (r != releases.end()) next = std::min(next, *r);
@@ -797,14 +802,14 @@ void IncrementalPeak::commit(const Evaluation& e) {
       const auto ju = static_cast<size_t>(r.step);
       if (r.adds_storage_keys) {  // evaluate's shortcut: the step restores the released storage's keys too
         for (int k : storage_keys_[s]) {
-          restored_at_[ju].push_back(k);
+          restored_at_.push_back(ju, k);
           restore_step_[static_cast<size_t>(k)] = r.step;
         }
         same_[u] = kSameLists;
         continue;
       }
-      const bool same_touched = r.touched == touched_at_[ju];
-      if (same_touched && r.restored == restored_at_[ju]) {
+      const bool same_touched = touched_at_.equals(ju, r.touched);
+      if (same_touched && restored_at_.equals(ju, r.restored)) {
         same_[u] = kSameLists;
         continue;
       }
@@ -814,8 +819,9 @@ void IncrementalPeak::commit(const Evaluation& e) {
         continue;
       }
       for (int t : touched_at_[ju]) {
-        auto& steps = touches_[static_cast<size_t>(touch_id(t))];
-        steps.erase(std::lower_bound(steps.begin(), steps.end(), touch_entry(r.step, false)));
+        const auto steps = touches_[static_cast<size_t>(touch_id(t))];
+        const int* at = std::lower_bound(steps.begin(), steps.end(), touch_entry(static_cast<int>(r.step), false));
+        touches_.erase(static_cast<size_t>(touch_id(t)), static_cast<size_t>(at - steps.begin()));
       }
     }
     for (const auto& sh : e.shifted) {
@@ -829,13 +835,15 @@ void IncrementalPeak::commit(const Evaluation& e) {
       backward_.assign(ju, r.value);
       resident_.add(ju, ju, r.resident_at_start - resident_.at(ju));
       if (same_[u] == kSameLists) continue;
-      restored_at_[ju] = r.restored;
+      restored_at_.assign(ju, r.restored);
       for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;
       if (same_[u] == kSameTouched) continue;
-      touched_at_[ju] = r.touched;
+      touched_at_.assign(ju, r.touched);
       for (int t : r.touched) {
-        auto& steps = touches_[static_cast<size_t>(touch_id(t))];
-        steps.insert(std::upper_bound(steps.begin(), steps.end(), touch_entry(j, true)), touch_entry(j, touch_as_output(t)));
+        const auto steps = touches_[static_cast<size_t>(touch_id(t))];
+        const int entry = touch_entry(static_cast<int>(j), touch_as_output(t));
+        const int* at = std::upper_bound(steps.begin(), steps.end(), touch_entry(static_cast<int>(j), true));
+        touches_.insert(static_cast<size_t>(touch_id(t)), static_cast<size_t>(at - steps.begin()), entry);
       }
     }
   }

@@ -35,6 +35,7 @@
 // cache line with the structure over the blocks an eighth of the size: at thousands of steps the planner's
 // data otherwise outgrow the core's cache, and every evaluation's reads miss it.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -78,6 +79,92 @@ struct Lists {
   Span operator[](size_t i) const { return {items.data() + start[i], items.data() + start[i + 1]}; }
   std::vector<uint32_t> start{0};
   std::vector<T> items;
+};
+
+// Changeable lists by index in one buffer: list i is slot[i].size items from slot[i].at, with room for
+// slot[i].room. A list that outgrows its room moves to the end of the buffer (the room it leaves stays
+// unused until the next copy). A copy is two flat vectors, packed tight: copying the committed state of a
+// peak (every descent starts from a copy) is a few sequential copies instead of one allocation per list.
+template <class T>
+struct PooledLists {
+  struct Slot {
+    uint32_t at = 0, size = 0, room = 0;
+  };
+  PooledLists() = default;
+  PooledLists(const PooledLists& o) : slot(o.slot) {
+    items.reserve(o.live);
+    for (size_t i = 0; i < slot.size(); ++i) {
+      const Slot& from = o.slot[i];
+      slot[i] = {static_cast<uint32_t>(items.size()), from.size, from.size};
+      items.insert(items.end(), o.items.begin() + from.at, o.items.begin() + from.at + from.size);
+    }
+    live = items.size();
+  }
+  PooledLists(PooledLists&&) = default;
+  PooledLists& operator=(const PooledLists&) = delete;
+  // n empty lists, or n lists from (index, item) pairs, each keeping the pairs' order.
+  void reset(size_t n) {
+    slot.assign(n, Slot{});
+    items.clear();
+    live = 0;
+  }
+  void reset(size_t n, const std::vector<std::pair<size_t, T>>& pairs) {
+    reset(n);
+    for (const auto& pr : pairs) ++slot[pr.first].size;
+    uint32_t at = 0;
+    for (auto& sl : slot) {
+      sl.at = at;
+      sl.room = sl.size;
+      at += sl.size;
+      sl.size = 0;
+    }
+    items.resize(at);
+    for (const auto& pr : pairs) items[slot[pr.first].at + slot[pr.first].size++] = pr.second;
+    live = items.size();
+  }
+  typename Lists<T>::Span operator[](size_t i) const {
+    const Slot& sl = slot[i];
+    return {items.data() + sl.at, items.data() + sl.at + sl.size};
+  }
+  size_t size(size_t i) const { return slot[i].size; }
+  bool equals(size_t i, const std::vector<T>& v) const {
+    const auto l = (*this)[i];
+    return l.size() == v.size() && std::equal(l.begin(), l.end(), v.begin());
+  }
+  void assign(size_t i, const std::vector<T>& v) {
+    Slot& sl = slot[i];
+    live = live - sl.size + v.size();
+    if (v.size() > sl.room) relocate(sl, v.size());
+    std::copy(v.begin(), v.end(), items.begin() + sl.at);
+    sl.size = static_cast<uint32_t>(v.size());
+  }
+  void push_back(size_t i, T v) { insert(i, slot[i].size, v); }
+  void insert(size_t i, size_t pos, T v) {
+    Slot& sl = slot[i];
+    if (sl.size == sl.room) relocate(sl, std::max<size_t>(4, 2 * sl.size));
+    std::copy_backward(items.begin() + sl.at + pos, items.begin() + sl.at + sl.size, items.begin() + sl.at + sl.size + 1);
+    items[sl.at + pos] = v;
+    ++sl.size;
+    ++live;
+  }
+  void erase(size_t i, size_t pos) {
+    Slot& sl = slot[i];
+    std::copy(items.begin() + sl.at + pos + 1, items.begin() + sl.at + sl.size, items.begin() + sl.at + pos);
+    --sl.size;
+    --live;
+  }
+  std::vector<Slot> slot;
+  std::vector<T> items;
+  size_t live = 0;  // items in lists
+
+ private:
+  void relocate(Slot& sl, size_t room) {
+    const auto at = static_cast<uint32_t>(items.size());
+    items.resize(items.size() + room);
+    std::copy(items.begin() + sl.at, items.begin() + sl.at + sl.size, items.begin() + at);
+    sl.at = at;
+    sl.room = static_cast<uint32_t>(room);
+  }
 };
 
 // One node's static record, read by the re-run walk from neighbouring lines: input and output counts,
@@ -273,10 +360,10 @@ class IncrementalPeak {
   // The committed plan.
   std::vector<Decision> decision_;                 // by storage
   std::vector<int64_t> restore_step_;              // by key: backward step that restored it (or never)
-  std::vector<std::vector<int>> restored_at_;      // by backward step
-  std::vector<std::vector<int>> touched_at_;       // by backward step: storage * 2 + 1 where the step
+  plan_detail::PooledLists<int> restored_at_;      // by backward step
+  plan_detail::PooledLists<int> touched_at_;       // by backward step: storage * 2 + 1 where the step
                                                    // first touches it as a re-run node's output, else * 2
-  std::vector<std::vector<int64_t>> touches_;      // by storage: 2 * step + 1 for each step that touches it
+  plan_detail::PooledLists<int> touches_;          // by storage: 2 * step + 1 for each step that touches it
                                                    // first as a re-run node's output, 2 * step for the other
                                                    // steps touching it; ascending
   Tree forward_, backward_;
