@@ -13,32 +13,18 @@
 namespace ration::memory {
 namespace {
 
-// Which node outputs some backward saves, by output slot.
-struct SavedOutputs {
-  explicit SavedOutputs(const StepProfile& p) : slots(p), saved(slots.size(), 0) {
-    for (const auto& node : p.nodes)
-      for (const auto& k : node.saved)
-        if (const size_t i = slots.slot(k); i != OutputSlots::kNone) saved[i] = 1;
-  }
-  bool count(const ValueKey& k) const {
-    const size_t i = slots.slot(k);
-    return i != OutputSlots::kNone && saved[i] != 0;
-  }
-  OutputSlots slots;
-  std::vector<char> saved;
-};
-
 // Cost of re-running the producer of storage s if only s were dropped (its unsaved inputs re-run too).
-// `seen` (by node) holds `stamp` for the nodes counted so far; `count` counts them.
-double single_cost(const StepProfile& p, const std::vector<double>& forward_ms, const SavedOutputs& saved,
+// `saved` (by graph value): some backward saves it. `seen` (by node) holds `stamp` for the nodes counted
+// so far; `count` counts them.
+double single_cost(const PlanGraph& g, const std::vector<double>& forward_ms, const std::vector<char>& saved,
                    int64_t producer, std::vector<uint32_t>& seen, uint32_t stamp, int64_t& count) {
   if (producer < 0 || seen[static_cast<size_t>(producer)] == stamp) return 0;
   seen[static_cast<size_t>(producer)] = stamp;
   ++count;
-  const ProfiledNode& n = p.nodes[static_cast<size_t>(producer)];
   double cost = forward_ms[static_cast<size_t>(producer)];
-  for (const auto& in : n.inputs) {
-    if (!in.is_leaf() && !saved.count(in)) cost += single_cost(p, forward_ms, saved, in.producer, seen, stamp, count);
+  for (const auto& in : g.inputs[static_cast<size_t>(producer)]) {
+    if (in.producer >= 0 && !(in.value >= 0 && saved[static_cast<size_t>(in.value)] != 0))
+      cost += single_cost(g, forward_ms, saved, in.producer, seen, stamp, count);
   }
   return cost;
 }
@@ -69,24 +55,35 @@ std::vector<double> typical_forward_ms(const StepProfile& p) {
 
 // The saved groups of a profile, in forward order of their producers, with the number of nodes a
 // single release would re-run (the group's producer and its unsaved inputs' producers).
-std::vector<Group> groups_of(const StepProfile& profile, std::vector<int64_t>& rerun_nodes) {
-  const SavedOutputs saved(profile);
-  std::vector<uint32_t> seen(profile.nodes.size(), 0);
+std::vector<Group> groups_of(const PlanGraph& g, std::vector<int64_t>& rerun_nodes) {
+  const StepProfile& profile = g.profile;
+  // Saved values, and saved storages in order of first save.
+  std::vector<char> saved(g.values(), 0), storage_seen(g.storages, 0);
+  std::vector<int64_t> saved_storages;
+  for (const int v : g.saved.items) {
+    if (v < 0) continue;
+    saved[static_cast<size_t>(v)] = 1;
+    const int s = g.storage[static_cast<size_t>(v)];
+    if (s < 0 || storage_seen[static_cast<size_t>(s)]) continue;
+    storage_seen[static_cast<size_t>(s)] = 1;
+    saved_storages.push_back(s);
+  }
+  std::vector<uint32_t> seen(g.nodes, 0);
   uint32_t stamp = 0;
   const std::vector<double> forward_ms = typical_forward_ms(profile);
   std::vector<std::pair<Group, int64_t>> found;
-  for (int64_t s : profile.saved_storages()) {
+  for (int64_t s : saved_storages) {
     // Droppable (Simulator::droppable): saved, and allocated by a recorded node.
     if (profile.storages[static_cast<size_t>(s)].allocated_by < 0) continue;
-    Group g;
-    g.storage = s;
-    g.bytes = profile.storages[static_cast<size_t>(s)].bytes;
-    g.producer = profile.storages[static_cast<size_t>(s)].allocated_by;
-    g.op = profile.nodes[static_cast<size_t>(g.producer)].op;
-    g.node_set = node_set_of(profile.nodes[static_cast<size_t>(g.producer)].scope);
+    Group gr;
+    gr.storage = s;
+    gr.bytes = profile.storages[static_cast<size_t>(s)].bytes;
+    gr.producer = profile.storages[static_cast<size_t>(s)].allocated_by;
+    gr.op = profile.nodes[static_cast<size_t>(gr.producer)].op;
+    gr.node_set = node_set_of(profile.nodes[static_cast<size_t>(gr.producer)].scope);
     int64_t rerun = 0;
-    g.recompute_ms = single_cost(profile, forward_ms, saved, g.producer, seen, ++stamp, rerun);
-    found.emplace_back(g, rerun);
+    gr.recompute_ms = single_cost(g, forward_ms, saved, gr.producer, seen, ++stamp, rerun);
+    found.emplace_back(gr, rerun);
   }
   // Sorted by index (a Group carries two strings: moving whole groups costs more than the sort).
   std::vector<size_t> order(found.size());
@@ -114,12 +111,12 @@ double offload_alone_ms(const Group& g, const OffloadCosts& c, double forward_wi
 }  // namespace
 
 PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
-    : profile_(profile), options_(options) {
-  groups_ = groups_of(profile, rerun_nodes_);
+    : profile_(profile), options_(options), graph_(std::make_shared<const PlanGraph>(profile)) {
+  groups_ = groups_of(*graph_, rerun_nodes_);
   const size_t n = groups_.size();
   // Everything kept: the incremental peak equals the simulator's (no offload, no transient re-runs), and
   // the descents start from it.
-  all_kept_peak_.emplace(profile_, groups_, options_.extra_fixed_bytes, all_kept().decisions);
+  all_kept_peak_.emplace(graph_, groups_, options_.extra_fixed_bytes, all_kept().decisions);
   unconstrained_peak_ = all_kept_peak_->peak();
   int64_t saved_total = 0;
   for (const auto& g : groups_) saved_total += g.bytes;
@@ -134,14 +131,14 @@ PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
   if (options.offload && options.strategy == Strategy::Knapsack && options.offload->capacity_bytes > 0) {
     const OffloadCosts& c = *options.offload;
     RATION_CHECK(c.write_bytes_per_ms > 0 && c.read_bytes_per_ms > 0, "offload planning needs measured tier bandwidths");
-    const SaveSpan span = save_span(profile);
+    const SaveSpan span = save_span(*graph_);
     double fwd_total = 0, bwd_total = 0;
     std::vector<double> end_f;
-    for (const auto& node : profile.nodes) end_f.push_back(fwd_total += node.forward_ms);
-    std::vector<double> bwd_before(profile.nodes.size(), 0);  // backward time before the node runs
+    for (const double ms : graph_->forward_ms) end_f.push_back(fwd_total += ms);
+    std::vector<double> bwd_before(graph_->nodes, 0);  // backward time before the node runs
     for (int64_t ord : profile.backward_order) {
       bwd_before[static_cast<size_t>(ord)] = bwd_total;
-      bwd_total += profile.nodes[static_cast<size_t>(ord)].backward_ms;
+      bwd_total += graph_->backward_ms[static_cast<size_t>(ord)];
     }
     for (size_t i = 0; i < n; ++i) {
       const Group& g = groups_[i];
@@ -201,7 +198,7 @@ bool PlanContext::keep_or_recompute(const std::vector<Decision>& d) const {
 IncrementalPeak PlanContext::incremental(const std::vector<Decision>& d) const {
   // Descents start from everything kept: build that one once and hand out copies. Every copy, and a peak
   // for other decisions, shares its static data (keys, node inputs, release steps).
-  if (!all_kept_peak_) all_kept_peak_.emplace(profile_, groups_, options_.extra_fixed_bytes, all_kept().decisions);
+  if (!all_kept_peak_) all_kept_peak_.emplace(graph_, groups_, options_.extra_fixed_bytes, all_kept().decisions);
   if (std::all_of(d.begin(), d.end(), [](Decision x) { return x == Decision::Keep; })) return *all_kept_peak_;
   return IncrementalPeak(*all_kept_peak_, d);
 }
@@ -222,10 +219,10 @@ Prediction PlanContext::predict(const std::vector<Decision>& decisions,
   const int64_t extra = options_.extra_fixed_bytes;
   Prediction pred;
   if (!options_.offload) {
-    pred = simulate(profile_, by_storage, extra, store_from);
+    pred = simulate(*graph_, by_storage, extra, store_from);
   } else {
-    const OffloadSchedule sch = schedule_offloads(profile_, by_storage, *options_.offload);
-    pred = simulate(profile_, by_storage, extra, store_from, &sch);
+    const OffloadSchedule sch = schedule_offloads(*graph_, by_storage, *options_.offload);
+    pred = simulate(*graph_, by_storage, extra, store_from, &sch);
   }
   last_prediction_ = LastPrediction{decisions, store_from, pred};
   return pred;

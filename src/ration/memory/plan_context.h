@@ -10,11 +10,13 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ration/memory/plan_chain.h"
+#include "ration/memory/plan_graph.h"
 #include "ration/memory/plan_incremental.h"
 #include "ration/memory/planner.h"
 #include "ration/memory/profile.h"
@@ -34,6 +36,7 @@ class PlanContext {
   PlanContext(const StepProfile& profile, const PlanOptions& options);
 
   const StepProfile& profile() const { return profile_; }
+  const PlanGraph& graph() const { return *graph_; }  // the profile as flat arrays, built once per plan
   const PlanOptions& options() const { return options_; }
   int64_t budget() const { return options_.budget_bytes; }
   const std::vector<Group>& groups() const { return groups_; }  // decisions all Keep
@@ -83,6 +86,7 @@ class PlanContext {
  private:
   const StepProfile& profile_;
   const PlanOptions& options_;
+  std::shared_ptr<const PlanGraph> graph_;
   std::vector<Group> groups_;
   std::vector<int64_t> rerun_nodes_;  // per group: nodes a single release re-runs
   std::vector<size_t> by_ratio_;

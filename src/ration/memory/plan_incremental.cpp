@@ -270,49 +270,36 @@ struct StepRun {
 };
 
 
-IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& groups, int64_t extra)
-    : p_(p), extra_(extra) {
-  nn_ = p.nodes.size();
-  nb_ = p.backward_order.size();
-  const size_t ns = p.storages.size();
+IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const std::vector<Group>& groups, int64_t extra)
+    : graph_(std::move(graph)), g_(*graph_), extra_(extra) {
+  const PlanGraph& g = g_;
+  nn_ = g.nodes;
+  nb_ = g.steps;
+  const size_t ns = g.storages;
   bytes_.resize(ns);
-  for (size_t s = 0; s < ns; ++s) bytes_[s] = p.storages[s].bytes;
+  for (size_t s = 0; s < ns; ++s) bytes_[s] = g.profile.storages[s].bytes;
   is_group_.assign(ns, 0);
-  for (const auto& g : groups) {
-    const auto s = static_cast<size_t>(g.storage);
+  for (const auto& gr : groups) {
+    const auto s = static_cast<size_t>(gr.storage);
     storage_of_group_.push_back(static_cast<int>(s));
     is_group_[s] = 1;
   }
-  // Keys: every saved value, numbered in first-saved order. A node output's id is found by position (its
-  // node's first output slot plus its index), a leaf's in a map (leaves are few next to node outputs).
-  const OutputSlots slots(p);
-  std::vector<int> out_key(slots.size(), -1);
-  std::map<ValueKey, int> leaf_key;
-  auto id_of = [&](const ValueKey& key) -> int {  // -1: not saved
-    if (key.is_leaf()) {
-      auto it = leaf_key.find(key);
-      return it == leaf_key.end() ? -1 : it->second;
-    }
-    const size_t i = slots.slot(key);
-    return i == OutputSlots::kNone ? -1 : out_key[i];
-  };
-  for (const auto& node : p.nodes) {
-    for (const auto& key : node.saved) {
-      if (id_of(key) >= 0) continue;
-      const int k = static_cast<int>(nk_++);
-      if (key.is_leaf()) {
-        leaf_key[key] = k;
-        key_storage_.push_back(static_cast<int>(p.storage_of(key)));
-      } else {
-        const size_t i = slots.slot(key);
-        RATION_ASSERT(i != OutputSlots::kNone, "incremental peak: saved value ", key.producer, ":", key.output,
-                      " is not an output of its node");
-        out_key[i] = k;
-        key_storage_.push_back(static_cast<int>(p.storage_of(key)));
-      }
-      key_producer_.push_back(key.producer);
+  // Keys: every saved value, numbered in first-saved order (key_of: by graph value, -1 not saved).
+  std::vector<int> key_of(g.values(), -1);
+  for (size_t o = 0; o < nn_; ++o) {
+    for (int v : g.saved[o]) {
+      RATION_ASSERT(v >= 0, "incremental peak: a saved value of node ", o, " is not an output of its node");
+      if (key_of[static_cast<size_t>(v)] >= 0) continue;
+      key_of[static_cast<size_t>(v)] = static_cast<int>(nk_++);
+      key_storage_.push_back(g.storage[static_cast<size_t>(v)]);
+      key_producer_.push_back(static_cast<size_t>(v) < g.leaves.size() ? g.leaves[static_cast<size_t>(v)].producer
+                                                                        : -1);
     }
   }
+  // A node output's producer: the node whose slots hold it (found walking the slots once).
+  for (size_t o = 0; o < nn_; ++o)
+    for (size_t v = g.first_output(o); v < g.first_output(o + 1); ++v)
+      if (key_of[v] >= 0) key_producer_[static_cast<size_t>(key_of[v])] = static_cast<int64_t>(o);
   {
     std::vector<std::pair<size_t, int>> by_storage;
     for (size_t k = 0; k < nk_; ++k)
@@ -321,26 +308,27 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
   }
   std::vector<int64_t> pending(nk_, 0);
   for (size_t o = 0; o < nn_; ++o) {
-    const ProfiledNode& n = p.nodes[o];
-    const auto workspace = static_cast<uint64_t>(std::max<int64_t>(0, n.peak_bytes - n.end_bytes));
-    nodes_.add(static_cast<int>(n.inputs.size()));
-    nodes_.add(static_cast<int>(n.output_storage.size()));
+    const auto workspace = static_cast<uint64_t>(std::max<int64_t>(0, g.peak_bytes[o] - g.end_bytes[o]));
+    const auto ins = g.inputs[o];
+    const size_t first = g.first_output(o), outs = g.first_output(o + 1) - first;
+    nodes_.add(static_cast<int>(ins.size()));
+    nodes_.add(static_cast<int>(outs));
     nodes_.add(static_cast<int>(static_cast<uint32_t>(workspace)));
     nodes_.add(static_cast<int>(static_cast<uint32_t>(workspace >> 32)));
-    for (const auto& in : n.inputs) {
-      const int k = in.is_leaf() ? kAlwaysUsable : id_of(in);
-      nodes_.add(k < 0 && !in.is_leaf() ? kNeverUsable : k);
-      nodes_.add(static_cast<int>(in.producer));
+    for (const auto& in : ins) {
+      const int k = in.producer < 0 ? kAlwaysUsable : in.value < 0 ? -1 : key_of[static_cast<size_t>(in.value)];
+      nodes_.add(k < 0 && in.producer >= 0 ? kNeverUsable : k);
+      nodes_.add(in.producer);
     }
-    for (size_t j = 0; j < n.output_storage.size(); ++j) {
-      const int k = out_key[slots.first(o) + j];
+    for (size_t v = first; v < first + outs; ++v) {
+      const int k = key_of[v];
       nodes_.add(k >= 0 ? k : kNeverUsable);
-      nodes_.add(static_cast<int>(n.output_storage[j]));
+      nodes_.add(g.storage[v]);
     }
-    for (int64_t st : n.allocated_storage) nodes_.add(static_cast<int>(st));
+    for (int st : g.allocated[o]) nodes_.add(st);
     nodes_.close();
-    for (const auto& key : n.saved) {
-      const int k = id_of(key);
+    for (int v : g.saved[o]) {
+      const int k = key_of[static_cast<size_t>(v)];
       node_saved_.add(k);
       ++pending[static_cast<size_t>(k)];
     }
@@ -349,7 +337,7 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
   // Release: after the backward step of a key's last pending use (keys without a storage never are).
   release_step_.assign(nk_, kNever);
   for (size_t j = 0; j < nb_; ++j) {
-    for (int k : node_saved_[static_cast<size_t>(p.backward_order[j])]) {
+    for (int k : node_saved_[static_cast<size_t>(g.profile.backward_order[j])]) {
       if (--pending[static_cast<size_t>(k)] != 0 || key_storage_[static_cast<size_t>(k)] < 0) continue;
       release_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
       released_at_.add(k);
@@ -396,38 +384,35 @@ IncrementalPeak::Static::Static(const StepProfile& p, const std::vector<Group>& 
   int64_t m = 0;
   for (size_t j = 0; j < nb_; ++j) {
     m += measured[j];
-    transient_other_[j] = p.backward_peak_bytes[j] - m;
-    start_other_[j] = p.backward_start_bytes[j] - m;
+    transient_other_[j] = g.profile.backward_peak_bytes[j] - m;
+    start_other_[j] = g.profile.backward_start_bytes[j] - m;
   }
   // Forward: a recomputed group is freed after the last forward node that needs it.
-  std::vector<int64_t> saved_at(ns, -1), last_alive(ns, -1);
+  std::vector<int64_t> saved_at(ns, -1);
   for (size_t k = 0; k < nn_; ++k)
     for (int key : node_saved_[k]) {
       const int s = key_storage_[static_cast<size_t>(key)];
       if (s >= 0 && saved_at[static_cast<size_t>(s)] < 0) saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
     }
-  auto it = p.value_last_alive.begin();  // both maps ascend by key: walked side by side
-  for (const auto& [key, s] : p.value_storage) {
-    while (it != p.value_last_alive.end() && it->first < key) ++it;
-    if (s < 0 || key.is_leaf()) continue;
-    const int64_t last = it == p.value_last_alive.end() || it->first != key ? static_cast<int64_t>(nn_) : it->second;
-    last_alive[static_cast<size_t>(s)] = std::max(last_alive[static_cast<size_t>(s)], last);
-  }
   forward_release_.assign(ns, kNever);
   for (size_t s = 0; s < ns; ++s)
-    if (is_group_[s]) forward_release_[s] = std::max(last_alive[s], saved_at[s]);
+    if (is_group_[s]) forward_release_[s] = std::max(g.last_alive[s], saved_at[s]);
 }
 
 IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>& groups, int64_t extra,
                                  const std::vector<Decision>& decisions)
-    : IncrementalPeak(std::make_shared<const Static>(p, groups, extra), decisions) {}
+    : IncrementalPeak(std::make_shared<const PlanGraph>(p), groups, extra, decisions) {}
+
+IncrementalPeak::IncrementalPeak(std::shared_ptr<const PlanGraph> graph, const std::vector<Group>& groups,
+                                 int64_t extra, const std::vector<Decision>& decisions)
+    : IncrementalPeak(std::make_shared<const Static>(std::move(graph), groups, extra), decisions) {}
 
 IncrementalPeak::IncrementalPeak(const IncrementalPeak& like, const std::vector<Decision>& decisions)
     : IncrementalPeak(like.static_, decisions) {}
 
 IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std::vector<Decision>& decisions)
     : static_(std::move(shared)),
-      p_(static_->p_),
+      g_(static_->g_),
       extra_(static_->extra_),
       nn_(static_->nn_),
       nb_(static_->nb_),
@@ -477,7 +462,7 @@ void IncrementalPeak::build() {
       release_after[static_cast<size_t>(forward_release_[s])] += bytes_[s];
   int64_t released = 0;
   for (size_t k = 0; k < nn_; ++k) {
-    fwd[k] = p_.nodes[k].peak_bytes + extra_ - released;
+    fwd[k] = g_.peak_bytes[k] + extra_ - released;
     released += release_after[k];
   }
   forward_.init(fwd);
@@ -508,7 +493,7 @@ void IncrementalPeak::build() {
                            is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                            st, resident, r.touched, r.restored, touch_epoch_};
     run.recompute_peak = resident;
-    const auto ord = static_cast<size_t>(p_.backward_order[j]);
+    const auto ord = static_cast<size_t>(g_.profile.backward_order[j]);
     for (int k : node_saved_[ord]) {
       run.touch(k);
       if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
@@ -668,7 +653,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
                                 st, resident, r.touched, r.restored, touch_epoch_};
       run.recompute_peak = resident;
       if (stop_at != kExact) run.stop_recompute_at = stop_at - start_other_[ju] - extra_;
-      const auto ord = static_cast<size_t>(p_.backward_order[ju]);
+      const auto ord = static_cast<size_t>(g_.profile.backward_order[ju]);
       for (int k : node_saved_[ord]) {
         run.touch(k);
         if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);

@@ -42,45 +42,13 @@
 #include <utility>
 #include <vector>
 
+#include "ration/memory/plan_graph.h"
 #include "ration/memory/planner.h"
 #include "ration/memory/profile.h"
 
 namespace ration::memory {
 
 namespace plan_detail {
-// Read-only lists by index, stored back to back (one allocation, walked in order) instead of one vector
-// each: the re-run walk reads a node's inputs, outputs and allocations from neighbouring lines.
-template <class T>
-struct Lists {
-  struct Span {
-    const T* b;
-    const T* e;
-    const T* begin() const { return b; }
-    const T* end() const { return e; }
-    size_t size() const { return static_cast<size_t>(e - b); }
-    bool empty() const { return b == e; }
-    const T& operator[](size_t i) const { return b[i]; }
-    const T& front() const { return *b; }
-  };
-  // Built in index order: add() a list's items, then close() it.
-  void add(T v) { items.push_back(v); }
-  void close() { start.push_back(static_cast<uint32_t>(items.size())); }
-  // Lists 0..n-1 from (index, item) pairs, each list keeping the pairs' order.
-  static Lists grouped(size_t n, const std::vector<std::pair<size_t, T>>& pairs) {
-    Lists l;
-    l.start.assign(n + 1, 0);
-    for (const auto& pr : pairs) ++l.start[pr.first + 1];
-    for (size_t i = 0; i < n; ++i) l.start[i + 1] += l.start[i];
-    l.items.resize(pairs.size());
-    std::vector<size_t> at(l.start.begin(), l.start.end() - 1);
-    for (const auto& pr : pairs) l.items[at[pr.first]++] = pr.second;
-    return l;
-  }
-  Span operator[](size_t i) const { return {items.data() + start[i], items.data() + start[i + 1]}; }
-  std::vector<uint32_t> start{0};
-  std::vector<T> items;
-};
-
 // Changeable lists by index in one buffer: list i is slot[i].size items from slot[i].at, with room for
 // slot[i].room. A list that outgrows its room moves to the end of the buffer (the room it leaves stays
 // unused until the next copy). A copy is two flat vectors, packed tight: copying the committed state of a
@@ -196,6 +164,9 @@ class IncrementalPeak {
   // `groups`: the plan's groups (their storages must be droppable); `decisions` per group, Keep or
   // Recompute only.
   IncrementalPeak(const StepProfile& profile, const std::vector<Group>& groups, int64_t extra_fixed_bytes,
+                  const std::vector<Decision>& decisions);
+  // The same over a profile's graph already built (a plan builds one and shares it).
+  IncrementalPeak(std::shared_ptr<const PlanGraph> graph, const std::vector<Group>& groups, int64_t extra_fixed_bytes,
                   const std::vector<Decision>& decisions);
   // The same profile, groups and extra bytes as `like` (whose static data — key ids, node inputs, release
   // steps — is shared, not rebuilt), with other `decisions`. Copies share the static data too and own
@@ -314,8 +285,9 @@ class IncrementalPeak {
   // Static data: depends on the profile, the groups and the extra bytes only; shared by copies (a
   // descent starts from a copy of the all-kept peak) and by peaks built `like` another.
   struct Static {
-    Static(const StepProfile& profile, const std::vector<Group>& groups, int64_t extra);
-    const StepProfile& p_;
+    Static(std::shared_ptr<const PlanGraph> graph, const std::vector<Group>& groups, int64_t extra);
+    std::shared_ptr<const PlanGraph> graph_;
+    const PlanGraph& g_;
     int64_t extra_;
     size_t nn_ = 0, nb_ = 0, nk_ = 0;
     std::vector<int> storage_of_group_;
@@ -338,7 +310,7 @@ class IncrementalPeak {
   IncrementalPeak(std::shared_ptr<const Static> shared, const std::vector<Decision>& decisions);
   std::shared_ptr<const Static> static_;
   // Names into *static_ (bound once; a copy binds to the same shared data).
-  const StepProfile& p_;
+  const PlanGraph& g_;
   const int64_t extra_;
   const size_t nn_, nb_, nk_;
   const std::vector<int>& storage_of_group_;

@@ -6,13 +6,13 @@
 
 namespace ration::memory {
 
-SaveSpan save_span(const StepProfile& p) {
+SaveSpan save_span(const PlanGraph& g) {
   SaveSpan span;
-  span.saved_at.assign(p.storages.size(), -1);
-  span.first_use.assign(p.storages.size(), -1);
-  for (size_t k = 0; k < p.nodes.size(); ++k) {
-    for (const auto& key : p.nodes[k].saved) {
-      const int64_t s = p.storage_of(key);
+  span.saved_at.assign(g.storages, -1);
+  span.first_use.assign(g.storages, -1);
+  for (size_t k = 0; k < g.nodes; ++k) {
+    for (const int v : g.saved[k]) {
+      const int64_t s = v >= 0 ? g.storage[static_cast<size_t>(v)] : -1;
       if (s < 0) continue;
       if (span.saved_at[static_cast<size_t>(s)] < 0) span.saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
       span.first_use[static_cast<size_t>(s)] = static_cast<int64_t>(k);
@@ -21,38 +21,20 @@ SaveSpan save_span(const StepProfile& p) {
   return span;
 }
 
-Simulator::Simulator(const StepProfile& p, const std::vector<Decision>& decision, int64_t extra,
+Simulator::Simulator(const PlanGraph& g, const std::vector<Decision>& decision, int64_t extra,
                      const OffloadSchedule* schedule, const std::map<int64_t, int64_t>* store_from)
-    : p_(p), decision_(decision), extra_(extra), schedule_(schedule), slots_(p), store_from_(store_from) {
-  const size_t ns = p.storages.size(), nn = p.nodes.size();
+    : g_(g), storages_(g.profile.storages), decision_(decision), extra_(extra), schedule_(schedule), store_from_(store_from) {
+  const size_t ns = g.storages, nn = g.nodes, nk = g.values(), nl = g.leaves.size();
   saved_at_.assign(ns, -1);
   first_use_.assign(ns, -1);
-  for (const auto& node : p.nodes)
-    for (const auto& key : node.saved)
-      if (key.is_leaf()) leaf_id_.emplace(key, 0);
-  int leaves = 0;
-  for (auto& entry : leaf_id_) entry.second = leaves++;
-  const size_t nk = leaf_id_.size() + slots_.size();
+  // A leaf's storage as the profile reads it; a node output's as the value map records it.
   key_storage_.assign(nk, -1);
-  for (const auto& [key, k] : leaf_id_) key_storage_[static_cast<size_t>(k)] = p.storage_of(key);
-  // A dropped storage is freed once no Value held by model code refers to it: the latest
-  // "last alive" of the values on it (held past forward = never freed in forward).
-  last_alive_.assign(ns, -1);
-  const auto past_forward = static_cast<int64_t>(nn);
-  auto alive = p.value_last_alive.begin();  // both maps ascend by key: walked side by side
-  for (const auto& [key, s] : p.value_storage) {
-    while (alive != p.value_last_alive.end() && alive->first < key) ++alive;
-    if (key.is_leaf()) continue;
-    if (const int k = id(key); k >= 0) key_storage_[static_cast<size_t>(k)] = s;
-    if (s < 0) continue;
-    const int64_t last = alive == p.value_last_alive.end() || alive->first != key ? past_forward : alive->second;
-    last_alive_[static_cast<size_t>(s)] = std::max(last_alive_[static_cast<size_t>(s)], last);
-  }
+  for (size_t k = 0; k < nl; ++k) key_storage_[k] = g.storage[k];
+  for (size_t i = 0; i < g.recorded_storage.size(); ++i) key_storage_[nl + i] = g.recorded_storage[i];
   pending_.assign(nk, 0);
   for (size_t k = 0; k < nn; ++k) {
-    for (const auto& key : p.nodes[k].saved) {
-      const int id = this->id(key);
-      RATION_ASSERT(id >= 0, "simulator: saved value ", key.producer, ":", key.output, " is not an output of its node");
+    for (const int id : g.saved[k]) {
+      RATION_ASSERT(id >= 0, "simulator: a saved value of node ", k, " is not an output of its node");
       ++pending_[static_cast<size_t>(id)];
       const int64_t s = key_storage_[static_cast<size_t>(id)];
       if (s >= 0 && saved_at_[static_cast<size_t>(s)] < 0) saved_at_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
@@ -64,41 +46,33 @@ Simulator::Simulator(const StepProfile& p, const std::vector<Decision>& decision
   transient_.assign(ns, 0);
 }
 
-int Simulator::id(const ValueKey& key) const {
-  if (key.is_leaf()) {
-    auto it = leaf_id_.find(key);
-    return it == leaf_id_.end() ? -1 : it->second;
-  }
-  const size_t i = slots_.slot(key);
-  return i == OutputSlots::kNone ? -1 : static_cast<int>(leaf_id_.size() + i);
-}
-
 Prediction Simulator::run() {
   Prediction pred;
-  const size_t ns = p_.storages.size(), nk = pending_.size();
+  const size_t ns = g_.storages, nn = g_.nodes, nk = pending_.size();
+  const StepProfile& p = g_.profile;
   // Where the peak is, named once at the end: (backward?, node ordinal) of the first node reaching it.
   bool peak_backward = false;
   int64_t peak_node = -1;
   // ---- forward: measured peak minus saved storages the measured run held, plus what this plan holds.
   // Events per node: storages allocated there (both runs hold them), dropped storages released after
   // their last forward use (this plan only).
-  std::vector<int64_t> alloc_at(p_.nodes.size(), 0), release_after(p_.nodes.size(), 0);
+  std::vector<int64_t> alloc_at(nn, 0), release_after(nn, 0);
   for (size_t s = 0; s < ns; ++s) {
     if (!droppable(static_cast<int64_t>(s))) continue;
-    alloc_at[static_cast<size_t>(p_.storages[s].allocated_by)] += p_.storages[s].bytes;
+    alloc_at[static_cast<size_t>(storages_[s].allocated_by)] += storages_[s].bytes;
     if (dropped(s)) {
       // Recomputed: freed when model code lets go. Offloaded: and when its copy is done.
       const int64_t copied = decision_[s] == Decision::Offload ? schedule_->deadline[s] : saved_at_[s];
-      const int64_t last = std::max(last_alive_[s], copied);
-      if (last < static_cast<int64_t>(p_.nodes.size())) release_after[static_cast<size_t>(last)] += p_.storages[s].bytes;
+      const int64_t last = std::max(g_.last_alive[s], copied);
+      if (last < static_cast<int64_t>(nn)) release_after[static_cast<size_t>(last)] += storages_[s].bytes;
     }
   }
   int64_t measured_saved = 0, planned_saved = 0;
-  pred.forward_peaks.reserve(p_.nodes.size());
-  for (size_t k = 0; k < p_.nodes.size(); ++k) {
+  pred.forward_peaks.reserve(nn);
+  for (size_t k = 0; k < nn; ++k) {
     measured_saved += alloc_at[k];
     planned_saved += alloc_at[k];
-    const int64_t peak = p_.nodes[k].peak_bytes - measured_saved + planned_saved + extra_;
+    const int64_t peak = g_.peak_bytes[k] - measured_saved + planned_saved + extra_;
     pred.forward_peaks.push_back(peak);
     if (peak > pred.peak_bytes) {
       pred.peak_bytes = peak;
@@ -139,15 +113,15 @@ Prediction Simulator::run() {
   // What the measured (keep-everything) run held: every saved storage until its last use.
   int64_t measured_resident = 0;
   for (size_t s = 0; s < ns; ++s)
-    if (measured_holders[s] > 0) measured_resident += p_.storages[s].bytes;
-  pred.backward_peaks.reserve(p_.backward_order.size());
-  for (size_t j = 0; j < p_.backward_order.size(); ++j) {
-    const int64_t ord = p_.backward_order[j];
-    const ProfiledNode& node = p_.nodes[static_cast<size_t>(ord)];
+    if (measured_holders[s] > 0) measured_resident += storages_[s].bytes;
+  pred.backward_peaks.reserve(g_.steps);
+  for (size_t j = 0; j < g_.steps; ++j) {
+    const int64_t ord = p.backward_order[j];
+    const auto saved = g_.saved[static_cast<size_t>(ord)];
     // Measured in the keep-everything run: what the node needs beyond saved values (gradients,
     // its backward workspace) and what was live besides saved values as it started.
-    const int64_t transient_other = p_.backward_peak_bytes[j] - measured_resident;
-    const int64_t start_other = p_.backward_start_bytes[j] - measured_resident;
+    const int64_t transient_other = p.backward_peak_bytes[j] - measured_resident;
+    const int64_t start_other = p.backward_start_bytes[j] - measured_resident;
     ++stamp_;  // a new recompute cache: no re-runs, no transients
     transient_bytes_ = 0;
     // Prefetch: offloaded storages whose first use is within their distance are fetched back now.
@@ -164,7 +138,7 @@ Prediction Simulator::run() {
     frame_bytes_ = 0;
     step_ = static_cast<int64_t>(j);
     recompute_peak_ = resident_;
-    for (const auto& key : node.saved) ensure(key, pred);
+    for (const int k : saved) ensure(k, pred);
     // Two phases: rebuilding (producers' forward workspace on top of what is live), then the node's
     // own backward with rebuilt values held by the recompute cache.
     const int64_t peak = std::max(start_other + recompute_peak_, transient_other + resident_ + transient_bytes_) + extra_;
@@ -175,11 +149,11 @@ Prediction Simulator::run() {
       peak_node = ord;
     }
     // Release after the node: pending uses of its saved keys.
-    for (const auto& key : node.saved) {
-      const auto k = static_cast<size_t>(id(key));
+    for (const int id : saved) {
+      const auto k = static_cast<size_t>(id);
       const int64_t s = key_storage_[k];
       if (--measured_pending[k] == 0 && droppable(s) && --measured_holders[static_cast<size_t>(s)] == 0)
-        measured_resident -= p_.storages[static_cast<size_t>(s)].bytes;
+        measured_resident -= storages_[static_cast<size_t>(s)].bytes;
       if (--pending_[k] > 0) continue;
       if (s < 0) continue;
       if (droppable(s) && state_[k] == KeyState::Kept) hold(orig_holders_, s, -1);
@@ -188,7 +162,7 @@ Prediction Simulator::run() {
     }
   }
   if (peak_node >= 0)
-    pred.peak_at = std::string(peak_backward ? "backward " : "forward ") + p_.nodes[static_cast<size_t>(peak_node)].op + "#" +
+    pred.peak_at = std::string(peak_backward ? "backward " : "forward ") + p.nodes[static_cast<size_t>(peak_node)].op + "#" +
                    std::to_string(peak_node);
   for (const auto& [bytes, count] : pool_max_) {
     pred.copy_in_pool[bytes] = count;
@@ -215,7 +189,7 @@ void Simulator::hold(std::vector<int64_t>& holders, int64_t s, int delta) {
   h += delta;
   const bool after = h > 0;
   if (before == after) return;
-  const int64_t bytes = p_.storages[static_cast<size_t>(s)].bytes;
+  const int64_t bytes = storages_[static_cast<size_t>(s)].bytes;
   if (&holders == &rec_holders_ && pooled(s)) {
     // A fetched storage lives in a copy-in pool buffer of its size: a new buffer only when every one made
     // this step is in use; a released one stays in the pool until the step ends (OffloadEngine::end_step).
@@ -231,20 +205,18 @@ void Simulator::hold(std::vector<int64_t>& holders, int64_t s, int delta) {
   resident_ += (after ? 1 : -1) * bytes;
 }
 
-bool Simulator::usable(const ValueKey& key, int k) const {
-  if (key.is_leaf()) return true;
+bool Simulator::usable(int k) const {
   const KeyState st = state(k);
   return st == KeyState::Kept || st == KeyState::Restored;
 }
 
-void Simulator::ensure(const ValueKey& key, Prediction& pred) {
-  const int k = id(key);
-  if (usable(key, k)) return;
+void Simulator::ensure(int k, Prediction& pred) {
+  if (g_.is_leaf(k) || usable(k)) return;
   if (state(k) == KeyState::Offloaded) {
-    fetch(storage(key, k));  // needed before its prefetch point: fetched on demand
+    fetch(key_storage_[static_cast<size_t>(k)]);  // needed before its prefetch point: fetched on demand
     return;
   }
-  rerun(key.producer, key.output, /*store_required=*/true, pred);
+  rerun(g_.producer(k), g_.output(k), /*store_required=*/true, pred);
 }
 
 // A re-run of `ord` made to feed another re-run during this backward step keeps nothing.
@@ -264,59 +236,60 @@ int64_t Simulator::rerun(int64_t ord, int out, bool store_required, Prediction& 
   if (cache_[o] == stamp_) return 0;
   const bool is_transient = !store_required && transient(ord);
   if (!is_transient) cache_[o] = stamp_;
-  const ProfiledNode& n = p_.nodes[o];
   std::vector<std::pair<int64_t, int64_t>> held;  // (storage, bytes) of inputs this re-run holds
-  for (const auto& in : n.inputs) {
-    if (in.is_leaf()) continue;  // always usable
-    const int k = id(in);
-    if (usable(in, k)) continue;
+  for (const auto& in : g_.inputs[o]) {
+    if (in.producer < 0) continue;  // a leaf: always usable
+    const int k = in.value;
+    if (usable(k)) continue;
     if (state(k) == KeyState::Offloaded) {
-      fetch(storage(in, k));  // as SavedValue::materialize: an offloaded input is fetched, not re-run
+      fetch(storage(in));  // as SavedValue::materialize: an offloaded input is fetched, not re-run
       continue;
     }
     const int64_t b = rerun(in.producer, in.output, /*store_required=*/false, pred);
     if (b > 0) {
-      held.emplace_back(storage(in, k), b);
+      held.emplace_back(storage(in), b);
       frame_bytes_ += b;
     }
   }
-  pred.recompute_ms += n.forward_ms;
+  pred.recompute_ms += g_.forward_ms[o];
   pred.recomputed_nodes += 1;
   // The producer allocates its fresh storages; while it runs, its measured forward workspace comes on top.
   int64_t fresh = 0;
-  for (int64_t st : n.allocated_storage) {
+  const auto allocated = g_.allocated[o];
+  for (const int st : allocated) {
     const auto su = static_cast<size_t>(st);
     if (is_transient) {
-      fresh += p_.storages[su].bytes;
+      fresh += storages_[su].bytes;
     } else if (transient_[su] != stamp_) {
       transient_[su] = stamp_;
-      transient_bytes_ += p_.storages[su].bytes;
+      transient_bytes_ += storages_[su].bytes;
     }
   }
-  const int64_t workspace = std::max<int64_t>(0, n.peak_bytes - n.end_bytes);
+  const int64_t workspace = std::max<int64_t>(0, g_.peak_bytes[o] - g_.end_bytes[o]);
   recompute_peak_ = std::max(recompute_peak_, resident_ + transient_bytes_ + frame_bytes_ + fresh + workspace);
   for (const auto& h : held) frame_bytes_ -= h.second;
+  const size_t first = g_.first_output(o), outputs = g_.first_output(o + 1) - first;
   if (is_transient) {
-    const int64_t s = n.output_storage.at(static_cast<size_t>(out));
-    if (std::find(n.allocated_storage.begin(), n.allocated_storage.end(), s) != n.allocated_storage.end())
-      return p_.storages[static_cast<size_t>(s)].bytes;
+    RATION_CHECK(out >= 0 && static_cast<size_t>(out) < outputs, "simulator: node ", ord, " has no output ", out);
+    const int64_t s = g_.storage[first + static_cast<size_t>(out)];
+    if (std::find(allocated.begin(), allocated.end(), s) != allocated.end())
+      return storages_[static_cast<size_t>(s)].bytes;
     for (const auto& h : held)
       if (h.first == s) return h.second;
     return 0;
   }
   // Outputs whose keys were dropped and are still awaited are stored: their storage instance moves
   // from the cache's transients to the resident set (a view restored later moves its base likewise).
-  const size_t first = leaf_id_.size() + slots_.first(o);
-  for (size_t j = 0; j < n.output_storage.size(); ++j) {
+  for (size_t j = 0; j < outputs; ++j) {
     KeyState& st = state_[first + j];
     if (st != KeyState::Dropped) continue;
     st = KeyState::Restored;
-    const int64_t storage = n.output_storage[j];
+    const int64_t storage = g_.storage[first + j];
     if (storage < 0) continue;
     hold(rec_holders_, storage, +1);
     if (transient_[static_cast<size_t>(storage)] == stamp_) {
       transient_[static_cast<size_t>(storage)] = 0;
-      transient_bytes_ -= p_.storages[static_cast<size_t>(storage)].bytes;
+      transient_bytes_ -= storages_[static_cast<size_t>(storage)].bytes;
     }
   }
   return 0;
@@ -327,21 +300,26 @@ Prediction simulate(const StepProfile& profile, const std::vector<Decision>& dec
   return simulate(profile, decision, extra_fixed_bytes, {}, schedule);
 }
 
-OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<Decision>& decision, const OffloadCosts& c) {
-  const size_t ns = p.storages.size(), nn = p.nodes.size();
+OffloadSchedule schedule_offloads(const StepProfile& profile, const std::vector<Decision>& decision, const OffloadCosts& c) {
+  return schedule_offloads(PlanGraph(profile), decision, c);
+}
+
+OffloadSchedule schedule_offloads(const PlanGraph& g, const std::vector<Decision>& decision, const OffloadCosts& c) {
+  const StepProfile& p = g.profile;
+  const size_t ns = g.storages, nn = g.nodes;
   OffloadSchedule sch;
   sch.deadline.assign(ns, -1);
   sch.prefetch.assign(ns, 0);
   sch.copy_in = c.copy_in;
   if (nn == 0) return sch;
-  const SaveSpan span = save_span(p);
+  const SaveSpan span = save_span(g);
   const std::vector<int64_t>& saved_at = span.saved_at;
   const std::vector<int64_t>& first_use = span.first_use;
   auto bytes_of = [&](size_t s) { return static_cast<double>(p.storages[s].bytes); };
   // Forward: node k ends at end_f[k] (measured forward times); Q2 copies in order of saving.
   std::vector<double> end_f(nn);
   double t = 0;
-  for (size_t k = 0; k < nn; ++k) end_f[k] = (t += p.nodes[k].forward_ms);
+  for (size_t k = 0; k < nn; ++k) end_f[k] = (t += g.forward_ms[k]);
   std::vector<size_t> order;
   for (size_t s = 0; s < ns; ++s)
     if (decision[s] == Decision::Offload && saved_at[s] >= 0) order.push_back(s);
@@ -369,7 +347,7 @@ OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<Decisi
   t = 0;
   for (size_t j = 0; j < bo.size(); ++j) {
     start_b[j] = t;
-    t += p.nodes[static_cast<size_t>(bo[j])].backward_ms;
+    t += g.backward_ms[static_cast<size_t>(bo[j])];
     min_ord[j] = j == 0 ? bo[j] : std::min(min_ord[j - 1], bo[j]);
   }
   auto first_at_or_below = [&](int64_t ordinal) {  // first j with some bo[<=j] <= ordinal
@@ -397,12 +375,19 @@ OffloadSchedule schedule_offloads(const StepProfile& p, const std::vector<Decisi
   return sch;
 }
 
-void relax_deadlines(const StepProfile& p, const std::vector<Decision>& decision, const std::vector<int64_t>& forward_peaks,
+void relax_deadlines(const StepProfile& profile, const std::vector<Decision>& decision,
+                     const std::vector<int64_t>& forward_peaks, int64_t bound, OffloadSchedule& sch) {
+  relax_deadlines(PlanGraph(profile), decision, forward_peaks, bound, sch);
+}
+
+void relax_deadlines(const PlanGraph& g, const std::vector<Decision>& decision, const std::vector<int64_t>& forward_peaks,
                      int64_t bound, OffloadSchedule& sch) {
-  const auto nn = static_cast<int64_t>(p.nodes.size());
+  const StepProfile& p = g.profile;
+  const auto nn = static_cast<int64_t>(g.nodes);
   if (nn == 0 || static_cast<int64_t>(forward_peaks.size()) != nn) return;
   std::vector<int64_t> peaks = forward_peaks;  // with the storages held so far
-  const std::vector<int64_t>& saved_at = save_span(p).saved_at;
+  const SaveSpan span = save_span(g);
+  const std::vector<int64_t>& saved_at = span.saved_at;
   std::vector<size_t> order;  // Q2's order: saving order
   for (size_t s = 0; s < decision.size(); ++s)
     if (decision[s] == Decision::Offload && saved_at[s] >= 0 && sch.deadline[s] >= 0) order.push_back(s);
@@ -426,10 +411,16 @@ void relax_deadlines(const StepProfile& p, const std::vector<Decision>& decision
 
 Prediction simulate(const StepProfile& profile, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule) {
+  return simulate(PlanGraph(profile), decision, extra_fixed_bytes, store_from, schedule);
+}
+
+Prediction simulate(const PlanGraph& g, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
+                    const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule) {
+  const StepProfile& profile = g.profile;
   RATION_ASSERT(decision.size() == profile.storages.size(), "decision vector size mismatch");
   const bool any_offload = std::find(decision.begin(), decision.end(), Decision::Offload) != decision.end();
   RATION_ASSERT(!any_offload || schedule != nullptr, "offloaded storages need a schedule");
-  Simulator sim(profile, decision, extra_fixed_bytes, schedule, store_from.empty() ? nullptr : &store_from);
+  Simulator sim(g, decision, extra_fixed_bytes, schedule, store_from.empty() ? nullptr : &store_from);
   Prediction pred = sim.run();
   if (any_offload) {
     pred.offload_stall_ms = schedule->stall_ms;

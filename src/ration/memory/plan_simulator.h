@@ -10,16 +10,25 @@
 #include <map>
 #include <vector>
 
+#include "ration/memory/plan_graph.h"
 #include "ration/memory/planner.h"
 #include "ration/memory/profile.h"
 
 namespace ration::memory {
 
+// The planner's forms of simulate, schedule_offloads and relax_deadlines (planner.h): the same over a
+// profile's graph already built, so a plan reads its profile once.
+Prediction simulate(const PlanGraph& graph, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
+                    const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule = nullptr);
+OffloadSchedule schedule_offloads(const PlanGraph& graph, const std::vector<Decision>& decision, const OffloadCosts& costs);
+void relax_deadlines(const PlanGraph& graph, const std::vector<Decision>& decision,
+                     const std::vector<int64_t>& forward_peaks, int64_t bound, OffloadSchedule& schedule);
+
 // Per storage: the first forward ordinal whose node saves it and the last one (its first use in backward).
 struct SaveSpan {
   std::vector<int64_t> saved_at, first_use;  // -1: never saved
 };
-SaveSpan save_span(const StepProfile& profile);
+SaveSpan save_span(const PlanGraph& graph);
 
 // A key is usable without recompute iff it is pinned, or saved and kept (until its last use), or
 // restored by a recompute or a fetch (until its last use). Memory is counted by storage instance: the
@@ -28,12 +37,12 @@ SaveSpan save_span(const StepProfile& profile);
 // transient re-runs (Plan::store_from), held only by the re-run that consumes them.
 class Simulator {
  public:
-  Simulator(const StepProfile& p, const std::vector<Decision>& decision, int64_t extra,
+  Simulator(const PlanGraph& g, const std::vector<Decision>& decision, int64_t extra,
             const OffloadSchedule* schedule = nullptr, const std::map<int64_t, int64_t>* store_from = nullptr);
 
   // Droppable: saved, and allocated by a recorded node.
   bool droppable(int64_t s) const {
-    return s >= 0 && saved_at_[static_cast<size_t>(s)] >= 0 && p_.storages[static_cast<size_t>(s)].allocated_by >= 0;
+    return s >= 0 && saved_at_[static_cast<size_t>(s)] >= 0 && storages_[static_cast<size_t>(s)].allocated_by >= 0;
   }
   bool offloaded(int64_t s) const {
     return s >= 0 && droppable(s) && decision_[static_cast<size_t>(s)] == Decision::Offload;
@@ -45,29 +54,30 @@ class Simulator {
   enum class KeyState : uint8_t { Absent, Kept, Dropped, Offloaded, Restored, Released };
   bool dropped(size_t s) const { return decision_[s] != Decision::Keep; }
   int64_t first_use(int64_t s) const { return first_use_[static_cast<size_t>(s)]; }
-  // Values are numbered: the saved leaves first (in key order), then every node output by position (its
-  // node's first output slot plus its index), so walking ids in order walks keys in ValueKey order.
-  // -1: a key that is neither (an output index past its node's outputs, or a leaf no backward saves).
-  int id(const ValueKey& key) const;
-  int64_t storage(const ValueKey& key, int k) const { return k >= 0 ? key_storage_[static_cast<size_t>(k)] : p_.storage_of(key); }
+  // Values are numbered as the graph numbers them (plan_graph.h): the saved leaves first (in key order),
+  // then every node output by position, so walking ids in order walks keys in ValueKey order. An input
+  // with id -1 (an output index past its node's outputs) has the storage the profile records for it.
+  int64_t storage(const PlanGraph::Input& in) const {
+    return in.value >= 0 ? key_storage_[static_cast<size_t>(in.value)]
+                         : g_.profile.storage_of(ValueKey{in.producer, in.output});
+  }
   KeyState state(int k) const { return k >= 0 ? state_[static_cast<size_t>(k)] : KeyState::Absent; }
   void fetch(int64_t s);
   bool pooled(int64_t s) const {  // fetched into the engine's copy-in pool (CopyInMemory::Pooled)
     return schedule_ != nullptr && schedule_->copy_in == CopyInMemory::Pooled && offloaded(s);
   }
   void hold(std::vector<int64_t>& holders, int64_t s, int delta);
-  bool usable(const ValueKey& key, int k) const;
-  void ensure(const ValueKey& key, Prediction& pred);
+  bool usable(int k) const;  // k: a node output's id (leaves are always usable)
+  void ensure(int k, Prediction& pred);
   bool transient(int64_t ord) const;
   int64_t rerun(int64_t ord, int out, bool store_required, Prediction& pred);
 
-  const StepProfile& p_;
+  const PlanGraph& g_;
+  const std::vector<ProfiledStorage>& storages_;
   const std::vector<Decision>& decision_;
   int64_t extra_;
   const OffloadSchedule* schedule_;
-  std::vector<int64_t> saved_at_, last_alive_, first_use_;
-  std::map<ValueKey, int> leaf_id_;         // saved leaves
-  OutputSlots slots_;                       // node outputs' ids, after the leaves'
+  std::vector<int64_t> saved_at_, first_use_;
   std::vector<int64_t> key_storage_;        // by id
   std::vector<int> pending_;                // by id: backward reads still to come
   std::vector<KeyState> state_;             // by id

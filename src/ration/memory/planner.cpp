@@ -171,11 +171,11 @@ Plan plan_once(const StepProfile& profile, const PlanOptions& options) {
   if (options.offload) {
     std::vector<Decision> by_storage(profile.storages.size(), Decision::Keep);
     for (const auto& g : plan.groups) by_storage[static_cast<size_t>(g.storage)] = g.decision;
-    OffloadSchedule sch = schedule_offloads(profile, by_storage, *options.offload);
+    OffloadSchedule sch = schedule_offloads(ctx.graph(), by_storage, *options.offload);
     if (plan.offloaded_groups > 0) {  // later deadlines where they raise no node above the predicted peak
-      relax_deadlines(profile, by_storage, plan.prediction.forward_peaks, plan.prediction.peak_bytes, sch);
+      relax_deadlines(ctx.graph(), by_storage, plan.prediction.forward_peaks, plan.prediction.peak_bytes, sch);
       const int64_t peak = plan.prediction.peak_bytes;
-      plan.prediction = simulate(profile, by_storage, options.extra_fixed_bytes, plan.store_from, &sch);
+      plan.prediction = simulate(ctx.graph(), by_storage, options.extra_fixed_bytes, plan.store_from, &sch);
       RATION_ASSERT(plan.prediction.peak_bytes <= peak, "relaxed copy deadlines raised the predicted peak from ", peak,
                     " to ", plan.prediction.peak_bytes);
     }

@@ -1,0 +1,89 @@
+#include "ration/memory/plan_graph.h"
+
+#include <algorithm>
+
+#include "ration/core/check.h"
+
+namespace ration::memory {
+
+PlanGraph::PlanGraph(const StepProfile& p)
+    : profile(p), nodes(p.nodes.size()), storages(p.storages.size()), steps(p.backward_order.size()), slots(p) {
+  RATION_ASSERT(storages < (size_t{1} << 31) && slots.size() < (size_t{1} << 30), "plan graph: profile too large");
+  // One pass over the nodes. Leaves are numbered once all are known: until then a leaf is -2 - its index
+  // in `leaf_seen` (saved lists) or in `leaf_inputs` (inputs), resolved below.
+  std::vector<ValueKey> leaf_seen, leaf_inputs;
+  auto output_value = [&](const ValueKey& k) {
+    const size_t i = slots.slot(k);
+    return i == OutputSlots::kNone ? -1 : static_cast<int>(i);  // a slot until the leaves are counted
+  };
+  peak_bytes.reserve(nodes);
+  end_bytes.reserve(nodes);
+  forward_ms.reserve(nodes);
+  backward_ms.reserve(nodes);
+  std::vector<int> out_storage;
+  out_storage.reserve(slots.size());
+  output_node.reserve(slots.size());
+  for (const ProfiledNode& n : p.nodes) {
+    for (const ValueKey& k : n.saved) {
+      if (k.is_leaf()) {
+        saved.add(-2 - static_cast<int>(leaf_seen.size()));
+        leaf_seen.push_back(k);
+      } else {
+        saved.add(output_value(k));
+      }
+    }
+    saved.close();
+    for (const ValueKey& k : n.inputs) {
+      if (k.is_leaf()) {
+        inputs.add({-2 - static_cast<int>(leaf_inputs.size()), static_cast<int>(k.producer), k.output});
+        leaf_inputs.push_back(k);
+      } else {
+        inputs.add({output_value(k), static_cast<int>(k.producer), k.output});
+      }
+    }
+    inputs.close();
+    for (int64_t s : n.allocated_storage) allocated.add(static_cast<int>(s));
+    allocated.close();
+    for (int64_t s : n.output_storage) {
+      out_storage.push_back(static_cast<int>(s));
+      output_node.push_back(static_cast<int>(peak_bytes.size()));
+    }
+    peak_bytes.push_back(n.peak_bytes);
+    end_bytes.push_back(n.end_bytes);
+    forward_ms.push_back(n.forward_ms);
+    backward_ms.push_back(n.backward_ms);
+  }
+  leaves = leaf_seen;
+  std::sort(leaves.begin(), leaves.end());
+  leaves.erase(std::unique(leaves.begin(), leaves.end()), leaves.end());
+  const int nl = static_cast<int>(leaves.size());
+  for (int& v : saved.items) v = v <= -2 ? value(leaf_seen[static_cast<size_t>(-2 - v)]) : v < 0 ? -1 : v + nl;
+  for (Input& in : inputs.items)
+    in.value = in.value <= -2 ? value(leaf_inputs[static_cast<size_t>(-2 - in.value)]) : in.value < 0 ? -1 : in.value + nl;
+  storage.reserve(values());
+  for (const ValueKey& k : leaves) storage.push_back(static_cast<int>(p.storage_of(k)));
+  storage.insert(storage.end(), out_storage.begin(), out_storage.end());
+  // The value map and the last-alive map ascend by key: walked side by side.
+  recorded_storage.assign(slots.size(), -1);
+  last_alive.assign(storages, -1);
+  auto alive = p.value_last_alive.begin();
+  for (const auto& [key, s] : p.value_storage) {
+    while (alive != p.value_last_alive.end() && alive->first < key) ++alive;
+    if (key.is_leaf()) continue;
+    if (const size_t i = slots.slot(key); i != OutputSlots::kNone) recorded_storage[i] = static_cast<int>(s);
+    if (s < 0) continue;
+    const int64_t last = alive == p.value_last_alive.end() || alive->first != key ? static_cast<int64_t>(nodes) : alive->second;
+    last_alive[static_cast<size_t>(s)] = std::max(last_alive[static_cast<size_t>(s)], last);
+  }
+}
+
+int PlanGraph::value(const ValueKey& key) const {
+  if (key.is_leaf()) {
+    const auto it = std::lower_bound(leaves.begin(), leaves.end(), key);
+    return it != leaves.end() && *it == key ? static_cast<int>(it - leaves.begin()) : -1;
+  }
+  const size_t i = slots.slot(key);
+  return i == OutputSlots::kNone ? -1 : static_cast<int>(leaves.size() + i);
+}
+
+}  // namespace ration::memory

@@ -1,0 +1,97 @@
+// plan_graph.h — one measured step (profile.h) as the planner reads it: flat arrays of 32-bit ids,
+// built in one pass over the profile per plan. A profile keeps each node's lists in vectors of their own
+// and its values' storages in maps; a plan walks them several times (groups and their costs, the
+// incremental peak's static data, every whole-step simulation), and at thousands of nodes those walks
+// miss the core's caches on every node. This form is a few hundred bytes per layer, read in order.
+// Owns: value numbering (saved leaves, then node outputs by position), each value's storage, each node's
+//       saved values, inputs and allocations, the per-node and per-storage figures the planner reads.
+// Does not own: what the figures mean (profile.h), the rules that use them (plan_simulator.h,
+//       plan_incremental.h, plan_context.h).
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "ration/memory/profile.h"
+
+namespace ration::memory {
+
+namespace plan_detail {
+// Read-only lists by index, stored back to back (one allocation, walked in order) instead of one vector
+// each: the re-run walk reads a node's inputs, outputs and allocations from neighbouring lines.
+template <class T>
+struct Lists {
+  struct Span {
+    const T* b;
+    const T* e;
+    const T* begin() const { return b; }
+    const T* end() const { return e; }
+    size_t size() const { return static_cast<size_t>(e - b); }
+    bool empty() const { return b == e; }
+    const T& operator[](size_t i) const { return b[i]; }
+    const T& front() const { return *b; }
+  };
+  // Built in index order: add() a list's items, then close() it.
+  void add(T v) { items.push_back(v); }
+  void close() { start.push_back(static_cast<uint32_t>(items.size())); }
+  // Lists 0..n-1 from (index, item) pairs, each list keeping the pairs' order.
+  static Lists grouped(size_t n, const std::vector<std::pair<size_t, T>>& pairs) {
+    Lists l;
+    l.start.assign(n + 1, 0);
+    for (const auto& pr : pairs) ++l.start[pr.first + 1];
+    for (size_t i = 0; i < n; ++i) l.start[i + 1] += l.start[i];
+    l.items.resize(pairs.size());
+    std::vector<size_t> at(l.start.begin(), l.start.end() - 1);
+    for (const auto& pr : pairs) l.items[at[pr.first]++] = pr.second;
+    return l;
+  }
+  Span operator[](size_t i) const { return {items.data() + start[i], items.data() + start[i + 1]}; }
+  std::vector<uint32_t> start{0};
+  std::vector<T> items;
+};
+
+}  // namespace plan_detail
+
+struct PlanGraph {
+  explicit PlanGraph(const StepProfile& profile);
+  PlanGraph(const PlanGraph&) = delete;
+  PlanGraph& operator=(const PlanGraph&) = delete;
+
+  const StepProfile& profile;  // names (op, scope) and the backward figures (already flat vectors)
+  size_t nodes = 0, storages = 0, steps = 0;  // steps: backward nodes
+
+  // Values: the saved leaves (ascending key), then every node output by slot (OutputSlots).
+  OutputSlots slots;
+  std::vector<ValueKey> leaves;
+  size_t values() const { return leaves.size() + slots.size(); }
+  size_t first_output(size_t node) const { return leaves.size() + slots.first(node); }
+  // -1: neither a saved leaf nor an output of its node.
+  int value(const ValueKey& key) const;
+  bool is_leaf(int v) const { return static_cast<size_t>(v) < leaves.size(); }
+  // A node output's producer and index among its outputs.
+  int producer(int v) const { return output_node[static_cast<size_t>(v) - leaves.size()]; }
+  int output(int v) const {
+    return static_cast<int>(static_cast<size_t>(v) - first_output(static_cast<size_t>(producer(v))));
+  }
+  std::vector<int> output_node;  // by output slot: its node
+  // By value: its storage as StepProfile::storage_of reads it (-1: none).
+  std::vector<int> storage;
+  // By output slot: the storage the profile's value map records for it (-1: none, or not recorded).
+  std::vector<int> recorded_storage;
+  // By storage: the last forward ordinal during which model code held a value on it (nodes: held past
+  // forward; -1: no recorded node output on it).
+  std::vector<int64_t> last_alive;
+
+  struct Input {
+    int value;     // -1: a leaf no backward saves, or an output index past its node's outputs
+    int producer;  // -1: a leaf
+    int output;
+  };
+  plan_detail::Lists<int> saved;        // by node: value ids its backward reads
+  plan_detail::Lists<Input> inputs;     // by node
+  plan_detail::Lists<int> allocated;    // by node: storages its forward allocated
+  std::vector<int64_t> peak_bytes, end_bytes;  // by node (profile.h)
+  std::vector<double> forward_ms, backward_ms; // by node
+};
+
+}  // namespace ration::memory
