@@ -60,16 +60,21 @@ PlanGraph::PlanGraph(const StepProfile& p)
   for (int& v : saved.items) v = v <= -2 ? value(leaf_seen[static_cast<size_t>(-2 - v)]) : v < 0 ? -1 : v + nl;
   for (Input& in : inputs.items)
     in.value = in.value <= -2 ? value(leaf_inputs[static_cast<size_t>(-2 - in.value)]) : in.value < 0 ? -1 : in.value + nl;
-  storage.reserve(values());
-  for (const ValueKey& k : leaves) storage.push_back(static_cast<int>(p.storage_of(k)));
+  // A leaf's storage is the value map's (as StepProfile::storage_of reads it), an output's its node's.
+  storage.assign(leaves.size(), -1);
   storage.insert(storage.end(), out_storage.begin(), out_storage.end());
-  // The value map and the last-alive map ascend by key: walked side by side.
+  // The value map, the last-alive map and the saved leaves ascend by key: walked side by side.
   recorded_storage.assign(slots.size(), -1);
   last_alive.assign(storages, -1);
   auto alive = p.value_last_alive.begin();
+  auto leaf = leaves.begin();
   for (const auto& [key, s] : p.value_storage) {
     while (alive != p.value_last_alive.end() && alive->first < key) ++alive;
-    if (key.is_leaf()) continue;
+    if (key.is_leaf()) {
+      while (leaf != leaves.end() && *leaf < key) ++leaf;
+      if (leaf != leaves.end() && *leaf == key) storage[static_cast<size_t>(leaf - leaves.begin())] = static_cast<int>(s);
+      continue;
+    }
     if (const size_t i = slots.slot(key); i != OutputSlots::kNone) recorded_storage[i] = static_cast<int>(s);
     if (s < 0) continue;
     const int64_t last = alive == p.value_last_alive.end() || alive->first != key ? static_cast<int64_t>(nodes) : alive->second;
