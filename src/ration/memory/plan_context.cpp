@@ -33,23 +33,29 @@ double single_cost(const PlanGraph& g, const std::vector<double>& forward_ms, co
 // order built on it then differs from run to run between nodes that do the same work. Nodes that do the
 // same work — same op, same module path up to block numbers, same bytes allocated — get the median of
 // their measured times, so identical layers cost the same and a single outlier does not move the order.
-std::vector<double> typical_forward_ms(const StepProfile& p) {
-  std::unordered_map<std::string, std::vector<size_t>> same_work;
-  for (size_t k = 0; k < p.nodes.size(); ++k) {
+std::vector<double> typical_forward_ms(const PlanGraph& g) {
+  const StepProfile& p = g.profile;
+  // Each node's class of work, in one walk over the nodes in order; then the times by class.
+  std::unordered_map<std::string, size_t> class_of;
+  std::vector<size_t> cls(g.nodes);
+  std::string key;
+  for (size_t k = 0; k < g.nodes; ++k) {
     const ProfiledNode& n = p.nodes[k];
-    std::string key = n.op + "|";
+    key = n.op + "|";
     for (char ch : n.scope) key += (ch >= '0' && ch <= '9') ? '#' : ch;
-    for (int64_t st : n.allocated_storage) key += "|" + std::to_string(p.storages[static_cast<size_t>(st)].bytes);
-    same_work[key].push_back(k);
+    for (const int st : g.allocated[k]) key += "|" + std::to_string(p.storages[static_cast<size_t>(st)].bytes);
+    cls[k] = class_of.emplace(key, class_of.size()).first->second;
   }
-  std::vector<double> ms(p.nodes.size(), 0);
-  for (const auto& [key, nodes] : same_work) {
-    std::vector<double> t;
-    for (size_t k : nodes) t.push_back(p.nodes[k].forward_ms);
+  std::vector<std::vector<double>> times(class_of.size());
+  for (size_t k = 0; k < g.nodes; ++k) times[cls[k]].push_back(g.forward_ms[k]);
+  std::vector<double> median(times.size());
+  for (size_t c = 0; c < times.size(); ++c) {
+    std::vector<double>& t = times[c];
     std::sort(t.begin(), t.end());
-    const double median = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
-    for (size_t k : nodes) ms[k] = median;
+    median[c] = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
   }
+  std::vector<double> ms(g.nodes);
+  for (size_t k = 0; k < g.nodes; ++k) ms[k] = median[cls[k]];
   return ms;
 }
 
@@ -70,7 +76,7 @@ std::vector<Group> groups_of(const PlanGraph& g, std::vector<int64_t>& rerun_nod
   }
   std::vector<uint32_t> seen(g.nodes, 0);
   uint32_t stamp = 0;
-  const std::vector<double> forward_ms = typical_forward_ms(profile);
+  const std::vector<double> forward_ms = typical_forward_ms(g);
   std::vector<std::pair<Group, int64_t>> found;
   for (int64_t s : saved_storages) {
     // Droppable (Simulator::droppable): saved, and allocated by a recorded node.
