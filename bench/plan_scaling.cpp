@@ -2,8 +2,9 @@
 // 4 heads), one profiling step each (timed on its own), then the knapsack plan at several budgets
 // between the feasible minimum and the unconstrained peak, and the loose plan that finds the minimum.
 // The figure of merit is planning time (make_plan, profiling excluded) and how it grows with the number
-// of saved groups; there is no peer (PyTorch has no budget planner), the measurements of the
-// previous planner are the comparison.
+// of saved groups; every depth is profiled first and the repetitions interleave the depths. There is no
+// peer (PyTorch has no budget planner): the measurements of the previous planner are the
+// comparison.
 //
 // Every plan is timed in wall time (Plan::plan_ms) and in this thread's CPU time.
 //
@@ -85,7 +86,32 @@ int main(int argc, char** argv) {
     std::printf("%8s %8s %8s %11s %17s %17s %17s %17s %17s %17s %11s %9s\n", "n_layer", "groups", "nodes", "profile_ms",
                 "minimum wall/cpu", "knap@0.1 w/c", "knap@0.5 w/c", "knap@0.9 w/c", "ord-sets@0.5 w/c", "uniform w/c",
                 "minimum", "sim cpu");
-    nlohmann::json rows = nlohmann::json::array();
+    // Columns: the loose plan (finds the minimum), the knapsack at three budgets, ordered-sets and
+    // uniform; each the median of `reps` in wall and in CPU time.
+    struct Column {
+      std::string name;
+      memory::Strategy strategy;
+      double fraction;  // < 0: the loose budget
+    };
+    const std::vector<Column> columns = {{"minimum", memory::Strategy::Knapsack, -1},
+                                         {"knapsack@0.1", memory::Strategy::Knapsack, fractions[0]},
+                                         {"knapsack@0.5", memory::Strategy::Knapsack, fractions[1]},
+                                         {"knapsack@0.9", memory::Strategy::Knapsack, fractions[2]},
+                                         {"ordered-sets@0.5", memory::Strategy::OrderedSets, fractions[1]},
+                                         {"uniform", memory::Strategy::Uniform, -1}};
+    // Every depth is profiled first; then the repetitions are interleaved (each repetition plans every
+    // depth and column once), so that the machine's speed drifting between minutes moves every depth's
+    // times alike instead of one depth's.
+    struct Depth {
+      int layers = 0;
+      memory::StepProfile profile;
+      double profile_ms = 0;
+      std::vector<memory::PlanOptions> options;  // by column
+      memory::Plan loose, mid;                    // mid: knapsack@0.5 (the yardstick simulation replays it)
+      std::vector<std::vector<double>> wall, cpu;  // by column, by repetition
+      std::vector<double> sim_cpu;
+    };
+    std::vector<Depth> depths;
     for (int L : layers) {
       std::vector<std::string> o = overrides;
       o.push_back("model.n_layer=" + std::to_string(L));
@@ -94,76 +120,73 @@ int main(int argc, char** argv) {
       (void)train::read_budget_settings(setup.config);
       setup.model->train();
       const data::Batch batch = train::sample_batch(setup, setup.batch_size, setup.seed);
+      Depth d;
+      d.layers = L;
       auto t0 = std::chrono::steady_clock::now();
-      const memory::StepProfile profile = train::profile_step(*setup.model, batch, setup.seed + 1);
-      const double profile_ms = ms_since(t0);
+      d.profile = train::profile_step(*setup.model, batch, setup.seed + 1);
+      d.profile_ms = ms_since(t0);
       memory::PlanOptions loose;
       loose.budget_bytes = int64_t{1} << 50;
       loose.extra_fixed_bytes = train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *setup.model);
-      // Columns: the loose plan (finds the minimum), the knapsack at three budgets, ordered-sets and
-      // uniform; each the median of `reps` in wall and in CPU time.
-      struct Column {
-        std::string name;
-        memory::Strategy strategy;
-        double fraction;  // < 0: the loose budget
-      };
-      const std::vector<Column> columns = {{"minimum", memory::Strategy::Knapsack, -1},
-                                           {"knapsack@0.1", memory::Strategy::Knapsack, fractions[0]},
-                                           {"knapsack@0.5", memory::Strategy::Knapsack, fractions[1]},
-                                           {"knapsack@0.9", memory::Strategy::Knapsack, fractions[2]},
-                                           {"ordered-sets@0.5", memory::Strategy::OrderedSets, fractions[1]},
-                                           {"uniform", memory::Strategy::Uniform, -1}};
-      int64_t lo = 0, hi = 0;
-      size_t groups = 0;
-      memory::Plan mid;  // knapsack@0.5: the yardstick simulation below replays it
-      nlohmann::json plans = nlohmann::json::array();
-      std::string line;
+      d.loose = memory::make_plan(d.profile, loose);  // the budgets' range (and a warm-up)
+      const int64_t lo = d.loose.minimum_peak_bytes, hi = d.loose.unconstrained_peak_bytes;
       for (const Column& col : columns) {
         memory::PlanOptions po = loose;
         po.strategy = col.strategy;
         if (col.fraction >= 0) po.budget_bytes = lo + static_cast<int64_t>(col.fraction * static_cast<double>(hi - lo));
-        std::vector<double> wall, cpu;
-        Timed t;
-        for (int r = 0; r < reps; ++r) {
-          t = timed_plan(profile, po);
-          wall.push_back(t.wall_ms);
-          cpu.push_back(t.cpu_ms);
-        }
-        if (col.fraction < 0 && col.strategy == memory::Strategy::Knapsack) {
-          lo = t.plan.minimum_peak_bytes;
-          hi = t.plan.unconstrained_peak_bytes;
-          groups = t.plan.groups.size();
-        }
-        if (col.name == "knapsack@0.5") mid = t.plan;
-        char cell[64];
-        std::snprintf(cell, sizeof cell, " %8.1f/%-8.1f", bench::median(wall), bench::median(cpu));
-        line += cell;
-        plans.push_back({{"name", col.name}, {"budget_fraction", col.fraction}, {"budget_bytes", po.budget_bytes},
-                         {"plan_ms", bench::median(wall)}, {"plan_cpu_ms", bench::median(cpu)},
-                         {"predicted_peak_bytes", t.plan.prediction.peak_bytes}, {"kept_groups", t.plan.kept_groups},
-                         {"predicted_recompute_ms", t.plan.prediction.recompute_ms}});
+        d.options.push_back(po);
       }
-      // Yardstick: one whole-step simulation of the knapsack@0.5 plan, an O(n log n) pass by construction
-      // (ordered maps over the step's keys). How its time grows on this machine between depths is what
-      // n log n work measures here (cache pressure from other jobs included): the planner's growth is
-      // read next to it.
-      std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
-      for (const auto& g : mid.groups) by_storage[static_cast<size_t>(g.storage)] = g.decision;
-      std::vector<double> sim_cpu;
-      for (int r = 0; r < std::max(reps, 7); ++r) {
+      d.wall.resize(columns.size());
+      d.cpu.resize(columns.size());
+      depths.push_back(std::move(d));
+    }
+    std::vector<std::vector<memory::Plan>> last(depths.size(), std::vector<memory::Plan>(columns.size()));
+    for (int r = 0; r < std::max(reps, 7); ++r) {
+      for (size_t di = 0; di < depths.size(); ++di) {
+        Depth& d = depths[di];
+        if (r < reps) {
+          for (size_t c = 0; c < columns.size(); ++c) {
+            Timed t = timed_plan(d.profile, d.options[c]);
+            d.wall[c].push_back(t.wall_ms);
+            d.cpu[c].push_back(t.cpu_ms);
+            last[di][c] = std::move(t.plan);
+          }
+          d.mid = last[di][2];
+        }
+        // Yardstick: one whole-step simulation of the knapsack@0.5 plan, a linear pass over the step by
+        // construction. How its time grows on this machine between depths is what a pass over data of
+        // that size costs here (cache pressure from other jobs included): the planner's growth is read
+        // next to it.
+        std::vector<memory::Decision> by_storage(d.profile.storages.size(), memory::Decision::Keep);
+        for (const auto& g : d.mid.groups) by_storage[static_cast<size_t>(g.storage)] = g.decision;
         const double c0 = thread_cpu_ms();
-        const memory::Prediction p = memory::simulate(profile, by_storage, loose.extra_fixed_bytes);
-        sim_cpu.push_back(thread_cpu_ms() - c0);
-        RATION_CHECK(p.peak_bytes == mid.prediction.peak_bytes, "bench_plan_scaling: simulation disagrees with the plan");
+        const memory::Prediction p = memory::simulate(d.profile, by_storage, d.options[2].extra_fixed_bytes);
+        d.sim_cpu.push_back(thread_cpu_ms() - c0);
+        RATION_CHECK(p.peak_bytes == d.mid.prediction.peak_bytes, "bench_plan_scaling: simulation disagrees with the plan");
       }
-      const double simulate_cpu_ms = bench::median(sim_cpu);
-      std::printf("%8d %8zu %8zu %11.0f%s %11s %9.1f\n", L, groups, profile.nodes.size(), profile_ms,
-                  line.c_str(), memory::format_bytes(lo).c_str(), simulate_cpu_ms);
-      std::fflush(stdout);
-      rows.push_back({{"n_layer", L}, {"groups", groups}, {"nodes", profile.nodes.size()},
-                      {"profile_ms", profile_ms}, {"unconstrained_peak_bytes", hi}, {"minimum_peak_bytes", lo},
-                      {"simulate_cpu_ms", simulate_cpu_ms},
-                      {"plans", plans}});
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t di = 0; di < depths.size(); ++di) {
+      Depth& d = depths[di];
+      nlohmann::json plans = nlohmann::json::array();
+      std::string line;
+      for (size_t c = 0; c < columns.size(); ++c) {
+        const memory::Plan& plan = last[di][c];
+        char cell[64];
+        std::snprintf(cell, sizeof cell, " %8.1f/%-8.1f", bench::median(d.wall[c]), bench::median(d.cpu[c]));
+        line += cell;
+        plans.push_back({{"name", columns[c].name}, {"budget_fraction", columns[c].fraction},
+                         {"budget_bytes", d.options[c].budget_bytes}, {"plan_ms", bench::median(d.wall[c])},
+                         {"plan_cpu_ms", bench::median(d.cpu[c])}, {"predicted_peak_bytes", plan.prediction.peak_bytes},
+                         {"kept_groups", plan.kept_groups}, {"predicted_recompute_ms", plan.prediction.recompute_ms}});
+      }
+      const int64_t lo = d.loose.minimum_peak_bytes, hi = d.loose.unconstrained_peak_bytes;
+      const double simulate_cpu_ms = bench::median(d.sim_cpu);
+      std::printf("%8d %8zu %8zu %11.0f%s %11s %9.1f\n", d.layers, d.loose.groups.size(), d.profile.nodes.size(),
+                  d.profile_ms, line.c_str(), memory::format_bytes(lo).c_str(), simulate_cpu_ms);
+      rows.push_back({{"n_layer", d.layers}, {"groups", d.loose.groups.size()}, {"nodes", d.profile.nodes.size()},
+                      {"profile_ms", d.profile_ms}, {"unconstrained_peak_bytes", hi}, {"minimum_peak_bytes", lo},
+                      {"simulate_cpu_ms", simulate_cpu_ms}, {"plans", plans}});
     }
     // Growth from the first row with n_layer >= 96 to the last: the exponent of plan time in the number
     // of groups, next to what n log n allows over the same range.
