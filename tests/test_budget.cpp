@@ -12,6 +12,7 @@
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
+#include "ration/memory/plan_graph.h"
 #include "ration/memory/plan_incremental.h"
 #include "ration/memory/planner.h"
 #include "ration/models/model.h"
@@ -384,6 +385,16 @@ TEST(Planner, IncrementalPeakCopiesShareOnlyStaticData) {
       ASSERT_EQ(copy.peak(), simulated(d)) << "step " << step;
       ASSERT_EQ(base.peak(), base_peak) << "step " << step;
     }
+    // A copy made after many changes (its lists packed tight again) goes on as the original does.
+    memory::IncrementalPeak again = copy;
+    std::vector<memory::Decision> a = d;
+    for (int step = 0; step < 30; ++step) {
+      const size_t g = rng() % groups.size();
+      a[g] = a[g] == memory::Decision::Keep ? memory::Decision::Recompute : memory::Decision::Keep;
+      again.set(g, a[g]);
+      ASSERT_EQ(again.peak(), simulated(a)) << "copy of a copy, step " << step;
+      ASSERT_EQ(copy.peak(), simulated(d)) << "copy of a copy, step " << step;
+    }
     // Built like `base` for other decisions: the same as built from scratch, and independent of `copy`.
     memory::IncrementalPeak like(base, d);
     const memory::IncrementalPeak fresh(profile, groups, extra, d);
@@ -397,6 +408,72 @@ TEST(Planner, IncrementalPeakCopiesShareOnlyStaticData) {
       ASSERT_EQ(like.peak(), simulated(e)) << "like, step " << step;
       ASSERT_EQ(copy.peak(), simulated(d)) << "like, step " << step;
     }
+  }
+}
+
+// The planner reads a profile once into a flat graph (plan_graph.h); every list and figure in it is the
+// profile's own, read the way the profile reads it (storage_of, the value and last-alive maps).
+TEST(Planner, GraphReadsTheProfileAsItIs) {
+  for (const auto& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const ProfiledGroups pg = profiled_groups(c);
+    const memory::StepProfile& p = pg.profile;
+    const memory::PlanGraph g(p);
+    ASSERT_EQ(g.nodes, p.nodes.size());
+    ASSERT_EQ(g.storages, p.storages.size());
+    ASSERT_EQ(g.steps, p.backward_order.size());
+    ASSERT_TRUE(std::is_sorted(g.leaves.begin(), g.leaves.end()));
+    size_t saved_leaves = 0;
+    for (size_t o = 0; o < p.nodes.size(); ++o) {
+      const memory::ProfiledNode& n = p.nodes[o];
+      ASSERT_EQ(g.saved[o].size(), n.saved.size());
+      for (size_t i = 0; i < n.saved.size(); ++i) {
+        const int v = g.saved[o][i];
+        ASSERT_EQ(v, g.value(n.saved[i])) << "node " << o;
+        ASSERT_GE(v, 0) << "node " << o;
+        ASSERT_EQ(g.storage[static_cast<size_t>(v)], p.storage_of(n.saved[i])) << "node " << o;
+        ASSERT_EQ(g.is_leaf(v), n.saved[i].is_leaf()) << "node " << o;
+        if (!g.is_leaf(v)) {
+          ASSERT_EQ(g.producer(v), n.saved[i].producer) << "node " << o;
+          ASSERT_EQ(g.output(v), n.saved[i].output) << "node " << o;
+        } else {
+          ++saved_leaves;
+        }
+      }
+      ASSERT_EQ(g.inputs[o].size(), n.inputs.size());
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        ASSERT_EQ(g.inputs[o][i].producer, n.inputs[i].producer) << "node " << o;
+        ASSERT_EQ(g.inputs[o][i].output, n.inputs[i].output) << "node " << o;
+        ASSERT_EQ(g.inputs[o][i].value, g.value(n.inputs[i])) << "node " << o;
+      }
+      ASSERT_EQ(std::vector<int64_t>(g.allocated[o].begin(), g.allocated[o].end()), n.allocated_storage) << "node " << o;
+      ASSERT_EQ(g.first_output(o + 1) - g.first_output(o), n.output_storage.size()) << "node " << o;
+      for (size_t j = 0; j < n.output_storage.size(); ++j) {
+        const auto v = static_cast<int>(g.first_output(o) + j);
+        ASSERT_EQ(g.storage[static_cast<size_t>(v)], n.output_storage[j]);
+        ASSERT_EQ(g.producer(v), static_cast<int>(o));
+        ASSERT_EQ(g.output(v), static_cast<int>(j));
+        const memory::ValueKey key{static_cast<int64_t>(o), static_cast<int>(j)};
+        const auto rec = p.value_storage.find(key);
+        ASSERT_EQ(g.recorded_storage[g.slots.first(o) + j], rec == p.value_storage.end() ? -1 : rec->second);
+      }
+      ASSERT_EQ(g.peak_bytes[o], n.peak_bytes);
+      ASSERT_EQ(g.end_bytes[o], n.end_bytes);
+      ASSERT_EQ(g.forward_ms[o], n.forward_ms);
+      ASSERT_EQ(g.backward_ms[o], n.backward_ms);
+    }
+    ASSERT_GT(saved_leaves, 0u);  // parameters are saved: the leaf numbering is exercised
+    // Per storage: the latest last-alive ordinal of the node outputs on it (held past forward: nodes).
+    std::vector<int64_t> last(p.storages.size(), -1);
+    for (const auto& [key, s] : p.value_storage) {
+      if (key.is_leaf() || s < 0) continue;
+      const auto it = p.value_last_alive.find(key);
+      last[static_cast<size_t>(s)] = std::max(last[static_cast<size_t>(s)],
+                                              it == p.value_last_alive.end() ? static_cast<int64_t>(p.nodes.size()) : it->second);
+    }
+    ASSERT_EQ(g.last_alive, last);
+    ASSERT_EQ(g.value(memory::ValueKey{static_cast<int64_t>(p.nodes.size()) + 5, 0}), -1);
+    ASSERT_EQ(g.value(memory::ValueKey{0, 1000}), -1);
   }
 }
 
