@@ -260,15 +260,19 @@ std::vector<std::string> blocks_of(const std::vector<Group>& groups) {
 Choice keep_outputs_of_every_kth_block(PlanContext& ctx, const std::vector<std::string>& blocks, int64_t k) {
   Choice c = ctx.all_kept();
   const std::vector<Group>& groups = ctx.groups();
-  const StepProfile& profile = ctx.profile();
-  std::map<int64_t, size_t> group_of_storage;
-  for (size_t i = 0; i < groups.size(); ++i) group_of_storage[groups[i].storage] = i;
+  const PlanGraph& g = ctx.graph();
+  std::vector<int64_t> group_of_storage(g.storages, -1);
+  for (size_t i = 0; i < groups.size(); ++i) group_of_storage[static_cast<size_t>(groups[i].storage)] = static_cast<int64_t>(i);
   std::vector<char> used_outside(groups.size(), 0);
-  for (const auto& node : profile.nodes) {
-    const std::string set = node_set_of(node.scope);
-    for (const auto& in : node.inputs) {
-      auto it = group_of_storage.find(profile.storage_of(in));
-      if (it != group_of_storage.end() && groups[it->second].node_set != set) used_outside[it->second] = 1;
+  for (size_t o = 0; o < g.nodes; ++o) {
+    std::optional<std::string> set;  // the node's set, named once it reads a group
+    for (const auto& in : g.inputs[o]) {
+      const int64_t st = in.value >= 0 ? g.storage[static_cast<size_t>(in.value)]
+                                       : g.profile.storage_of(ValueKey{in.producer, in.output});
+      if (st < 0 || group_of_storage[static_cast<size_t>(st)] < 0) continue;
+      const auto gi = static_cast<size_t>(group_of_storage[static_cast<size_t>(st)]);
+      if (!set) set = node_set_of(g.profile.nodes[o].scope);
+      if (groups[gi].node_set != *set) used_outside[gi] = 1;
     }
   }
   std::unordered_map<std::string, int64_t> block_index;  // block name -> its index in `blocks`
