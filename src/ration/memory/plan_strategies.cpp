@@ -211,7 +211,7 @@ class SetShares {
 Choice ordered_sets(PlanContext& ctx) {
   Choice c = ctx.all_kept();
   const size_t n = ctx.size();
-  std::map<std::string, size_t> set_index;
+  std::unordered_map<std::string, size_t> set_index;
   std::vector<std::vector<size_t>> sets;  // in order of first appearance
   for (size_t i = 0; i < n; ++i) {
     const auto [it, added] = set_index.emplace(ctx.groups()[i].node_set, sets.size());
