@@ -376,38 +376,36 @@ TEST(Planner, IncrementalPeakCopiesShareOnlyStaticData) {
     const int64_t base_peak = simulated(kept);
     ASSERT_EQ(base.peak(), base_peak);
     std::mt19937 rng(5);
+    // `steps` random flips made on `inc` (decisions `dd`), each checked against the simulator, while
+    // `other` keeps its peak `other_peak`.
+    auto walk = [&](memory::IncrementalPeak& inc, std::vector<memory::Decision>& dd, int steps,
+                    const memory::IncrementalPeak& other, int64_t other_peak, const char* what) {
+      for (int step = 0; step < steps; ++step) {
+        const size_t g = rng() % groups.size();
+        dd[g] = dd[g] == memory::Decision::Keep ? memory::Decision::Recompute : memory::Decision::Keep;
+        inc.set(g, dd[g]);
+        ASSERT_EQ(inc.peak(), simulated(dd)) << what << ", step " << step;
+        ASSERT_EQ(other.peak(), other_peak) << what << ", step " << step;
+      }
+    };
     memory::IncrementalPeak copy = base;
     std::vector<memory::Decision> d = kept;
-    for (int step = 0; step < 60; ++step) {
-      const size_t g = rng() % groups.size();
-      d[g] = d[g] == memory::Decision::Keep ? memory::Decision::Recompute : memory::Decision::Keep;
-      copy.set(g, d[g]);
-      ASSERT_EQ(copy.peak(), simulated(d)) << "step " << step;
-      ASSERT_EQ(base.peak(), base_peak) << "step " << step;
-    }
+    walk(copy, d, 60, base, base_peak, "copy");
+    if (HasFatalFailure()) return;
+    const int64_t copy_peak = simulated(d);
     // A copy made after many changes (its lists packed tight again) goes on as the original does.
     memory::IncrementalPeak again = copy;
     std::vector<memory::Decision> a = d;
-    for (int step = 0; step < 30; ++step) {
-      const size_t g = rng() % groups.size();
-      a[g] = a[g] == memory::Decision::Keep ? memory::Decision::Recompute : memory::Decision::Keep;
-      again.set(g, a[g]);
-      ASSERT_EQ(again.peak(), simulated(a)) << "copy of a copy, step " << step;
-      ASSERT_EQ(copy.peak(), simulated(d)) << "copy of a copy, step " << step;
-    }
+    walk(again, a, 30, copy, copy_peak, "copy of a copy");
+    if (HasFatalFailure()) return;
     // Built like `base` for other decisions: the same as built from scratch, and independent of `copy`.
     memory::IncrementalPeak like(base, d);
     const memory::IncrementalPeak fresh(profile, groups, extra, d);
     ASSERT_EQ(like.peak(), fresh.peak());
     ASSERT_EQ(like.peak(), simulated(d));
     std::vector<memory::Decision> e = d;
-    for (int step = 0; step < 30; ++step) {
-      const size_t g = rng() % groups.size();
-      e[g] = e[g] == memory::Decision::Keep ? memory::Decision::Recompute : memory::Decision::Keep;
-      like.set(g, e[g]);
-      ASSERT_EQ(like.peak(), simulated(e)) << "like, step " << step;
-      ASSERT_EQ(copy.peak(), simulated(d)) << "like, step " << step;
-    }
+    walk(like, e, 30, copy, copy_peak, "like");
+    if (HasFatalFailure()) return;
   }
 }
 
