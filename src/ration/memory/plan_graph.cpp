@@ -6,6 +6,10 @@
 
 namespace ration::memory {
 
+OutputSlots::OutputSlots(const StepProfile& p) : base(p.nodes.size() + 1, 0) {
+  for (size_t o = 0; o < p.nodes.size(); ++o) base[o + 1] = base[o] + p.nodes[o].output_storage.size();
+}
+
 PlanGraph::PlanGraph(const StepProfile& p)
     : profile(p), nodes(p.nodes.size()), storages(p.storages.size()), steps(p.backward_order.size()), slots(p) {
   RATION_ASSERT(storages < (size_t{1} << 31) && slots.size() < (size_t{1} << 30), "plan graph: profile too large");

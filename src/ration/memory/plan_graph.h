@@ -52,6 +52,22 @@ struct Lists {
 
 }  // namespace plan_detail
 
+// Every node output numbered by position: node o's outputs are slots base[o] .. base[o + 1] - 1, so
+// per-value tables are vectors indexed by slot instead of maps keyed by ValueKey.
+struct OutputSlots {
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  explicit OutputSlots(const StepProfile& p);
+  size_t size() const { return base.back(); }
+  size_t first(size_t node) const { return base[node]; }
+  // kNone: a leaf, or an index past its node's outputs.
+  size_t slot(const ValueKey& k) const {
+    if (k.is_leaf() || static_cast<size_t>(k.producer) + 1 >= base.size() || k.output < 0) return kNone;
+    const size_t i = base[static_cast<size_t>(k.producer)] + static_cast<size_t>(k.output);
+    return i < base[static_cast<size_t>(k.producer) + 1] ? i : kNone;
+  }
+  std::vector<size_t> base;  // by node, plus one past the last
+};
+
 struct PlanGraph {
   explicit PlanGraph(const StepProfile& profile);
   PlanGraph(const PlanGraph&) = delete;
@@ -87,6 +103,10 @@ struct PlanGraph {
     int producer;  // -1: a leaf
     int output;
   };
+  // An input's storage as StepProfile::storage_of reads it (an input with no id: the profile's map).
+  int64_t storage_of(const Input& in) const {
+    return in.value >= 0 ? storage[static_cast<size_t>(in.value)] : profile.storage_of(ValueKey{in.producer, in.output});
+  }
   plan_detail::Lists<int> saved;        // by node: value ids its backward reads
   plan_detail::Lists<Input> inputs;     // by node
   plan_detail::Lists<int> allocated;    // by node: storages its forward allocated

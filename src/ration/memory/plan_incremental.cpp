@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
 
 #include "ration/core/check.h"
+#include "ration/memory/plan_simulator.h"
 
 namespace ration::memory {
 namespace {
@@ -292,14 +292,9 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
       if (key_of[static_cast<size_t>(v)] >= 0) continue;
       key_of[static_cast<size_t>(v)] = static_cast<int>(nk_++);
       key_storage_.push_back(g.storage[static_cast<size_t>(v)]);
-      key_producer_.push_back(static_cast<size_t>(v) < g.leaves.size() ? g.leaves[static_cast<size_t>(v)].producer
-                                                                        : -1);
+      key_producer_.push_back(g.is_leaf(v) ? g.leaves[static_cast<size_t>(v)].producer : g.producer(v));
     }
   }
-  // A node output's producer: the node whose slots hold it (found walking the slots once).
-  for (size_t o = 0; o < nn_; ++o)
-    for (size_t v = g.first_output(o); v < g.first_output(o + 1); ++v)
-      if (key_of[v] >= 0) key_producer_[static_cast<size_t>(key_of[v])] = static_cast<int64_t>(o);
   {
     std::vector<std::pair<size_t, int>> by_storage;
     for (size_t k = 0; k < nk_; ++k)
@@ -388,12 +383,7 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     start_other_[j] = g.profile.backward_start_bytes[j] - m;
   }
   // Forward: a recomputed group is freed after the last forward node that needs it.
-  std::vector<int64_t> saved_at(ns, -1);
-  for (size_t k = 0; k < nn_; ++k)
-    for (int key : node_saved_[k]) {
-      const int s = key_storage_[static_cast<size_t>(key)];
-      if (s >= 0 && saved_at[static_cast<size_t>(s)] < 0) saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
-    }
+  const std::vector<int64_t> saved_at = save_span(g).saved_at;
   forward_release_.assign(ns, kNever);
   for (size_t s = 0; s < ns; ++s)
     if (is_group_[s]) forward_release_[s] = std::max(g.last_alive[s], saved_at[s]);

@@ -77,17 +77,13 @@ struct PooledLists {
     live = 0;
   }
   void reset(size_t n, const std::vector<std::pair<size_t, T>>& pairs) {
-    reset(n);
-    for (const auto& pr : pairs) ++slot[pr.first].size;
-    uint32_t at = 0;
-    for (auto& sl : slot) {
-      sl.at = at;
-      sl.room = sl.size;
-      at += sl.size;
-      sl.size = 0;
+    Lists<T> packed = Lists<T>::grouped(n, pairs);
+    slot.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t size = packed.start[i + 1] - packed.start[i];
+      slot[i] = {packed.start[i], size, size};
     }
-    items.resize(at);
-    for (const auto& pr : pairs) items[slot[pr.first].at + slot[pr.first].size++] = pr.second;
+    items = std::move(packed.items);
     live = items.size();
   }
   typename Lists<T>::Span operator[](size_t i) const {

@@ -58,8 +58,7 @@ class Simulator {
   // then every node output by position, so walking ids in order walks keys in ValueKey order. An input
   // with id -1 (an output index past its node's outputs) has the storage the profile records for it.
   int64_t storage(const PlanGraph::Input& in) const {
-    return in.value >= 0 ? key_storage_[static_cast<size_t>(in.value)]
-                         : g_.profile.storage_of(ValueKey{in.producer, in.output});
+    return in.value >= 0 ? key_storage_[static_cast<size_t>(in.value)] : g_.storage_of(in);
   }
   KeyState state(int k) const { return k >= 0 ? state_[static_cast<size_t>(k)] : KeyState::Absent; }
   void fetch(int64_t s);

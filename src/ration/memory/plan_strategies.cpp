@@ -267,8 +267,7 @@ Choice keep_outputs_of_every_kth_block(PlanContext& ctx, const std::vector<std::
   for (size_t o = 0; o < g.nodes; ++o) {
     std::optional<std::string> set;  // the node's set, named once it reads a group
     for (const auto& in : g.inputs[o]) {
-      const int64_t st = in.value >= 0 ? g.storage[static_cast<size_t>(in.value)]
-                                       : g.profile.storage_of(ValueKey{in.producer, in.output});
+      const int64_t st = g.storage_of(in);
       if (st < 0 || group_of_storage[static_cast<size_t>(st)] < 0) continue;
       const auto gi = static_cast<size_t>(group_of_storage[static_cast<size_t>(st)]);
       if (!set) set = node_set_of(g.profile.nodes[o].scope);

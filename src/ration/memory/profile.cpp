@@ -25,24 +25,6 @@ int64_t StepProfile::storage_of(const ValueKey& k) const {
   return it == value_storage.end() ? -1 : it->second;
 }
 
-OutputSlots::OutputSlots(const StepProfile& p) : base(p.nodes.size() + 1, 0) {
-  for (size_t o = 0; o < p.nodes.size(); ++o) base[o + 1] = base[o] + p.nodes[o].output_storage.size();
-}
-
-std::vector<int64_t> StepProfile::saved_storages() const {
-  std::vector<int64_t> out;
-  std::vector<bool> seen(storages.size(), false);
-  for (const auto& n : nodes) {
-    for (const auto& k : n.saved) {
-      const int64_t s = storage_of(k);
-      if (s < 0 || seen[static_cast<size_t>(s)]) continue;
-      seen[static_cast<size_t>(s)] = true;
-      out.push_back(s);
-    }
-  }
-  return out;
-}
-
 ProfilePolicy::ProfilePolicy(const StepOrder& order) : order_(order) {
   const Stats now = stats();
   excluded_bytes_ = now.current[static_cast<int>(Category::Data)];

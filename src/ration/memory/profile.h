@@ -70,24 +70,6 @@ struct StepProfile {
   double forward_ms = 0, backward_ms = 0;
 
   int64_t storage_of(const ValueKey& k) const;
-  // Saved storages in order of first save, with the nodes that save them.
-  std::vector<int64_t> saved_storages() const;
-};
-
-// Every node output numbered by position: node o's outputs are slots base[o] .. base[o + 1] - 1, so
-// per-value tables are vectors indexed by slot instead of maps keyed by ValueKey.
-struct OutputSlots {
-  static constexpr size_t kNone = static_cast<size_t>(-1);
-  explicit OutputSlots(const StepProfile& p);
-  size_t size() const { return base.back(); }
-  size_t first(size_t node) const { return base[node]; }
-  // kNone: a leaf, or an index past its node's outputs.
-  size_t slot(const ValueKey& k) const {
-    if (k.is_leaf() || static_cast<size_t>(k.producer) + 1 >= base.size() || k.output < 0) return kNone;
-    const size_t i = base[static_cast<size_t>(k.producer)] + static_cast<size_t>(k.output);
-    return i < base[static_cast<size_t>(k.producer) + 1] ? i : kNone;
-  }
-  std::vector<size_t> base;  // by node, plus one past the last
 };
 
 class ProfilePolicy : public StepPolicy {
