@@ -17,7 +17,9 @@
 // pre-step baseline measured by the same counting allocator (libration_memprobe.so in the peer).
 //
 // usage: bench_peer [--reps 3] [--steps 20] [--warmup 3] [--threads N] [--families mlp,cnn,gpt,lstm_lm]
-//                   [--no-budgets] [--fractions 0.75,0.5,0.25,0] [--json FILE]
+//                   [--no-budgets] [--fractions 0.75,0.5,0.25,0] [--json FILE] [--set k=v ...]
+//                   [--device cpu|cuda]   (cuda: both sides on the GPU, each step synchronised, peaks from
+//                   each side's CUDA caching allocator; the peer's interpreter is $RATION_PEER_PYTHON)
 //        bench_peer --variants 'train.threads=1|train.threads=2' [--reps 3] [--families ...] [--json FILE]
 //          ration only: each family's step under each variant (config overrides, ',' within a variant,
 //          '|' between variants), interleaved per repetition (the order rotates), OMP_NUM_THREADS =
@@ -61,6 +63,7 @@ struct Args {
   std::string json_path = "bench/results/bench_peer.json";
   // worker
   std::string worker, family, mode = "plain";
+  std::string device = "cpu";  // cuda: both sides on the GPU (peaks from the caching allocators)
   bool counting_allocator = true;  // worker: false measures the counting allocator's own cost
   std::vector<double> fractions;
   std::vector<std::string> sets;      // worker: config overrides (--set k=v)
@@ -135,6 +138,7 @@ int worker(const Args& a) {
   std::vector<std::string> overrides;
   if (a.threads > 0) overrides.push_back("train.threads=" + std::to_string(a.threads));
   for (const auto& o : a.sets) overrides.push_back(o);
+  if (a.device != "cpu") overrides.push_back("train.device=" + a.device);
   train::Setup setup = train::build_setup(train::load_config(config_path(a.family), overrides));
   Config& cfg = setup.config;
   const train::RunSettings r = train::read_run_settings(cfg);
@@ -228,8 +232,13 @@ int family_threads(const std::string& family, int forced) {
 
 int orchestrate(const Args& a) {
   const std::string exe = self_exe();
-  const std::string peer = "/usr/bin/python3 " + std::string(RATION_SOURCE_DIR) + "/bench/peer_models.py";
-  const std::string probe = RATION_PROBE_PATH;
+  // The peer's interpreter: Debian's /usr/bin/python3 (python3-torch), or RATION_PEER_PYTHON (a GPU
+  // machine's CUDA PyTorch).
+  const char* peer_python = std::getenv("RATION_PEER_PYTHON");
+  const std::string peer = std::string(peer_python ? peer_python : "/usr/bin/python3") + " " +
+                           std::string(RATION_SOURCE_DIR) + "/bench/peer_models.py";
+  // On a GPU both sides read their caching allocator's peak; on CPU the peer counts with our allocator.
+  const std::string probe = a.device == "cpu" ? std::string(" --probe ") + RATION_PROBE_PATH : std::string();
   const std::vector<double> fractions = a.fractions.empty() ? std::vector<double>{0.75, 0.5, 0.25, 0.0} : a.fractions;
   std::string fr;
   for (double f : fractions) fr += (fr.empty() ? "" : ",") + std::to_string(f);
@@ -240,23 +249,25 @@ int orchestrate(const Args& a) {
       const int t = family_threads(fam, a.threads);
       const std::string env = "env OMP_NUM_THREADS=" + std::to_string(t) + " OPENBLAS_NUM_THREADS=" + std::to_string(t) + " ";
       const std::string common = " --family " + fam + " --steps " + std::to_string(a.steps) + " --warmup " +
-                                 std::to_string(a.warmup) + " --threads " + std::to_string(t);
+                                 std::to_string(a.warmup) + " --threads " + std::to_string(t) + " --device " + a.device;
+      std::string sets;
+      for (const auto& o : a.sets) sets += " --set " + o;
       // The peer's sizes come from the same config (read here, passed as JSON).
       train::Setup probe_setup;
       json pc;
       {
-        Config cfg = train::load_config(config_path(fam), {});
+        Config cfg = train::load_config(config_path(fam), a.sets);
         const train::RunSettings r = train::read_run_settings(cfg);
         pc = peer_config(fam, cfg.get_int("train.batch_size", 64), cfg, r);
       }
       const std::string pconf = " --config '" + pc.dump() + "'";
       std::vector<std::pair<std::string, std::string>> cmds = {
-          {"ration", env + exe + " --worker ration" + common},
-          {"pytorch", env + peer + common + pconf + " --probe " + probe}};
+          {"ration", env + exe + " --worker ration" + common + sets},
+          {"pytorch", env + peer + common + pconf + probe}};
       if (fam == "gpt" && a.budgets) {
-        cmds.push_back({"ration-budgets", env + exe + " --worker ration --mode budgets --fractions " + fr + common});
-        cmds.push_back({"pytorch-fwd-bwd", env + peer + common + pconf + " --mode fwd-bwd --probe " + probe});
-        cmds.push_back({"pytorch-per-block", env + peer + common + pconf + " --mode per-block --probe " + probe});
+        cmds.push_back({"ration-budgets", env + exe + " --worker ration --mode budgets --fractions " + fr + common + sets});
+        cmds.push_back({"pytorch-fwd-bwd", env + peer + common + pconf + " --mode fwd-bwd" + probe});
+        cmds.push_back({"pytorch-per-block", env + peer + common + pconf + " --mode per-block" + probe});
       }
       if (rep % 2 == 1) std::reverse(cmds.begin(), cmds.end());  // alternate who goes first
       for (const auto& [side, cmd] : cmds) {
@@ -389,7 +400,7 @@ int orchestrate(const Args& a) {
 
   const auto slash = a.json_path.find_last_of('/');
   if (slash != std::string::npos) std::system(("mkdir -p " + a.json_path.substr(0, slash)).c_str());
-  std::ofstream(a.json_path) << json{{"benchmark", "bench_peer"}, {"reps", a.reps}, {"steps", a.steps},
+  std::ofstream(a.json_path) << json{{"benchmark", "bench_peer"}, {"device", a.device}, {"overrides", a.sets}, {"reps", a.reps}, {"steps", a.steps},
                                      {"warmup", a.warmup}, {"summary", summary}, {"runs", runs}}
                                     .dump(2)
                              << "\n";
@@ -486,6 +497,7 @@ int main(int argc, char** argv) {
       else if (s == "--default-allocator") a.counting_allocator = false;
       else if (s == "--json") a.json_path = next();
       else if (s == "--worker") a.worker = next();
+      else if (s == "--device") a.device = next();
       else if (s == "--family") a.family = next();
       else if (s == "--mode") a.mode = next();
       else if (s == "--set") a.sets.push_back(next());
@@ -495,8 +507,11 @@ int main(int argc, char** argv) {
       } else
         throw Error("bench_peer: unknown argument " + s +
                     " (expected --reps N --steps N --warmup N --threads N --families a,b --no-budgets "
-                    "--fractions f,g --json FILE --variants 'k=v,k=v|k=v' --set k=v)");
+                    "--fractions f,g --json FILE --variants 'k=v,k=v|k=v' --set k=v --device cpu|cuda)");
     }
+    if (a.device != "cpu" && a.device != "cuda")
+      throw Error("bench_peer: --device '" + a.device + "' is not valid; expected cpu or cuda");
+    if (a.device == "cuda") a.budgets = false;  // budgets are planned on the counting CPU allocator (trainer.cpp)
     if (!a.worker.empty()) return worker(a);
     return a.variants.empty() ? orchestrate(a) : compare_variants(a);
   } catch (const std::exception& e) {

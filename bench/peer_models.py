@@ -34,6 +34,7 @@ ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--probe", default="")
 ap.add_argument("--profile-ops", action="store_true")
 ap.add_argument("--config", default="", help="JSON object of the config values bench_peer read (sizes)")
+ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 args = ap.parse_args()
 
 probe = None
@@ -112,7 +113,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         att = F.dropout(att, self.p, self.training)
         y = (att @ v).transpose(1, 2).reshape(b, t, c)
@@ -146,7 +147,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         b, t = idx.shape
-        x = F.dropout(self.wte(idx) + self.wpe(torch.arange(t)), self.p, self.training)
+        x = F.dropout(self.wte(idx) + self.wpe(torch.arange(t, device=idx.device)), self.p, self.training)
         for blk in self.blocks:
             x = checkpoint(blk, x, use_reentrant=False) if self.ckpt else blk(x)
         logits = self.ln_f(x) @ self.wte.weight.t()  # tied head, as ration's gpt (model.tie_weights = true)
@@ -192,6 +193,11 @@ def build():
 
 
 model, batch, opt = build()
+gpu = args.device == "cuda"
+if gpu:
+    # Parameters move before the optimiser's state exists (AdamW creates it on the first step).
+    model.to("cuda")
+    batch = tuple(t.to("cuda") for t in batch)
 model.train()
 with_optimizer = args.mode == "plain"
 
@@ -209,14 +215,25 @@ def step():
 
 times, cpus, peaks = [], [], []
 for s in range(args.warmup + args.steps):
-    base = probe.ration_memprobe_current() if probe else 0
-    if probe:
-        probe.ration_memprobe_reset_peak()
+    if gpu:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        base = probe.ration_memprobe_current() if probe else 0
+        if probe:
+            probe.ration_memprobe_reset_peak()
     t0, c0 = time.perf_counter(), time.process_time()
     loss = step()
+    if gpu:
+        loss.item()  # as ration's step reads its loss
+        torch.cuda.synchronize()
     ms = (time.perf_counter() - t0) * 1e3
     cpu_ms = (time.process_time() - c0) * 1e3
-    peak = (probe.ration_memprobe_peak() - base) if probe else 0
+    if gpu:
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = (probe.ration_memprobe_peak() - base) if probe else 0
     del loss
     if s >= args.warmup:
         times.append(ms)
@@ -229,7 +246,8 @@ out = {"side": "pytorch", "version": torch.__version__, "family": args.family, "
        "threads": {"torch.set_num_threads": args.threads, "torch.get_num_threads": torch.get_num_threads(),
                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
                    "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "")}}
-if probe:
+out["device"] = torch.cuda.get_device_name(0) if gpu else "cpu"
+if probe or gpu:
     out["peak_above_baseline_bytes"] = max(peaks)
 
 if args.profile_ops:

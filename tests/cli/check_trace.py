@@ -6,7 +6,8 @@ only metadata / complete-span / counter events, every span closed (non-negative 
 track, counters non-negative, the compute track present with forward and backward spans, memory counters
 present; with --report (a `ration train --report` file) the peak counter's maximum equal to the report's
 trace.peak_bytes (the traced steps' measured peak) and, when the traced steps are the whole run, to
-memory.peak_bytes; with --expect-tracks, those tracks present with spans. Does not own the in-process
+memory.peak_bytes; with --expect-tracks, those tracks present with spans ("a|b": spans on a or on b, for
+work that either of two threads may run, like a copy the queue's thread or a waiting compute thread does). Does not own the in-process
 checks against the profile and the report (tests/test_trace.cpp, tests/test_trace_train.cpp).
 
 usage: check_trace.py FILE.json [--expect-budget BYTES] [--report REPORT.json] [--expect-tracks a,b]
@@ -69,10 +70,11 @@ def main():
         if budgets != {args.expect_budget}:
             sys.exit(f"{args.trace}: budget line {budgets}, expected {args.expect_budget}")
     peak = max(sum(e["args"].values()) for e in counters["device memory peak (bytes)"])
-    for name in filter(None, args.expect_tracks.split(",")):
-        tids = [t for t, n in tracks.items() if n == name]
-        if not tids or not spans.get(tids[0]):
-            sys.exit(f"{args.trace}: no spans on track {name!r} (tracks: {sorted(tracks.values())})")
+    for names in filter(None, args.expect_tracks.split(",")):
+        alternatives = names.split("|")
+        if not any(spans.get(t) for t, n in tracks.items() if n in alternatives):
+            sys.exit(f"{args.trace}: no spans on track {' or '.join(map(repr, alternatives))} "
+                     f"(tracks: {sorted(tracks.values())})")
     if args.report:
         report = json.load(open(args.report))
         traced = report["trace"]["peak_bytes"]

@@ -14,6 +14,7 @@
 //     by ~lr while every other parameter and the loss agree (docs/DISTRIBUTED.md, "Equivalence").
 //     Resuming from the step-10 checkpoint with N ranks or with one process continues to the same
 //     parameters.
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

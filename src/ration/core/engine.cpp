@@ -1,5 +1,7 @@
 #include "ration/core/engine.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>

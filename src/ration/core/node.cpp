@@ -1,6 +1,7 @@
 #include "ration/core/node.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <atomic>

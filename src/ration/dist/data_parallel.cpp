@@ -1,6 +1,7 @@
 // data_parallel.cpp — [dist] settings, joining the world, config agreement, broadcast, global sums.
 #include "ration/dist/data_parallel.h"
 
+#include <ATen/core/grad_mode.h>
 #include <cstdlib>
 #include <sstream>
 

@@ -2,6 +2,7 @@
 // (see ps_aggregation.h).
 #include "ration/dist/ps_aggregation.h"
 
+#include <ATen/core/grad_mode.h>
 #include <algorithm>
 #include <chrono>
 #include <limits>

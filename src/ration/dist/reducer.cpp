@@ -1,6 +1,7 @@
 // reducer.cpp — buckets, weighted accumulation, the communication thread (see reducer.h).
 #include "ration/dist/reducer.h"
 
+#include <ATen/core/grad_mode.h>
 #include <algorithm>
 #include <map>
 

@@ -1,6 +1,8 @@
 // topology.cpp — parameter-server and gossip exchanges over c10d point-to-point (see topology.h).
 #include "ration/dist/topology.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include "ration/core/check.h"
 
 namespace ration::dist {

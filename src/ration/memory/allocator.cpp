@@ -270,6 +270,24 @@ Stats device_stats(const at::Device& device) {
   return stats();
 }
 
+void reset_device_peak(const at::Device& device) {
+#ifdef RATION_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::cuda::current_device());
+    return;
+  }
+#endif
+  (void)device;
+  reset_peak();
+}
+
+void synchronize(const at::Device& device) {
+#ifdef RATION_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+  (void)device;
+}
+
 CategoryGuard::CategoryGuard(Category c) : prev_(t_category) { t_category = c; }
 CategoryGuard::~CategoryGuard() { t_category = prev_; }
 

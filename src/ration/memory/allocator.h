@@ -56,6 +56,10 @@ int64_t current_bytes();
 // Device memory (CUDA caching allocator) for the given device when built with RATION_CUDA; on CPU
 // tensors this is the counting allocator's view.
 Stats device_stats(const at::Device& device);
+// device_stats' peak restarts from its current bytes (reset_peak() on CPU).
+void reset_device_peak(const at::Device& device);
+// Waits for the work queued on a GPU (a step's wall time ends when its kernels do); nothing on CPU.
+void synchronize(const at::Device& device);
 
 class CategoryGuard {
  public:

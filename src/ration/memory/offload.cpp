@@ -545,16 +545,19 @@ void OffloadEngine::begin_forward_node(const Node& node, int64_t ordinal) {
   }
 }
 
+void OffloadEngine::use_device(const at::Device& device) {
+  if (device == device_) return;
+  device_ = device;
+  if (pool_plan_) pool_.reserve(*pool_plan_, device_);  // the plan's pool, on the values' device
+}
+
 bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t deadline, int prefetch,
                             WhenTierFull when_full) {
   SavedValue& value = *handle;
   if (!offloadable(value)) return false;
   if (when_full == WhenTierFull::KeepResident && tier_was_full_.load()) return false;
   const at::Tensor t = value.data();
-  if (t.device() != device_) {
-    device_ = t.device();
-    if (pool_plan_) pool_.reserve(*pool_plan_, device_);  // the plan's pool, on the values' device
-  }
+  use_device(t.device());
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   std::shared_ptr<Entry> e;
   if (auto it = by_storage_.find(impl); it != by_storage_.end() && !it->second->storage->expired() &&
@@ -805,6 +808,13 @@ bool replicated(const SavedValue& v) { return v.replicas() && v.replicas()->size
 
 void ThresholdPolicy::after_forward_node(Node& node, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {
   const OffloadOptions& o = engine_.options();
+  for (const auto& ref : node.saved) {
+    if (ref.value->state() != SavedState::Resident) continue;
+    if (const at::Tensor t = ref.value->data(); t.defined()) {
+      engine_.use_device(t.device());  // T1 compares the memory of the device the values live on
+      break;
+    }
+  }
   const bool over_t1 = engine_.usage() > o.t1;  // T1: copy out
   for (auto& ref : node.saved) {
     // Refuses what cannot go. A value that does not fit stays resident and offloading stops, so a full

@@ -154,6 +154,10 @@ class OffloadEngine {
                WhenTierFull when_full = WhenTierFull::Recompute);
   // Wait for the copies whose deadline is `ordinal` or earlier; note the usage.
   void end_forward_node(int64_t ordinal);
+  // The device of the values being saved: usage() reads its memory (the CUDA caching allocator for a
+  // GPU), and the copy-in pool lives there. Set from each value offloaded, and by a threshold policy
+  // before its first T1 check (or a GPU step would compare host bytes with T1 and offload nothing).
+  void use_device(const at::Device& device);
   // Back-pressure: wait for the oldest copy-out still in flight. False when none is in flight.
   bool wait_oldest_copy_out();
 

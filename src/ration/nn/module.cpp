@@ -2,6 +2,8 @@
 // Owns: the bookkeeping declared in module.h. Does not own any forward computation.
 #include "ration/nn/module.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
 

@@ -16,6 +16,8 @@
 //   running = (1 - momentum) * running + momentum * batch_stat.
 // This matches at::batch_norm's running stats up to the rounding of that one update (a few ulps).
 #include "ration/core/check.h"
+
+#include <ATen/core/grad_mode.h>
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
 

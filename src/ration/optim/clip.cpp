@@ -1,6 +1,7 @@
 // clip.cpp — gradient-norm clipping (see clip.h); the op sequence mirrors torch.nn.utils.clip_grad_norm_.
 #include "ration/optim/clip.h"
 
+#include <ATen/core/grad_mode.h>
 #include <cmath>
 
 #include "ration/core/check.h"

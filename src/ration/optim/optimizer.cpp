@@ -1,6 +1,7 @@
 // optimizer.cpp — the shared step loop and state bookkeeping of every optimiser (see optimizer.h).
 #include "ration/optim/optimizer.h"
 
+#include <ATen/core/grad_mode.h>
 #include <algorithm>
 #include <set>
 

@@ -1,6 +1,8 @@
 // ring_buffer.cpp — see ring_buffer.h.
 #include "ration/seq/ring_buffer.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include "ration/core/check.h"
 #include "ration/core/value.h"
 

@@ -1,6 +1,7 @@
 // checkpoint.cpp — checkpoint files, atomic publication, pruning and validated loading (see checkpoint.h).
 #include "ration/train/checkpoint.h"
 
+#include <ATen/core/grad_mode.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>

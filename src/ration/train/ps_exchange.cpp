@@ -1,6 +1,7 @@
 // ps_exchange.cpp — the server's copy of the global model and the per-step push/pull (see ps_exchange.h).
 #include "ration/train/ps_exchange.h"
 
+#include <ATen/core/grad_mode.h>
 #include <algorithm>
 
 #include "ration/core/check.h"

@@ -17,6 +17,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
+// Device bytes as a step measures them: the counting allocator's less the dataset on CPU, the CUDA
+// caching allocator's for a model on a GPU.
+int64_t device_bytes_now(const at::Device& device) {
+  return device.is_cuda() ? memory::device_stats(device).current_bytes : memory::device_current_bytes(memory::stats());
+}
+
 double cpu_ms_now() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -282,8 +288,10 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
   if (options.buffers == BuffersAfter::Restored) buffers = model.snapshot_buffers();
 
   const memory::OffloadStats offload_before = engine_ ? engine_->stats() : memory::OffloadStats{};
-  st.baseline_bytes = memory::device_current_bytes(memory::stats());
+  const at::Device device = model.parameter_options().device();
+  st.baseline_bytes = device_bytes_now(device);
   memory::reset_peak();
+  if (device.is_cuda()) memory::reset_device_peak(device);
   const auto t0 = Clock::now();
   const double c0 = cpu_ms_now();
   {
@@ -297,7 +305,7 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
       st.loss += loss.item();
       const bool last = piece + 1 == n_pieces;
       if (last) {
-        st.forward_end_bytes = memory::device_current_bytes(memory::stats());
+        st.forward_end_bytes = device_bytes_now(device);
         for (StepHook* h : hooks) h->after_forward(st.step, loss);
       }
       hooks_->in_backward = last;
@@ -324,10 +332,11 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
     options.optimizer->step();
     options.optimizer->zero_grad();
   }
+  memory::synchronize(device);  // a GPU step ends when its kernels do
   st.ms = ms_since(t0);
   st.cpu_ms = cpu_ms_now() - c0;
   st.memory = memory::stats();
-  st.peak_bytes = memory::device_peak_bytes(st.memory);
+  st.peak_bytes = device.is_cuda() ? memory::device_stats(device).peak_bytes : memory::device_peak_bytes(st.memory);
   if (engine_) st.offload = engine_->stats();
   if (engine_ && mode_ == MemoryMode::Plan) adapt_to_late_copies(offload_before, st.offload, st.ms);
   if (options.buffers == BuffersAfter::Restored) model.restore_buffers(buffers);

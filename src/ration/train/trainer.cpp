@@ -867,6 +867,12 @@ class TrainingRun {
     nlohmann::json mem = memory_json(peak_stats);
     mem["peak_bytes"] = worst;  // max over steps of each step's measured device peak (dataset excluded)
     mem["dataset_host_bytes"] = peak_stats.current[static_cast<int>(memory::Category::Data)];
+    if (const at::Device device = model_.parameter_options().device(); device.is_cuda()) {
+      // Each step's peak came from the CUDA caching allocator; the categories and allocations stay the
+      // counting allocator's view of host memory.
+      mem["measured_by"] = "CUDA caching allocator (peak_bytes); counting ATen CPU allocator (host breakdown)";
+      mem["device"] = device.str();
+    }
     if (const memory::Plan* plan = runtime_.current_plan()) {
       mem["budget_bytes"] = plan->budget_bytes;
       mem["predicted_peak_bytes"] = plan->prediction.peak_bytes;
