@@ -399,6 +399,10 @@ struct OffloadEngine::Entry {
   at::Tensor restored;  // the whole storage, bytes
   int64_t first_use = -1;  // highest forward ordinal of a node that saves it (first in backward)
   int64_t deadline = -1;   // forward ordinal by whose end the write must be done (-1: none, or met)
+  // A planned copy's source, held by the compute thread until its deadline: the plan frees the storage
+  // at the deadline, so a copy that finishes early (a fast tier, a loaded machine) does not free it
+  // sooner and the measured peak is the predicted one whatever the copies' speed.
+  at::Tensor held_until_deadline;
   int prefetch = 0;
   std::shared_ptr<ReplicaGroup> replicas;  // sharded: this process stores 1/n
   int64_t shard_bytes = 0;
@@ -609,7 +613,10 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
     e->place = entries_.insert(entries_.end(), e);
     count(&OffloadStats::offloaded_storages);
   }
-  if (deadline >= 0) e->deadline = e->deadline < 0 ? deadline : std::min(e->deadline, deadline);
+  if (deadline >= 0) {
+    e->deadline = e->deadline < 0 ? deadline : std::min(e->deadline, deadline);
+    if (!e->replicas && !e->held_until_deadline.defined()) e->held_until_deadline = storage_bytes_of(t);
+  }
   Entry::View view;
   view.value_id = value.id();
   view.value = handle;
@@ -640,9 +647,11 @@ void OffloadEngine::wait_written(Entry& e) {
 
 void OffloadEngine::end_forward_node(int64_t ordinal) {
   std::vector<Entry*> late;  // due now, not yet written
+  std::vector<Entry*> due;
   for (auto& e : entries_) {
     if (e->deadline < 0 || e->deadline > ordinal) continue;
     e->deadline = -1;  // met (now or below)
+    due.push_back(e.get());
     if (!ready(e->written)) late.push_back(e.get());
   }
   if (!late.empty()) {
@@ -653,6 +662,7 @@ void OffloadEngine::end_forward_node(int64_t ordinal) {
     std::stable_sort(late.begin(), late.end(), [](const Entry* a, const Entry* b) { return a->out_seq > b->out_seq; });
     for (Entry* e : late) wait_written(*e);
   }
+  for (Entry* e : due) e->held_until_deadline = at::Tensor();  // freed where the plan frees it
   const int64_t now = usage();
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.max_usage_bytes = std::max(stats_.max_usage_bytes, now);
