@@ -270,6 +270,10 @@ Stats device_stats(const at::Device& device) {
   return stats();
 }
 
+int64_t device_current_bytes(const at::Device& device) {
+  return device.is_cuda() ? device_stats(device).current_bytes : device_current_bytes(stats());
+}
+
 void reset_device_peak(const at::Device& device) {
 #ifdef RATION_CUDA
   if (device.is_cuda()) {

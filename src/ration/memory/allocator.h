@@ -46,6 +46,9 @@ Stats stats();
 // keeps in host memory and the batches it cuts from it (a batch prefetched during a step included).
 int64_t device_peak_bytes(const Stats& s);
 int64_t device_current_bytes(const Stats& s);
+// The same on `device`: the counting allocator's less the dataset on CPU, the CUDA caching allocator's for
+// a GPU (what a step's baseline and the offload thresholds read).
+int64_t device_current_bytes(const at::Device& device);
 void reset_peak();  // peak := current (per category too)
 // Device bytes' high-water mark since the previous call (the first call: since start), then restarts it
 // from the current bytes. Independent of reset_peak(), so a sampler (the trace's memory counter) sees

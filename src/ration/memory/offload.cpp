@@ -436,12 +436,7 @@ OffloadEngine::~OffloadEngine() {
   by_storage_.clear();
 }
 
-int64_t OffloadEngine::usage() const {
-#ifdef RATION_CUDA
-  if (device_.is_cuda()) return device_stats(device_).current_bytes;
-#endif
-  return device_current_bytes(memory::stats());
-}
+int64_t OffloadEngine::usage() const { return device_current_bytes(device_); }
 
 OffloadStats OffloadEngine::stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);

@@ -17,12 +17,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// Device bytes as a step measures them: the counting allocator's less the dataset on CPU, the CUDA
-// caching allocator's for a model on a GPU.
-int64_t device_bytes_now(const at::Device& device) {
-  return device.is_cuda() ? memory::device_stats(device).current_bytes : memory::device_current_bytes(memory::stats());
-}
-
 double cpu_ms_now() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -289,7 +283,7 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
 
   const memory::OffloadStats offload_before = engine_ ? engine_->stats() : memory::OffloadStats{};
   const at::Device device = model.parameter_options().device();
-  st.baseline_bytes = device_bytes_now(device);
+  st.baseline_bytes = memory::device_current_bytes(device);
   memory::reset_peak();
   if (device.is_cuda()) memory::reset_device_peak(device);
   const auto t0 = Clock::now();
@@ -305,7 +299,7 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
       st.loss += loss.item();
       const bool last = piece + 1 == n_pieces;
       if (last) {
-        st.forward_end_bytes = device_bytes_now(device);
+        st.forward_end_bytes = memory::device_current_bytes(device);
         for (StepHook* h : hooks) h->after_forward(st.step, loss);
       }
       hooks_->in_backward = last;
