@@ -350,6 +350,15 @@ TEST(Planner, IncrementalPeakEqualsTheSimulator) {
         ASSERT_GE(bound, cut) << "walk " << walk << " step " << step;
         ASSERT_LE(bound, expected) << "walk " << walk << " step " << step;
         ASSERT_EQ(inc.peak_if(g, to), expected) << "walk " << walk << " step " << step << " group " << g;
+        // As a descent asks (stop at the committed peak): exact where the change lowers it.
+        const int64_t now = inc.peak();
+        const int64_t asked = inc.peak_if(g, to, now);
+        if (expected < now) {
+          ASSERT_EQ(asked, expected) << "walk " << walk << " step " << step << " group " << g;
+        } else {
+          ASSERT_GE(asked, now) << "walk " << walk << " step " << step;
+          ASSERT_LE(asked, expected) << "walk " << walk << " step " << step;
+        }
         if (rng() % 3 == 0) continue;  // asked about, not taken
         inc.set(g, to);
         d = next;

@@ -158,6 +158,26 @@ int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
   return m;
 }
 
+// From the root down: a node's maximum less its own add is its children's larger one.
+size_t IncrementalPeak::Tree::argmax(bool last) const {
+  size_t i = 1;
+  while (i < size) {
+    const int64_t want = mx[i] - add_at[i];
+    const size_t first = last ? 2 * i + 1 : 2 * i, second = last ? 2 * i : 2 * i + 1;
+    i = mx[first] == want ? first : second;
+  }
+  const size_t b = i - size;
+  const int64_t want = mx[i] - add_at[i];
+  if (last) {
+    for (size_t v = b * kBlock + kBlock; v-- > b * kBlock;)
+      if (val[v] == want) return v;
+  } else {
+    for (size_t v = b * kBlock; v < b * kBlock + kBlock; ++v)
+      if (val[v] == want) return v;
+  }
+  return b * kBlock;
+}
+
 void IncrementalPeak::Fenwick::init(const std::vector<int64_t>& v) {
   n = v.size();
   val = v;
@@ -358,6 +378,39 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     restored_by_producer_[st] = all && std::find(node.alloc_begin(), node.alloc_end(), static_cast<int>(st)) != node.alloc_end();
   }
   {
+    // evaluate's bound: one allocating node per storage, and a group storage's keys restored only after
+    // its allocation in any step (restored by the allocating node itself, or by a node that needs it
+    // through values never saved: the allocating node runs first in every step that runs that one).
+    std::vector<int64_t> allocated_by(ns, -1);
+    bool once = true;
+    for (size_t o = 0; o < nn_; ++o)
+      for (int st : g.allocated[o]) {
+        once = once && allocated_by[static_cast<size_t>(st)] < 0;
+        allocated_by[static_cast<size_t>(st)] = static_cast<int64_t>(o);
+      }
+    auto runs_after = [&](int64_t node, int64_t before) {  // `before` reached through never-saved inputs
+      std::vector<int64_t> todo{node};
+      for (size_t seen = 0; !todo.empty() && seen < 64; ++seen) {
+        const int64_t o = todo.back();
+        todo.pop_back();
+        if (o == before) return true;
+        const auto rec = plan_detail::NodeRecord::of(nodes_, static_cast<size_t>(o));
+        for (size_t i = 0; i < rec.inputs(); ++i)
+          if (rec.input(i) == kNeverUsable) todo.push_back(rec.producer(i));
+      }
+      return false;
+    };
+    bool ordered = once;
+    for (size_t st = 0; st < ns && ordered; ++st) {
+      if (!is_group_[st] || restored_by_producer_[st] || allocated_by[st] < 0) continue;
+      for (int k : storage_keys_[st]) {
+        const int64_t producer = key_producer_[static_cast<size_t>(k)];
+        ordered = ordered && producer >= 0 && runs_after(producer, allocated_by[st]);
+      }
+    }
+    extension_bound_ = ordered;
+  }
+  {
     std::vector<std::pair<size_t, int64_t>> by_storage;  // in step order: each storage's list ascends
     for (size_t j = 0; j < nb_; ++j)
       for (int k : released_at_[j]) by_storage.emplace_back(static_cast<size_t>(key_storage_[static_cast<size_t>(k)]), static_cast<int64_t>(j));
@@ -420,6 +473,7 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
       released_at_(static_->released_at_),
       release_steps_(static_->release_steps_),
       restored_by_producer_(static_->restored_by_producer_),
+      extension_bound_(static_->extension_bound_),
       start_other_(static_->start_other_),
       transient_other_(static_->transient_other_) {
   RATION_ASSERT(decisions.size() == storage_of_group_.size(), "incremental peak: one decision per group expected");
@@ -466,7 +520,7 @@ void IncrementalPeak::build() {
   restore_step_.assign(nk_, kNever);
   RATION_ASSERT(nb_ < (size_t{1} << 29), "incremental peak: too many backward steps");
   std::vector<std::pair<size_t, int>> restored, touched, touches;  // (step or storage, entry)
-  std::vector<int64_t> values(nb_), resident_at(nb_);
+  std::vector<int64_t> values(nb_), resident_at(nb_), held_at_end(nb_);
   int64_t resident = 0;
   for (size_t s = 0; s < decision_.size(); ++s) {
     if (!is_group_[s]) continue;
@@ -489,6 +543,7 @@ void IncrementalPeak::build() {
       if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
     }
     values[j] = std::max(start_other_[j] + run.recompute_peak, transient_other_[j] + resident + run.transient_bytes) + extra_;
+    held_at_end[j] = resident + run.transient_bytes;
     for (int k : released_at_[j]) {
       const State was = st.get(k);
       st.set(k, State::Released);
@@ -510,6 +565,8 @@ void IncrementalPeak::build() {
   touches_.reset(decision_.size(), touches);
   backward_.init(values);
   resident_.init(resident_at);
+  held_at_end_.init(held_at_end);
+  peak_step_ = -1;
   last_.valid = false;
 }
 
@@ -543,6 +600,19 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
   }
   const int64_t sign = to == Decision::Keep ? 1 : -1;
   const int64_t b = bytes_[s];
+  // Most releases a descent rejects change one backward step only, before the step where the committed
+  // plan reaches its peak: that step keeps its value, so the release cannot lower the peak. Found from
+  // the release's first step and the keys it restores there, before pricing anything.
+  if (lazy && stop_at != kExact && to == Decision::Recompute && nb_ > 0 && restored_by_producer_[s]) {
+    const int64_t top = backward_.max(0, nb_ - 1);
+    const auto touches = touches_[s];
+    if (top >= stop_at && !touches.empty() && peak_step() > touch_id(touches.front()) && only_step_differs(s)) {
+      e.peak = top;
+      e.resident_delta = -b;
+      e.valid = false;
+      return;
+    }
+  }
   int64_t peak = 0;
   // Forward: the group is resident after its last forward need only when kept.
   if (nn_ > 0) {
@@ -586,6 +656,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     r.step = first;
     r.value = backward_.max(ju, ju) - b;
     r.resident_at_start = resident_.at(ju) - b;
+    r.held_at_end = held_at_end_.at(ju) - b;
     r.adds_storage_keys = true;  // the lists are the committed step's, copied only if this is committed
     peak = std::max(peak, r.value);
     if (peak >= stop_at) return stop();
@@ -654,6 +725,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
         return stop();
       }
       r.value = std::max(start_other_[ju] + run.recompute_peak, transient_other_[ju] + resident + run.transient_bytes) + extra_;
+      r.held_at_end = resident + run.transient_bytes;
       peak = std::max(peak, r.value);
       if (peak >= stop_at) return stop();
       for (int k : released_at_[ju]) {
@@ -702,9 +774,47 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
   if (static_cast<size_t>(j) + 1 < nb_) peak = std::max(peak, backward_.max(static_cast<size_t>(j + 1), nb_ - 1));
   if (extension) {
     if (peak >= stop_at) return stop();
+    peak = std::max(peak, extended_step_bound(s, first));
+    if (peak >= stop_at) return stop();
     return evaluate(s, to, e, stop_at, false);  // the extension's step decides: run it
   }
   e.peak = peak;
+}
+
+// A lower bound of step j's value when storage s, first consulted at j as an input, is released and the
+// extension (extension_, from extend) restores more keys there. The extended step re-runs a superset of
+// the committed step's nodes (the extension's at the touch of s, then the rest in the same order, skipping
+// those the extension already re-ran), and restores the same keys plus s's and the extension's: every key
+// it restores beyond the committed step's has a producer the committed step did not re-run (one it re-ran
+// restored all its dropped outputs), and extend visits every such node. So at the step's end:
+// - it holds every storage the committed step holds, and besides them every extension storage the
+//   committed step neither held at the step's start nor restored in it;
+// - a storage is transient at the end when its one allocating node ran and no dropped key of it was
+//   restored afterwards. Where every group storage's keys are restored only after its allocation (the
+//   graph is checked once: see Static), that is "allocated, and no key of it restored", so the extended
+//   step has every transient storage of the committed step except, at most, s and the extension's
+//   storages. An extension storage restored by its allocating node was not transient in the committed
+//   step (that node did not run there: it would have restored the key); one restored by another node
+//   may have been, which costs nothing where the extended step holds it instead, and its bytes where
+//   the committed step held it too.
+// So the value is at least the committed step's end figure less b, plus the first kind, less the last.
+// No bound (0) where the graph breaks the assumption.
+int64_t IncrementalPeak::extended_step_bound(size_t s, int64_t j) {
+  if (!extension_bound_) return 0;
+  const auto ju = static_cast<size_t>(j);
+  int64_t differs = 0;
+  ++transient_stamp_;
+  for (int k : extension_) {
+    const auto ks = static_cast<size_t>(key_storage_[static_cast<size_t>(k)]);
+    if (ks == s || transient_epoch_[ks] == transient_stamp_) continue;
+    transient_epoch_[ks] = transient_stamp_;
+    bool held = false;  // by the committed step
+    for (int other : storage_keys_[ks])
+      held = held || holding(base_state(other, j)) || restore_step_[static_cast<size_t>(other)] == j;
+    if (restored_by_producer_[ks] && !held) differs += bytes_[ks];
+    if (!restored_by_producer_[ks] && held) differs -= bytes_[ks];
+  }
+  return transient_other_[ju] + held_at_end_.at(ju) + differs - bytes_[s] + extra_;
 }
 
 void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored) {
@@ -728,6 +838,30 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
     over_set(k, State::Restored);
     restored.push_back(k);
   }
+}
+
+int64_t IncrementalPeak::peak_step() {
+  if (peak_step_ < 0) peak_step_ = static_cast<int64_t>(backward_.argmax(true));
+  return peak_step_;
+}
+
+// Releasing s (restored by its producer, kept now) changes only its first backward step: the storage is
+// restored there by its producer's re-run (consulted as that output: the step re-runs it anyway; as an
+// input: the step adds the producer, and the producer's re-run restores no other key). From the next step
+// on every key is in the committed plan's state.
+bool IncrementalPeak::only_step_differs(size_t s) {
+  const auto touches = touches_[s];
+  if (touch_as_output(touches.front())) return true;
+  ++over_stamp_;
+  over_keys_.clear();
+  for (int k : storage_keys_[s]) over_set(k, State::Dropped);
+  extension_.clear();
+  ++cache_stamp_;
+  const int64_t first = touch_id(touches.front());
+  extend(key_producer_[static_cast<size_t>(storage_keys_[s].front())], first, extension_);
+  for (int k : extension_)
+    if (key_storage_[static_cast<size_t>(k)] != static_cast<int>(s)) return false;
+  return true;
 }
 
 int64_t IncrementalPeak::next_event(int s, int64_t j) const {
@@ -755,6 +889,7 @@ void IncrementalPeak::set(size_t g, Decision d) {
 void IncrementalPeak::commit(const Evaluation& e) {
   const size_t s = e.storage;
   if (decision_[s] == e.to) return;
+  peak_step_ = -1;
   const int64_t sign = e.to == Decision::Keep ? 1 : -1;
   const int64_t a = forward_release_[s];
   if (nn_ > 0 && a < static_cast<int64_t>(nn_) - 1) forward_.add(static_cast<size_t>(a + 1), nn_ - 1, sign * bytes_[s]);
@@ -764,6 +899,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
     if (before > 0) {
       backward_.add(0, before - 1, e.resident_delta);
       resident_.add(0, before - 1, e.resident_delta);
+      held_at_end_.add(0, before - 1, e.resident_delta);
     }
   }
   if (e.first >= 0) {
@@ -802,6 +938,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
     for (const auto& sh : e.shifted) {
       backward_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
       resident_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
+      held_at_end_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
     }
     for (size_t u = 0; u < e.used; ++u) {
       const StepResult& r = e.steps[u];
@@ -809,6 +946,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
       const auto ju = static_cast<size_t>(j);
       backward_.assign(ju, r.value);
       resident_.add(ju, ju, r.resident_at_start - resident_.at(ju));
+      held_at_end_.add(ju, ju, r.held_at_end - held_at_end_.at(ju));
       if (same_[u] == kSameLists) continue;
       restored_at_.assign(ju, r.restored);
       for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;

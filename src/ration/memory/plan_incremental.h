@@ -204,6 +204,8 @@ class IncrementalPeak {
     void add(size_t l, size_t r, int64_t delta);  // [l, r]
     void assign(size_t i, int64_t value);
     int64_t max(size_t l, size_t r) const;        // [l, r]; INT64_MIN when empty
+    // The last (or first) position holding the maximum of all n values; n > 0.
+    size_t argmax(bool last) const;
     size_t n = 0, blocks = 0, size = 1;
     std::vector<int64_t> val;         // by value: relative to its block's offset
     std::vector<int64_t> mx, add_at;  // by tree node (leaf size + b: block b)
@@ -228,6 +230,7 @@ class IncrementalPeak {
   struct StepResult {
     int64_t step = 0;
     int64_t value = 0, resident_at_start = 0;
+    int64_t held_at_end = 0;    // resident plus transient bytes once the step's re-runs are done
     std::vector<int> touched;   // group storages touched
     std::vector<int> restored;  // keys restored
     // Instead of the lists: the committed step's, with the evaluated storage's keys restored too.
@@ -259,6 +262,13 @@ class IncrementalPeak {
   // The nodes a release adds to step j's re-runs (from `ord`, the released storage's producer): marks the
   // keys they restore beyond the committed step's as Restored in the overlay and lists them.
   void extend(int64_t ord, int64_t j, std::vector<int>& restored);
+  // A lower bound of step j's value with s released and the extension restoring extension_ there.
+  int64_t extended_step_bound(size_t s, int64_t j);
+  // The last backward step at the committed plan's backward peak.
+  int64_t peak_step();
+  // Whether releasing group storage s (kept, restored by its producer) changes its first backward step
+  // only (uses the overlay and extension_ as scratch).
+  bool only_step_differs(size_t s);
   struct OverlayState;  // StepRun's view of over_get / over_set
   State over_get(int k, int64_t j) const {
     return over_epoch_[static_cast<size_t>(k)] == over_stamp_ ? over_state_[static_cast<size_t>(k)] : base_state(k, j);
@@ -301,6 +311,9 @@ class IncrementalPeak {
     Lists<int> released_at_;                         // by backward step: keys released after it
     Lists<int64_t> release_steps_;                   // by storage: its keys' release steps, ascending
     std::vector<char> restored_by_producer_;         // by storage: one node outputs all its keys, allocating it
+    // Every storage has one allocating node at most and every group storage with keys is restored by its
+    // producer: what evaluate's bound on an extended long step assumes (see evaluate).
+    bool extension_bound_ = false;
     std::vector<int64_t> start_other_, transient_other_;  // by backward step
   };
   IncrementalPeak(std::shared_ptr<const Static> shared, const std::vector<Decision>& decisions);
@@ -322,6 +335,7 @@ class IncrementalPeak {
   const Lists<int>& released_at_;
   const Lists<int64_t>& release_steps_;
   const std::vector<char>& restored_by_producer_;
+  const bool extension_bound_;
   const std::vector<int64_t>& start_other_;
   const std::vector<int64_t>& transient_other_;
 
@@ -336,7 +350,10 @@ class IncrementalPeak {
                                                    // steps touching it; ascending
   Tree forward_, backward_;
   Fenwick resident_;                               // by backward step: resident bytes at its start
+  Fenwick held_at_end_;                            // by backward step: resident plus transient bytes at its
+                                                   // end (before its releases)
   Evaluation last_;
+  int64_t peak_step_ = -1;  // peak_step's answer for the committed plan; -1: not known
 
   // Scratch of the run being simulated (epoch stamps avoid clearing).
   std::vector<uint32_t> over_epoch_, cache_epoch_, transient_epoch_, touch_epoch_;
