@@ -614,16 +614,16 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     }
   }
   int64_t peak = 0;
-  // Forward: the group is resident after its last forward need only when kept.
-  if (nn_ > 0) {
+  // Forward: the group is resident after its last forward need only when kept. Priced last, and only
+  // where it can exceed what backward reaches: the committed forward peak (plus b for a keep) bounds it.
+  auto with_forward = [&](int64_t p) {
+    if (nn_ == 0) return p;
+    const int64_t whole = forward_.max(0, nn_ - 1);
+    if (whole + std::max<int64_t>(sign * b, 0) <= p) return p;
     const int64_t a = forward_release_[s];
-    if (a >= static_cast<int64_t>(nn_) - 1) {
-      peak = std::max(peak, forward_.max(0, nn_ - 1));
-    } else {
-      peak = std::max(peak, forward_.max(0, static_cast<size_t>(a)));
-      peak = std::max(peak, forward_.max(static_cast<size_t>(a + 1), nn_ - 1) + sign * b);
-    }
-  }
+    if (a >= static_cast<int64_t>(nn_) - 1) return std::max(p, whole);
+    return std::max({p, forward_.max(0, static_cast<size_t>(a)), forward_.max(static_cast<size_t>(a + 1), nn_ - 1) + sign * b});
+  };
   e.resident_delta = sign * b;
   // Stopped early: the peak is known to reach stop_at; what was computed is a lower bound.
   auto stop = [&] {
@@ -631,13 +631,12 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     e.valid = false;
   };
   if (nb_ == 0) {
-    e.peak = peak;
+    e.peak = with_forward(peak);
     return;
   }
-  if (peak >= stop_at) return stop();
   const auto touches = touches_[s];
   if (touches.empty()) {
-    e.peak = std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta);
+    e.peak = with_forward(std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta));
     return;
   }
   const int64_t first = touch_id(touches.front());
@@ -662,7 +661,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     if (peak >= stop_at) return stop();
     e.last = first;
     if (ju + 1 < nb_) peak = std::max(peak, backward_.max(ju + 1, nb_ - 1));
-    e.peak = peak;
+    e.peak = with_forward(peak);
     return;
   }
 
@@ -778,7 +777,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     if (peak >= stop_at) return stop();
     return evaluate(s, to, e, stop_at, false);  // the extension's step decides: run it
   }
-  e.peak = peak;
+  e.peak = with_forward(peak);
 }
 
 // A lower bound of step j's value when storage s, first consulted at j as an input, is released and the
