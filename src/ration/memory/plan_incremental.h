@@ -25,6 +25,11 @@
 // nothing after; a group first consulted there as an input adds its producer's re-runs (the extension),
 // whose restored keys are found by walking the extension alone, so the later steps are priced before the
 // long step itself, which is re-simulated only when they do not already reject the release.
+// When the later steps do not reject such a release, a lower bound of the long step's value (from the
+// committed step's end figure, kept per step) may, before the step is re-simulated (extended_step_bound).
+// Before any of this, a release that changes its first backward step only, before the step holding the
+// committed backward peak, cannot lower the peak: rejected without pricing (only_step_differs). The forward
+// part is priced last, and only where the committed forward peak could exceed the answer.
 // Data: what depends on the profile and the groups only (key ids, node inputs and outputs, release steps)
 // is built once and shared by every copy and by every peak built `like` another (a plan's descents all
 // start from copies of one all-kept peak); a copy owns only the committed plan's state. Static lists are
