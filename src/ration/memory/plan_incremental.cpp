@@ -520,7 +520,8 @@ void IncrementalPeak::build() {
   restore_step_.assign(nk_, kNever);
   RATION_ASSERT(nb_ < (size_t{1} << 29), "incremental peak: too many backward steps");
   std::vector<std::pair<size_t, int>> restored, touched, touches;  // (step or storage, entry)
-  std::vector<int64_t> values(nb_), resident_at(nb_), held_at_end(nb_);
+  std::vector<int64_t> values(nb_), resident_at(nb_);
+  step_gain_.assign(nb_, 0);
   int64_t resident = 0;
   for (size_t s = 0; s < decision_.size(); ++s) {
     if (!is_group_[s]) continue;
@@ -543,7 +544,7 @@ void IncrementalPeak::build() {
       if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
     }
     values[j] = std::max(start_other_[j] + run.recompute_peak, transient_other_[j] + resident + run.transient_bytes) + extra_;
-    held_at_end[j] = resident + run.transient_bytes;
+    step_gain_[j] = resident + run.transient_bytes - r.resident_at_start;
     for (int k : released_at_[j]) {
       const State was = st.get(k);
       st.set(k, State::Released);
@@ -565,7 +566,6 @@ void IncrementalPeak::build() {
   touches_.reset(decision_.size(), touches);
   backward_.init(values);
   resident_.init(resident_at);
-  held_at_end_.init(held_at_end);
   peak_step_ = -1;
   last_.valid = false;
 }
@@ -655,7 +655,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     r.step = first;
     r.value = backward_.max(ju, ju) - b;
     r.resident_at_start = resident_.at(ju) - b;
-    r.held_at_end = held_at_end_.at(ju) - b;
+    r.held_at_end = r.resident_at_start + step_gain_[ju];
     r.adds_storage_keys = true;  // the lists are the committed step's, copied only if this is committed
     peak = std::max(peak, r.value);
     if (peak >= stop_at) return stop();
@@ -813,7 +813,7 @@ int64_t IncrementalPeak::extended_step_bound(size_t s, int64_t j) {
     if (restored_by_producer_[ks] && !held) differs += bytes_[ks];
     if (!restored_by_producer_[ks] && held) differs -= bytes_[ks];
   }
-  return transient_other_[ju] + held_at_end_.at(ju) + differs - bytes_[s] + extra_;
+  return transient_other_[ju] + resident_.at(ju) + step_gain_[ju] + differs - bytes_[s] + extra_;
 }
 
 void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored) {
@@ -898,7 +898,6 @@ void IncrementalPeak::commit(const Evaluation& e) {
     if (before > 0) {
       backward_.add(0, before - 1, e.resident_delta);
       resident_.add(0, before - 1, e.resident_delta);
-      held_at_end_.add(0, before - 1, e.resident_delta);
     }
   }
   if (e.first >= 0) {
@@ -937,7 +936,6 @@ void IncrementalPeak::commit(const Evaluation& e) {
     for (const auto& sh : e.shifted) {
       backward_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
       resident_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
-      held_at_end_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
     }
     for (size_t u = 0; u < e.used; ++u) {
       const StepResult& r = e.steps[u];
@@ -945,7 +943,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
       const auto ju = static_cast<size_t>(j);
       backward_.assign(ju, r.value);
       resident_.add(ju, ju, r.resident_at_start - resident_.at(ju));
-      held_at_end_.add(ju, ju, r.held_at_end - held_at_end_.at(ju));
+      step_gain_[ju] = r.held_at_end - r.resident_at_start;
       if (same_[u] == kSameLists) continue;
       restored_at_.assign(ju, r.restored);
       for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;

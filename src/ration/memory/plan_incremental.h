@@ -26,7 +26,7 @@
 // whose restored keys are found by walking the extension alone, so the later steps are priced before the
 // long step itself, which is re-simulated only when they do not already reject the release.
 // When the later steps do not reject such a release, a lower bound of the long step's value (from the
-// committed step's end figure, kept per step) may, before the step is re-simulated (extended_step_bound).
+// committed step's end figure, kept per step as its gain over the step's start) may, before the step is re-simulated (extended_step_bound).
 // Before any of this, a release that changes its first backward step only, before the step holding the
 // committed backward peak, cannot lower the peak: rejected without pricing (only_step_differs). The forward
 // part is priced last, and only where the committed forward peak could exceed the answer.
@@ -355,8 +355,9 @@ class IncrementalPeak {
                                                    // steps touching it; ascending
   Tree forward_, backward_;
   Fenwick resident_;                               // by backward step: resident bytes at its start
-  Fenwick held_at_end_;                            // by backward step: resident plus transient bytes at its
-                                                   // end (before its releases)
+  std::vector<int64_t> step_gain_;                 // by backward step: resident plus transient bytes at its
+                                                   // end (before its releases) less resident at its start
+                                                   // (shifts and range adds move both alike)
   Evaluation last_;
   int64_t peak_step_ = -1;  // peak_step's answer for the committed plan; -1: not known
 
