@@ -158,23 +158,17 @@ int64_t IncrementalPeak::Tree::max(size_t l, size_t r) const {
   return m;
 }
 
-// From the root down: a node's maximum less its own add is its children's larger one.
-size_t IncrementalPeak::Tree::argmax(bool last) const {
+// From the root down, right child first: a node's maximum less its own add is its children's larger one.
+size_t IncrementalPeak::Tree::last_argmax() const {
   size_t i = 1;
   while (i < size) {
     const int64_t want = mx[i] - add_at[i];
-    const size_t first = last ? 2 * i + 1 : 2 * i, second = last ? 2 * i : 2 * i + 1;
-    i = mx[first] == want ? first : second;
+    i = mx[2 * i + 1] == want ? 2 * i + 1 : 2 * i;
   }
   const size_t b = i - size;
   const int64_t want = mx[i] - add_at[i];
-  if (last) {
-    for (size_t v = b * kBlock + kBlock; v-- > b * kBlock;)
-      if (val[v] == want) return v;
-  } else {
-    for (size_t v = b * kBlock; v < b * kBlock + kBlock; ++v)
-      if (val[v] == want) return v;
-  }
+  for (size_t v = b * kBlock + kBlock; v-- > b * kBlock;)
+    if (val[v] == want) return v;
   return b * kBlock;
 }
 
@@ -655,7 +649,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     r.step = first;
     r.value = backward_.max(ju, ju) - b;
     r.resident_at_start = resident_.at(ju) - b;
-    r.held_at_end = r.resident_at_start + step_gain_[ju];
+    r.gain = step_gain_[ju];
     r.adds_storage_keys = true;  // the lists are the committed step's, copied only if this is committed
     peak = std::max(peak, r.value);
     if (peak >= stop_at) return stop();
@@ -665,10 +659,8 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     return;
   }
 
-  ++over_stamp_;
-  over_keys_.clear();
+  start_overlay(s, to == Decision::Keep ? State::Kept : State::Dropped);
   OverlayState st{this, first};
-  for (int k : storage_keys_[s]) st.set(k, to == Decision::Keep ? State::Kept : State::Dropped);
   int64_t resident = resident_.at(static_cast<size_t>(first)) + e.resident_delta;
   // A release first consulted as an input at a step that re-runs many nodes: the step now also re-runs
   // the storage's producer and whatever that needs (the extension). Which keys it restores is found
@@ -683,9 +675,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     st.step = j;
     const auto ju = static_cast<size_t>(j);
     if (extension && j == first) {
-      extension_.clear();
-      ++cache_stamp_;
-      extend(key_producer_[static_cast<size_t>(storage_keys_[s].front())], j, extension_);
+      walk_extension(s, j);
       // Resident at the next step's start: the committed one plus each storage the extension holds that
       // the committed plan does not hold there (the released storage itself is held again in both).
       resident = ju + 1 < nb_ ? resident_.at(ju + 1) : 0;
@@ -724,7 +714,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
         return stop();
       }
       r.value = std::max(start_other_[ju] + run.recompute_peak, transient_other_[ju] + resident + run.transient_bytes) + extra_;
-      r.held_at_end = resident + run.transient_bytes;
+      r.gain = resident + run.transient_bytes - r.resident_at_start;
       peak = std::max(peak, r.value);
       if (peak >= stop_at) return stop();
       for (int k : released_at_[ju]) {
@@ -839,8 +829,20 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
   }
 }
 
+void IncrementalPeak::start_overlay(size_t s, State keys) {
+  ++over_stamp_;
+  over_keys_.clear();
+  for (int k : storage_keys_[s]) over_set(k, keys);
+}
+
+void IncrementalPeak::walk_extension(size_t s, int64_t j) {
+  extension_.clear();
+  ++cache_stamp_;
+  extend(key_producer_[static_cast<size_t>(storage_keys_[s].front())], j, extension_);
+}
+
 int64_t IncrementalPeak::peak_step() {
-  if (peak_step_ < 0) peak_step_ = static_cast<int64_t>(backward_.argmax(true));
+  if (peak_step_ < 0) peak_step_ = static_cast<int64_t>(backward_.last_argmax());
   return peak_step_;
 }
 
@@ -851,13 +853,8 @@ int64_t IncrementalPeak::peak_step() {
 bool IncrementalPeak::only_step_differs(size_t s) {
   const auto touches = touches_[s];
   if (touch_as_output(touches.front())) return true;
-  ++over_stamp_;
-  over_keys_.clear();
-  for (int k : storage_keys_[s]) over_set(k, State::Dropped);
-  extension_.clear();
-  ++cache_stamp_;
-  const int64_t first = touch_id(touches.front());
-  extend(key_producer_[static_cast<size_t>(storage_keys_[s].front())], first, extension_);
+  start_overlay(s, State::Dropped);
+  walk_extension(s, touch_id(touches.front()));
   for (int k : extension_)
     if (key_storage_[static_cast<size_t>(k)] != static_cast<int>(s)) return false;
   return true;
@@ -943,7 +940,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
       const auto ju = static_cast<size_t>(j);
       backward_.assign(ju, r.value);
       resident_.add(ju, ju, r.resident_at_start - resident_.at(ju));
-      step_gain_[ju] = r.held_at_end - r.resident_at_start;
+      step_gain_[ju] = r.gain;
       if (same_[u] == kSameLists) continue;
       restored_at_.assign(ju, r.restored);
       for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;

@@ -209,8 +209,8 @@ class IncrementalPeak {
     void add(size_t l, size_t r, int64_t delta);  // [l, r]
     void assign(size_t i, int64_t value);
     int64_t max(size_t l, size_t r) const;        // [l, r]; INT64_MIN when empty
-    // The last (or first) position holding the maximum of all n values; n > 0.
-    size_t argmax(bool last) const;
+    // The last position holding the maximum of all n values; n > 0.
+    size_t last_argmax() const;
     size_t n = 0, blocks = 0, size = 1;
     std::vector<int64_t> val;         // by value: relative to its block's offset
     std::vector<int64_t> mx, add_at;  // by tree node (leaf size + b: block b)
@@ -235,7 +235,8 @@ class IncrementalPeak {
   struct StepResult {
     int64_t step = 0;
     int64_t value = 0, resident_at_start = 0;
-    int64_t held_at_end = 0;    // resident plus transient bytes once the step's re-runs are done
+    int64_t gain = 0;           // resident plus transient bytes once the step's re-runs are done, less
+                                // resident_at_start
     std::vector<int> touched;   // group storages touched
     std::vector<int> restored;  // keys restored
     // Instead of the lists: the committed step's, with the evaluated storage's keys restored too.
@@ -267,6 +268,10 @@ class IncrementalPeak {
   // The nodes a release adds to step j's re-runs (from `ord`, the released storage's producer): marks the
   // keys they restore beyond the committed step's as Restored in the overlay and lists them.
   void extend(int64_t ord, int64_t j, std::vector<int>& restored);
+  // A fresh overlay on the committed plan with group storage s's keys in state `keys`.
+  void start_overlay(size_t s, State keys);
+  // extension_ := the keys that re-running s's producer at step j restores beyond the committed step's.
+  void walk_extension(size_t s, int64_t j);
   // A lower bound of step j's value with s released and the extension restoring extension_ there.
   int64_t extended_step_bound(size_t s, int64_t j);
   // The last backward step at the committed plan's backward peak.
