@@ -5,6 +5,8 @@
 #   headers  pack torch's, CUDA's and NCCL's headers into $OUT (compile-checking the CUDA build elsewhere)
 #   build    configure build-cuda/ and build the CLI, tests and GPU bench (errors listed, -k 0)
 #   test     the GPU tests (gtest filter Cuda*) and the command line on train.device = "cuda"
+#   plan     bench_plan_scaling on this machine's CPU (planner time vs depth on a quiet host; planning is
+#            single-threaded and device-independent)
 #   bench    bench_peer --device cuda: ration vs PyTorch training steps on the GPU (the default gpt and cnn,
 #            and a larger gpt), peaks from each side's caching allocator
 # Logs and results land in $OUT (default ./gpu-out).
@@ -50,7 +52,7 @@ stage_build() {
   local rc=$?
   tail -30 "$OUT"/configure.log
   if [ $rc -ne 0 ]; then echo "configure failed"; tail -60 "$B"/CMakeFiles/CMakeError.log 2>/dev/null; return 1; fi
-  timeout "${RATION_BUILD_TIMEOUT:-420}" cmake --build "$B" -j "$JOBS" --target ration_cli ration_tests bench_peer -- -k 0 \
+  timeout "${RATION_BUILD_TIMEOUT:-420}" cmake --build "$B" -j "$JOBS" --target ration_cli ration_tests bench_peer bench_plan_scaling -- -k 0 \
     > "$OUT"/build.log 2>&1
   rc=$?
   echo "build rc $rc in $((SECONDS - t0)) s"
@@ -67,6 +69,12 @@ stage_test() {
   "$r" gradcheck configs/gpt.toml --set train.device=cuda --offload --offload-prefetch 3 2>&1 | grep -i "offload\|bitwise\|worst\|error" | head -8
   "$r" train configs/gpt.toml --set train.device=cuda --steps 20 --set train.checkpoint_dir= --json > "$OUT"/train_gpt.json 2>&1
   echo "train gpt rc $?"; tail -c 1500 "$OUT"/train_gpt.json
+}
+
+stage_plan() {
+  echo "== plan"
+  "$B"/bench/bench_plan_scaling --set train.batch_size=4 --reps "${RATION_PLAN_REPS:-7}" \
+    --out "$OUT"/plan_scaling.json 2>&1 | tail -24
 }
 
 stage_bench() {
