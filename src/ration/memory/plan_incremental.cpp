@@ -204,8 +204,7 @@ template <class St>
 struct StepRun {
   const plan_detail::Lists<int>& nodes;  // by node: its record
   const plan_detail::Lists<int>& storage_keys;
-  const std::vector<int>& key_storage;
-  const std::vector<int64_t>& key_producer;
+  const std::vector<plan_detail::KeyRecord>& keys;
   const std::vector<char>& is_group;
   const std::vector<int64_t>& bytes;
   std::vector<uint32_t>& cache_epoch;
@@ -225,13 +224,13 @@ struct StepRun {
   bool usable(int k) {
     if (k == kAlwaysUsable) return true;
     if (k == kNeverUsable) return false;
-    if (key_producer[static_cast<size_t>(k)] < 0) return true;
+    if (keys[static_cast<size_t>(k)].producer < 0) return true;
     return holding(st.get(k));
   }
   // `as_output`: consulted as the output of a node this step re-runs (not as an input or a saved value).
   void touch(int k, bool as_output = false) {
     if (k < 0) return;
-    const int s = key_storage[static_cast<size_t>(k)];
+    const int s = keys[static_cast<size_t>(k)].storage;
     // Each group storage once per step: a re-run cascade consults a value as its producer's output and
     // again as its consumer's input, and only whether a step touches a storage matters.
     if (s < 0 || !is_group[static_cast<size_t>(s)] || touch_epoch[static_cast<size_t>(s)] == cache_stamp) return;
@@ -289,6 +288,8 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
   const PlanGraph& g = g_;
   nn_ = g.nodes;
   nb_ = g.steps;
+  // Steps and nodes are 32-bit in the key records (a kNoStep above every step).
+  RATION_ASSERT(nb_ < (size_t{1} << 29) && nn_ < (size_t{1} << 31), "incremental peak: too many backward steps or nodes");
   const size_t ns = g.storages;
   bytes_.resize(ns);
   for (size_t s = 0; s < ns; ++s) bytes_[s] = g.profile.storages[s].bytes;
@@ -305,14 +306,16 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
       RATION_ASSERT(v >= 0, "incremental peak: a saved value of node ", o, " is not an output of its node");
       if (key_of[static_cast<size_t>(v)] >= 0) continue;
       key_of[static_cast<size_t>(v)] = static_cast<int>(nk_++);
-      key_storage_.push_back(g.storage[static_cast<size_t>(v)]);
-      key_producer_.push_back(g.is_leaf(v) ? g.leaves[static_cast<size_t>(v)].producer : g.producer(v));
+      plan_detail::KeyRecord key;
+      key.storage = g.storage[static_cast<size_t>(v)];
+      key.producer = static_cast<int32_t>(g.is_leaf(v) ? g.leaves[static_cast<size_t>(v)].producer : g.producer(v));
+      keys_.push_back(key);
     }
   }
   {
     std::vector<std::pair<size_t, int>> by_storage;
     for (size_t k = 0; k < nk_; ++k)
-      if (key_storage_[k] >= 0) by_storage.emplace_back(static_cast<size_t>(key_storage_[k]), static_cast<int>(k));
+      if (keys_[k].storage >= 0) by_storage.emplace_back(static_cast<size_t>(keys_[k].storage), static_cast<int>(k));
     storage_keys_ = Lists<int>::grouped(ns, by_storage);
   }
   std::vector<int64_t> pending(nk_, 0);
@@ -344,11 +347,11 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     node_saved_.close();
   }
   // Release: after the backward step of a key's last pending use (keys without a storage never are).
-  release_step_.assign(nk_, kNever);
+
   for (size_t j = 0; j < nb_; ++j) {
     for (int k : node_saved_[static_cast<size_t>(g.profile.backward_order[j])]) {
-      if (--pending[static_cast<size_t>(k)] != 0 || key_storage_[static_cast<size_t>(k)] < 0) continue;
-      release_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
+      if (--pending[static_cast<size_t>(k)] != 0 || keys_[static_cast<size_t>(k)].storage < 0) continue;
+      keys_[static_cast<size_t>(k)].release = static_cast<int32_t>(j);
       released_at_.add(k);
     }
     released_at_.close();
@@ -359,7 +362,7 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
   for (size_t st = 0; st < ns; ++st) {
     const auto keys = storage_keys_[st];
     if (!is_group_[st] || keys.empty()) continue;
-    const int64_t producer = key_producer_[static_cast<size_t>(keys.front())];
+    const int64_t producer = keys_[static_cast<size_t>(keys.front())].producer;
     if (producer < 0) continue;
     const auto node = plan_detail::NodeRecord::of(nodes_, static_cast<size_t>(producer));
     bool all = true;
@@ -367,7 +370,7 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
       bool found = false;
       for (size_t j = 0; j < node.outputs(); ++j)
         found = found || (node.output(j) == k && node.out_storage(j) == static_cast<int>(st));
-      all = all && key_producer_[static_cast<size_t>(k)] == producer && found;
+      all = all && keys_[static_cast<size_t>(k)].producer == producer && found;
     }
     restored_by_producer_[st] = all && std::find(node.alloc_begin(), node.alloc_end(), static_cast<int>(st)) != node.alloc_end();
   }
@@ -398,7 +401,7 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     for (size_t st = 0; st < ns && ordered; ++st) {
       if (!is_group_[st] || restored_by_producer_[st] || allocated_by[st] < 0) continue;
       for (int k : storage_keys_[st]) {
-        const int64_t producer = key_producer_[static_cast<size_t>(k)];
+        const int64_t producer = keys_[static_cast<size_t>(k)].producer;
         ordered = ordered && producer >= 0 && runs_after(producer, allocated_by[st]);
       }
     }
@@ -407,7 +410,7 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
   {
     std::vector<std::pair<size_t, int64_t>> by_storage;  // in step order: each storage's list ascends
     for (size_t j = 0; j < nb_; ++j)
-      for (int k : released_at_[j]) by_storage.emplace_back(static_cast<size_t>(key_storage_[static_cast<size_t>(k)]), static_cast<int64_t>(j));
+      for (int k : released_at_[j]) by_storage.emplace_back(static_cast<size_t>(keys_[static_cast<size_t>(k)].storage), static_cast<int64_t>(j));
     release_steps_ = Lists<int64_t>::grouped(ns, by_storage);
   }
   // The measured (keep-everything) run's saved bytes at each backward step's start, and what it held
@@ -416,7 +419,7 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
   for (size_t s = 0; s < ns; ++s) {
     if (!is_group_[s] || storage_keys_[s].empty()) continue;
     int64_t last = -1;
-    for (int k : storage_keys_[s]) last = std::max(last, release_step_[static_cast<size_t>(k)]);
+    for (int k : storage_keys_[s]) last = std::max<int64_t>(last, keys_[static_cast<size_t>(k)].release);
     const auto until = static_cast<size_t>(std::min<int64_t>(last, static_cast<int64_t>(nb_) - 1));
     measured[0] += bytes_[s];
     measured[until + 1] -= bytes_[s];
@@ -458,9 +461,6 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
       is_group_(static_->is_group_),
       bytes_(static_->bytes_),
       forward_release_(static_->forward_release_),
-      key_storage_(static_->key_storage_),
-      key_producer_(static_->key_producer_),
-      release_step_(static_->release_step_),
       storage_keys_(static_->storage_keys_),
       nodes_(static_->nodes_),
       node_saved_(static_->node_saved_),
@@ -476,8 +476,8 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
     RATION_ASSERT(decisions[g] != Decision::Offload, "incremental peaks cover keep/recompute plans only");
     decision_[static_cast<size_t>(storage_of_group_[g])] = decisions[g];
   }
-  over_epoch_.assign(nk_, 0);
-  over_state_.assign(nk_, State::Kept);
+  keys_ = static_->keys_;
+  over_.assign(nk_, 0);
   cache_epoch_.assign(nn_, 0);
   transient_epoch_.assign(bytes_.size(), 0);
   touch_epoch_.assign(bytes_.size(), 0);
@@ -507,12 +507,12 @@ void IncrementalPeak::build() {
 
   std::vector<State> states(nk_, State::Kept);
   for (size_t k = 0; k < nk_; ++k) {
-    const int s = key_storage_[k];
-    if (s >= 0 && is_group_[static_cast<size_t>(s)] && dropped(s)) states[k] = State::Dropped;
+    const int s = keys_[k].storage;
+    const bool drop = s >= 0 && is_group_[static_cast<size_t>(s)] && dropped(s);
+    if (drop) states[k] = State::Dropped;
+    keys_[k].restore = drop ? plan_detail::KeyRecord::kNoStep : plan_detail::KeyRecord::kHeld;
   }
   FullState st{states};
-  restore_step_.assign(nk_, kNever);
-  RATION_ASSERT(nb_ < (size_t{1} << 29), "incremental peak: too many backward steps");
   std::vector<std::pair<size_t, int>> restored, touched, touches;  // (step or storage, entry)
   std::vector<int64_t> values(nb_), resident_at(nb_);
   step_gain_.assign(nb_, 0);
@@ -528,26 +528,26 @@ void IncrementalPeak::build() {
   for (size_t j = 0; j < nb_; ++j) {
     StepResult r;
     r.resident_at_start = resident;
-    StepRun<FullState> run{nodes_, storage_keys_, key_storage_, key_producer_,
+    StepRun<FullState> run{nodes_, storage_keys_, keys_,
                            is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                            st, resident, r.touched, r.restored, touch_epoch_};
     run.recompute_peak = resident;
     const auto ord = static_cast<size_t>(g_.profile.backward_order[j]);
     for (int k : node_saved_[ord]) {
       run.touch(k);
-      if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
+      if (!run.usable(k)) run.rerun(keys_[static_cast<size_t>(k)].producer);
     }
     values[j] = std::max(start_other_[j] + run.recompute_peak, transient_other_[j] + resident + run.transient_bytes) + extra_;
     step_gain_[j] = resident + run.transient_bytes - r.resident_at_start;
     for (int k : released_at_[j]) {
       const State was = st.get(k);
       st.set(k, State::Released);
-      const int s = key_storage_[static_cast<size_t>(k)];
+      const int s = keys_[static_cast<size_t>(k)].storage;
       if (holding(was) && is_group_[static_cast<size_t>(s)] && !run.held(s)) resident -= bytes_[static_cast<size_t>(s)];
     }
     resident_at[j] = r.resident_at_start;
     for (int k : r.restored) {
-      restore_step_[static_cast<size_t>(k)] = static_cast<int64_t>(j);
+      keys_[static_cast<size_t>(k)].restore = static_cast<int32_t>(j);
       restored.emplace_back(j, k);
     }
     for (int t : r.touched) {  // j ascends
@@ -681,12 +681,12 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       resident = ju + 1 < nb_ ? resident_.at(ju + 1) : 0;
       ++transient_stamp_;
       for (int k : extension_) {
-        const int ks = key_storage_[static_cast<size_t>(k)];
+        const int ks = keys_[static_cast<size_t>(k)].storage;
         if (ks == static_cast<int>(s) || transient_epoch_[static_cast<size_t>(ks)] == transient_stamp_) continue;
         transient_epoch_[static_cast<size_t>(ks)] = transient_stamp_;
         bool held = false;
         for (int other : storage_keys_[static_cast<size_t>(ks)])
-          held = held || (over_epoch_[static_cast<size_t>(other)] != over_stamp_ && holding(base_state(other, j + 1)));
+          held = held || (!in_overlay(other) && holding(base_state(other, j + 1)));
         if (!held) resident += bytes_[static_cast<size_t>(ks)];
       }
       for (int k : released_at_[ju]) st.set(k, State::Released);
@@ -698,7 +698,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       r.restored.clear();
       r.step = j;
       r.resident_at_start = resident;
-      StepRun<OverlayState> run{nodes_, storage_keys_, key_storage_, key_producer_,
+      StepRun<OverlayState> run{nodes_, storage_keys_, keys_,
                                 is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                                 st, resident, r.touched, r.restored, touch_epoch_};
       run.recompute_peak = resident;
@@ -706,7 +706,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       const auto ord = static_cast<size_t>(g_.profile.backward_order[ju]);
       for (int k : node_saved_[ord]) {
         run.touch(k);
-        if (!run.usable(k)) run.rerun(key_producer_[static_cast<size_t>(k)]);
+        if (!run.usable(k)) run.rerun(keys_[static_cast<size_t>(k)].producer);
         if (run.stopped) break;
       }
       if (run.stopped) {
@@ -720,19 +720,19 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       for (int k : released_at_[ju]) {
         const State was = st.get(k);
         st.set(k, State::Released);
-        const int ks = key_storage_[static_cast<size_t>(k)];
+        const int ks = keys_[static_cast<size_t>(k)].storage;
         if (holding(was) && is_group_[static_cast<size_t>(ks)] && !run.held(ks)) resident -= bytes_[static_cast<size_t>(ks)];
       }
       // A key the committed plan restored here but this run did not stays dropped in this run.
       for (int k : restored_at_[ju])
-        if (over_epoch_[static_cast<size_t>(k)] != over_stamp_) st.set(k, State::Dropped);
+        if (!in_overlay(k)) st.set(k, State::Dropped);
     }
     // Keys in the same state as the committed plan's from the next step on need no overlay.
     size_t kept = 0;
     for (int k : over_keys_) {
-      if (over_epoch_[static_cast<size_t>(k)] != over_stamp_) continue;
-      if (norm(over_state_[static_cast<size_t>(k)]) == norm(base_state(k, j + 1))) {
-        over_epoch_[static_cast<size_t>(k)] = 0;
+      if (!in_overlay(k)) continue;
+      if (norm(over_get(k, j + 1)) == norm(base_state(k, j + 1))) {
+        leave_overlay(k);
         continue;
       }
       over_keys_[kept++] = k;
@@ -742,7 +742,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     // Steps before the next one that touches a differing key run as the committed plan's, shifted.
     int64_t next = static_cast<int64_t>(nb_);
     for (int k : over_keys_) {
-      const int ks = key_storage_[static_cast<size_t>(k)];
+      const int ks = keys_[static_cast<size_t>(k)].storage;
       next = std::min(next, ks >= 0 ? next_event(ks, j + 1) : j + 1);
     }
     if (next > j + 1) {
@@ -794,12 +794,12 @@ int64_t IncrementalPeak::extended_step_bound(size_t s, int64_t j) {
   int64_t differs = 0;
   ++transient_stamp_;
   for (int k : extension_) {
-    const auto ks = static_cast<size_t>(key_storage_[static_cast<size_t>(k)]);
+    const auto ks = static_cast<size_t>(keys_[static_cast<size_t>(k)].storage);
     if (ks == s || transient_epoch_[ks] == transient_stamp_) continue;
     transient_epoch_[ks] = transient_stamp_;
     bool held = false;  // by the committed step
     for (int other : storage_keys_[ks])
-      held = held || holding(base_state(other, j)) || restore_step_[static_cast<size_t>(other)] == j;
+      held = held || holding(base_state(other, j)) || keys_[static_cast<size_t>(other)].restore == j;
     if (restored_by_producer_[ks] && !held) differs += bytes_[ks];
     if (!restored_by_producer_[ks] && held) differs -= bytes_[ks];
   }
@@ -816,21 +816,24 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
     if (k == kAlwaysUsable) continue;
     // Usable at the step's start, or restored by the committed step (its producer re-runs in both runs,
     // and what that needs was re-run there too): nothing to add behind it.
-    if (k != kNeverUsable && (key_producer_[static_cast<size_t>(k)] < 0 || holding(over_get(k, j)) ||
-                              restore_step_[static_cast<size_t>(k)] == j))
+    if (k != kNeverUsable && (keys_[static_cast<size_t>(k)].producer < 0 || holding(over_get(k, j)) ||
+                              keys_[static_cast<size_t>(k)].restore == j))
       continue;
     extend(node.producer(i), j, restored);
   }
   for (size_t jo = 0; jo < node.outputs(); ++jo) {
     const int k = node.output(jo);
-    if (k < 0 || over_get(k, j) != State::Dropped || restore_step_[static_cast<size_t>(k)] == j) continue;
+    if (k < 0 || over_get(k, j) != State::Dropped || keys_[static_cast<size_t>(k)].restore == j) continue;
     over_set(k, State::Restored);
     restored.push_back(k);
   }
 }
 
 void IncrementalPeak::start_overlay(size_t s, State keys) {
-  ++over_stamp_;
+  if (++over_stamp_ == 1u << 30) {  // the stamp fills the word's upper 30 bits: start again
+    std::fill(over_.begin(), over_.end(), 0u);
+    over_stamp_ = 1;
+  }
   over_keys_.clear();
   for (int k : storage_keys_[s]) over_set(k, keys);
 }
@@ -838,7 +841,7 @@ void IncrementalPeak::start_overlay(size_t s, State keys) {
 void IncrementalPeak::walk_extension(size_t s, int64_t j) {
   extension_.clear();
   ++cache_stamp_;
-  extend(key_producer_[static_cast<size_t>(storage_keys_[s].front())], j, extension_);
+  extend(keys_[static_cast<size_t>(storage_keys_[s].front())].producer, j, extension_);
 }
 
 int64_t IncrementalPeak::peak_step() {
@@ -856,7 +859,7 @@ bool IncrementalPeak::only_step_differs(size_t s) {
   start_overlay(s, State::Dropped);
   walk_extension(s, touch_id(touches.front()));
   for (int k : extension_)
-    if (key_storage_[static_cast<size_t>(k)] != static_cast<int>(s)) return false;
+    if (keys_[static_cast<size_t>(k)].storage != static_cast<int>(s)) return false;
   return true;
 }
 
@@ -890,6 +893,10 @@ void IncrementalPeak::commit(const Evaluation& e) {
   const int64_t a = forward_release_[s];
   if (nn_ > 0 && a < static_cast<int64_t>(nn_) - 1) forward_.add(static_cast<size_t>(a + 1), nn_ - 1, sign * bytes_[s]);
   decision_[s] = e.to;
+  // A released group's keys are restored by the window below, or never; a kept one's are held (set
+  // after the window, which clears the restore steps of the lists it replaces).
+  if (e.to == Decision::Recompute)
+    for (int k : storage_keys_[s]) keys_[static_cast<size_t>(k)].restore = plan_detail::KeyRecord::kNoStep;
   if (nb_ > 0) {
     const size_t before = e.first < 0 ? nb_ : static_cast<size_t>(e.first);
     if (before > 0) {
@@ -909,7 +916,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
       if (r.adds_storage_keys) {  // evaluate's shortcut: the step restores the released storage's keys too
         for (int k : storage_keys_[s]) {
           restored_at_.push_back(ju, k);
-          restore_step_[static_cast<size_t>(k)] = r.step;
+          keys_[static_cast<size_t>(k)].restore = static_cast<int32_t>(r.step);
         }
         same_[u] = kSameLists;
         continue;
@@ -919,7 +926,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
         same_[u] = kSameLists;
         continue;
       }
-      for (int k : restored_at_[ju]) restore_step_[static_cast<size_t>(k)] = kNever;
+      for (int k : restored_at_[ju]) keys_[static_cast<size_t>(k)].restore = plan_detail::KeyRecord::kNoStep;
       if (same_touched) {
         same_[u] = kSameTouched;
         continue;
@@ -943,7 +950,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
       step_gain_[ju] = r.gain;
       if (same_[u] == kSameLists) continue;
       restored_at_.assign(ju, r.restored);
-      for (int k : r.restored) restore_step_[static_cast<size_t>(k)] = j;
+      for (int k : r.restored) keys_[static_cast<size_t>(k)].restore = static_cast<int32_t>(j);
       if (same_[u] == kSameTouched) continue;
       touched_at_.assign(ju, r.touched);
       for (int t : r.touched) {
@@ -954,6 +961,8 @@ void IncrementalPeak::commit(const Evaluation& e) {
       }
     }
   }
+  if (e.to == Decision::Keep)
+    for (int k : storage_keys_[s]) keys_[static_cast<size_t>(k)].restore = plan_detail::KeyRecord::kHeld;
   last_.valid = false;
 }
 

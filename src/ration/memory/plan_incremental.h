@@ -158,6 +158,17 @@ struct NodeRecord {
   const int* alloc_begin() const { return r + 4 + 2 * inputs() + 2 * outputs(); }
   const int* alloc_end() const { return e; }
 };
+
+// What a re-run reads about one saved value (key), in one 16-byte record: its storage (-1 none), its
+// producer (negative: a leaf, always usable), the backward step after which it is released, and the step
+// that restored it in the committed plan: kHeld where the plan never drops it (no group storage, or the
+// group kept), kNoStep where dropped and never restored. One line holds four keys: at thousands of steps
+// a key's state is one cache miss instead of one per array.
+struct KeyRecord {
+  static constexpr int32_t kHeld = -1;
+  static constexpr int32_t kNoStep = std::numeric_limits<int32_t>::max() / 4;
+  int32_t storage = -1, producer = -1, release = kNoStep, restore = kHeld;
+};
 }  // namespace plan_detail
 
 class IncrementalPeak {
@@ -193,11 +204,10 @@ class IncrementalPeak {
   // The committed plan's state of key `k` at the start of backward step `j`: it follows from the key's
   // decision, its restore step and its release step.
   State base_state(int k, int64_t j) const {
-    const auto kk = static_cast<size_t>(k);
-    if (j > release_step_[kk]) return State::Released;
-    const int s = key_storage_[kk];
-    if (s < 0 || !is_group_[static_cast<size_t>(s)] || !dropped(s)) return State::Kept;
-    return restore_step_[kk] < j ? State::Restored : State::Dropped;
+    const plan_detail::KeyRecord& r = keys_[static_cast<size_t>(k)];
+    if (j > r.release) return State::Released;
+    if (r.restore == plan_detail::KeyRecord::kHeld) return State::Kept;
+    return r.restore < j ? State::Restored : State::Dropped;
   }
 
  private:
@@ -280,16 +290,17 @@ class IncrementalPeak {
   // only (uses the overlay and extension_ as scratch).
   bool only_step_differs(size_t s);
   struct OverlayState;  // StepRun's view of over_get / over_set
+  // The overlay: per key one word, the evaluation's stamp times 4 plus the key's state in that run.
+  bool in_overlay(int k) const { return over_[static_cast<size_t>(k)] >> 2 == over_stamp_; }
   State over_get(int k, int64_t j) const {
-    return over_epoch_[static_cast<size_t>(k)] == over_stamp_ ? over_state_[static_cast<size_t>(k)] : base_state(k, j);
+    const uint32_t w = over_[static_cast<size_t>(k)];
+    return w >> 2 == over_stamp_ ? static_cast<State>(w & 3) : base_state(k, j);
   }
   void over_set(int k, State v) {
-    if (over_epoch_[static_cast<size_t>(k)] != over_stamp_) {
-      over_epoch_[static_cast<size_t>(k)] = over_stamp_;
-      over_keys_.push_back(k);
-    }
-    over_state_[static_cast<size_t>(k)] = v;
+    if (!in_overlay(k)) over_keys_.push_back(k);
+    over_[static_cast<size_t>(k)] = over_stamp_ << 2 | static_cast<uint32_t>(v);
   }
+  void leave_overlay(int k) { over_[static_cast<size_t>(k)] = 0; }
   // The first backward step from `j` on that touches group storage `s` or releases one of its keys
   // in the committed plan (nb_ when none).
   int64_t next_event(int s, int64_t j) const;
@@ -310,9 +321,8 @@ class IncrementalPeak {
     std::vector<char> is_group_;                     // by storage
     std::vector<int64_t> bytes_;                     // by storage
     std::vector<int64_t> forward_release_;           // by storage: last forward node that needs it
-    std::vector<int> key_storage_;                   // by key: storage id, -1 none
-    std::vector<int64_t> key_producer_;              // by key
-    std::vector<int64_t> release_step_;              // by key: last backward step that reads it
+    std::vector<plan_detail::KeyRecord> keys_;      // by key: storage, producer, release step (the last
+                                                     // backward step that reads it); restore kHeld
     Lists<int> storage_keys_;                        // by storage: its saved keys
     Lists<int> nodes_;                               // by node: its record (plan_detail::NodeRecord); an
                                                      // input key is -1 always usable, -2 never; an output
@@ -336,9 +346,6 @@ class IncrementalPeak {
   const std::vector<char>& is_group_;
   const std::vector<int64_t>& bytes_;
   const std::vector<int64_t>& forward_release_;
-  const std::vector<int>& key_storage_;
-  const std::vector<int64_t>& key_producer_;
-  const std::vector<int64_t>& release_step_;
   const Lists<int>& storage_keys_;
   const Lists<int>& nodes_;
   const Lists<int>& node_saved_;
@@ -351,7 +358,7 @@ class IncrementalPeak {
 
   // The committed plan.
   std::vector<Decision> decision_;                 // by storage
-  std::vector<int64_t> restore_step_;              // by key: backward step that restored it (or never)
+  std::vector<plan_detail::KeyRecord> keys_;       // by key: the static fields, and the committed restore step
   plan_detail::PooledLists<int> restored_at_;      // by backward step
   plan_detail::PooledLists<int> touched_at_;       // by backward step: storage * 2 + 1 where the step
                                                    // first touches it as a re-run node's output, else * 2
@@ -367,8 +374,7 @@ class IncrementalPeak {
   int64_t peak_step_ = -1;  // peak_step's answer for the committed plan; -1: not known
 
   // Scratch of the run being simulated (epoch stamps avoid clearing).
-  std::vector<uint32_t> over_epoch_, cache_epoch_, transient_epoch_, touch_epoch_;
-  std::vector<State> over_state_;
+  std::vector<uint32_t> over_, cache_epoch_, transient_epoch_, touch_epoch_;
   std::vector<int> over_keys_;
   uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
   std::vector<char> same_;  // commit: per window step, which lists are unchanged
