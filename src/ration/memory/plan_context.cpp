@@ -245,9 +245,18 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
     IncrementalPeak& inc = *slot;
     int64_t peak = inc.peak();
     bool progress = true;
+    // A try's answer depends on the committed plan only. Once a pass comes back to where the previous pass
+    // made its last release without releasing anything on the way, every group still kept has been tried
+    // against the plan as it is (those after that place by the previous pass, after its last release) and
+    // refused: the descent is over, as the rest of the pass would find.
+    size_t last_release = order.size();  // position in `order`; order.size(): none in this pass yet
     while (peak > target && progress) {
       progress = false;
-      for (size_t i : order) {
+      const size_t stop_at = last_release;
+      last_release = order.size();
+      for (size_t at = 0; at < order.size(); ++at) {
+        if (!progress && at == stop_at) break;
+        const size_t i = order[at];
         if (d[i] != Decision::Keep) continue;
         // Only "lower than now" matters: the evaluation may stop once it reaches the current peak.
         const int64_t p = inc.peak_if(i, Decision::Recompute, peak);
@@ -256,6 +265,7 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
           d[i] = Decision::Recompute;
           peak = p;
           progress = true;
+          last_release = at;
           if (peak <= target) break;
         }
       }
