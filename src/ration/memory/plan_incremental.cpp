@@ -347,7 +347,6 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     node_saved_.close();
   }
   // Release: after the backward step of a key's last pending use (keys without a storage never are).
-
   for (size_t j = 0; j < nb_; ++j) {
     for (int k : node_saved_[static_cast<size_t>(g.profile.backward_order[j])]) {
       if (--pending[static_cast<size_t>(k)] != 0 || keys_[static_cast<size_t>(k)].storage < 0) continue;
