@@ -730,7 +730,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
     size_t kept = 0;
     for (int k : over_keys_) {
       if (!in_overlay(k)) continue;
-      if (norm(over_get(k, j + 1)) == norm(base_state(k, j + 1))) {
+      if (norm(overlay_state(k)) == norm(base_state(k, j + 1))) {
         leave_overlay(k);
         continue;
       }

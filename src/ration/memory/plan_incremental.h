@@ -26,7 +26,8 @@
 // whose restored keys are found by walking the extension alone, so the later steps are priced before the
 // long step itself, which is re-simulated only when they do not already reject the release.
 // When the later steps do not reject such a release, a lower bound of the long step's value (from the
-// committed step's end figure, kept per step as its gain over the step's start) may, before the step is re-simulated (extended_step_bound).
+// committed step's end figure, kept per step as its gain over the step's start) may still reject it
+// before the step is re-simulated (extended_step_bound).
 // Before any of this, a release that changes its first backward step only, before the step holding the
 // committed backward peak, cannot lower the peak: rejected without pricing (only_step_differs). The forward
 // part is priced last, and only where the committed forward peak could exceed the answer.
@@ -292,10 +293,8 @@ class IncrementalPeak {
   struct OverlayState;  // StepRun's view of over_get / over_set
   // The overlay: per key one word, the evaluation's stamp times 4 plus the key's state in that run.
   bool in_overlay(int k) const { return over_[static_cast<size_t>(k)] >> 2 == over_stamp_; }
-  State over_get(int k, int64_t j) const {
-    const uint32_t w = over_[static_cast<size_t>(k)];
-    return w >> 2 == over_stamp_ ? static_cast<State>(w & 3) : base_state(k, j);
-  }
+  State overlay_state(int k) const { return static_cast<State>(over_[static_cast<size_t>(k)] & 3); }  // in_overlay(k)
+  State over_get(int k, int64_t j) const { return in_overlay(k) ? overlay_state(k) : base_state(k, j); }
   void over_set(int k, State v) {
     if (!in_overlay(k)) over_keys_.push_back(k);
     over_[static_cast<size_t>(k)] = over_stamp_ << 2 | static_cast<uint32_t>(v);
