@@ -355,6 +355,9 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     }
     released_at_.close();
   }
+  sole_key_.assign(nk_, 0);
+  for (size_t st = 0; st < ns; ++st)
+    if (is_group_[st] && storage_keys_[st].size() == 1) sole_key_[static_cast<size_t>(storage_keys_[st][0])] = 1;
   // A storage whose keys are all outputs of one node that allocates it: re-running that node restores
   // the whole storage (evaluate's shortcut for a release consulted first as such an output).
   restored_by_producer_.assign(ns, 0);
@@ -466,6 +469,7 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
       released_at_(static_->released_at_),
       release_steps_(static_->release_steps_),
       restored_by_producer_(static_->restored_by_producer_),
+      sole_key_(static_->sole_key_),
       extension_bound_(static_->extension_bound_),
       start_other_(static_->start_other_),
       transient_other_(static_->transient_other_) {
@@ -726,24 +730,27 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       for (int k : restored_at_[ju])
         if (!in_overlay(k)) st.set(k, State::Dropped);
     }
-    // Keys in the same state as the committed plan's from the next step on need no overlay.
+    // Keys in the same state as the committed plan's from the next step on need no overlay. Steps before
+    // the next one that touches a differing key run as the committed plan's, shifted. Where the key is
+    // the only one of its storage and dropped in the committed plan at the next step, that is the step
+    // the plan restores it or releases it: a committed step touching such a storage restores the key.
     size_t kept = 0;
+    int64_t next = static_cast<int64_t>(nb_);
     for (int k : over_keys_) {
       if (!in_overlay(k)) continue;
-      if (norm(overlay_state(k)) == norm(base_state(k, j + 1))) {
+      const State base = base_state(k, j + 1);
+      if (norm(overlay_state(k)) == norm(base)) {
         leave_overlay(k);
         continue;
       }
       over_keys_[kept++] = k;
+      const plan_detail::KeyRecord& key = keys_[static_cast<size_t>(k)];
+      if (key.storage < 0) next = std::min(next, j + 1);
+      else if (base == State::Dropped && sole_key_[static_cast<size_t>(k)]) next = std::min<int64_t>(next, std::min(key.restore, key.release));
+      else next = std::min(next, next_event(key.storage, j + 1));
     }
     over_keys_.resize(kept);
     if (over_keys_.empty() || ju + 1 == nb_) break;
-    // Steps before the next one that touches a differing key run as the committed plan's, shifted.
-    int64_t next = static_cast<int64_t>(nb_);
-    for (int k : over_keys_) {
-      const int ks = keys_[static_cast<size_t>(k)].storage;
-      next = std::min(next, ks >= 0 ? next_event(ks, j + 1) : j + 1);
-    }
     if (next > j + 1) {
       const int64_t delta = resident - resident_.at(ju + 1);
       const int64_t to_step = next - 1;

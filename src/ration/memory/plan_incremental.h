@@ -330,6 +330,7 @@ class IncrementalPeak {
     Lists<int> released_at_;                         // by backward step: keys released after it
     Lists<int64_t> release_steps_;                   // by storage: its keys' release steps, ascending
     std::vector<char> restored_by_producer_;         // by storage: one node outputs all its keys, allocating it
+    std::vector<char> sole_key_;                     // by key: the only key of a group storage
     // Every storage has one allocating node at most and every group storage with keys is restored by its
     // producer: what evaluate's bound on an extended long step assumes (see evaluate).
     bool extension_bound_ = false;
@@ -351,6 +352,7 @@ class IncrementalPeak {
   const Lists<int>& released_at_;
   const Lists<int64_t>& release_steps_;
   const std::vector<char>& restored_by_producer_;
+  const std::vector<char>& sole_key_;
   const bool extension_bound_;
   const std::vector<int64_t>& start_other_;
   const std::vector<int64_t>& transient_other_;
