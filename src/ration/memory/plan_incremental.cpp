@@ -15,6 +15,7 @@ constexpr int kAlwaysUsable = -1;  // a leaf or constant input (pinned)
 constexpr int kNeverUsable = -2;   // a value no backward saves: always rebuilt when needed
 constexpr size_t kLongStep = 16;   // storages a step touches from which a release's extension is priced apart
 constexpr char kSameLists = 1, kSameTouched = 2;  // commit's same_
+constexpr int kSeveral = -1, kPlaced = -2;         // commit's move_entry_
 
 using State = IncrementalPeak::State;
 bool holding(State s) { return s == State::Kept || s == State::Restored; }
@@ -215,6 +216,7 @@ struct StepRun {
   std::vector<int>& touched;
   std::vector<int>& restored;
   std::vector<uint32_t>& touch_epoch;  // by storage: == cache_stamp once this step listed it
+  const std::vector<char>& sole_key;     // by key: the only key of its group storage
   int64_t transient_bytes = 0, recompute_peak = 0;
   // Early stop (IncrementalPeak::peak_if's stop_at): once the recompute peak reaches this the step's
   // value reaches the caller's threshold, so the rest of the re-run cascade is not simulated.
@@ -269,7 +271,7 @@ struct StepRun {
       touch(k, true);
       if (k < 0 || st.get(k) != State::Dropped) continue;
       const int s = node.out_storage(j);
-      const bool was_held = s >= 0 && held(s);
+      const bool was_held = s >= 0 && !sole_key[static_cast<size_t>(k)] && held(s);  // a sole key was dropped
       st.set(k, State::Restored);
       restored.push_back(k);
       if (s < 0) continue;
@@ -484,6 +486,8 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
   cache_epoch_.assign(nn_, 0);
   transient_epoch_.assign(bytes_.size(), 0);
   touch_epoch_.assign(bytes_.size(), 0);
+  move_epoch_.assign(bytes_.size(), 0);
+  move_entry_.assign(bytes_.size(), -1);
   build();
 }
 
@@ -533,7 +537,7 @@ void IncrementalPeak::build() {
     r.resident_at_start = resident;
     StepRun<FullState> run{nodes_, storage_keys_, keys_,
                            is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
-                           st, resident, r.touched, r.restored, touch_epoch_};
+                           st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
     run.recompute_peak = resident;
     const auto ord = static_cast<size_t>(g_.profile.backward_order[j]);
     for (int k : node_saved_[ord]) {
@@ -546,7 +550,7 @@ void IncrementalPeak::build() {
       const State was = st.get(k);
       st.set(k, State::Released);
       const int s = keys_[static_cast<size_t>(k)].storage;
-      if (holding(was) && is_group_[static_cast<size_t>(s)] && !run.held(s)) resident -= bytes_[static_cast<size_t>(s)];
+      if (holding(was) && is_group_[static_cast<size_t>(s)] && (sole_key_[static_cast<size_t>(k)] || !run.held(s))) resident -= bytes_[static_cast<size_t>(s)];
     }
     resident_at[j] = r.resident_at_start;
     for (int k : r.restored) {
@@ -703,7 +707,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       r.resident_at_start = resident;
       StepRun<OverlayState> run{nodes_, storage_keys_, keys_,
                                 is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
-                                st, resident, r.touched, r.restored, touch_epoch_};
+                                st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
       run.recompute_peak = resident;
       if (stop_at != kExact) run.stop_recompute_at = stop_at - start_other_[ju] - extra_;
       const auto ord = static_cast<size_t>(g_.profile.backward_order[ju]);
@@ -724,7 +728,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
         const State was = st.get(k);
         st.set(k, State::Released);
         const int ks = keys_[static_cast<size_t>(k)].storage;
-        if (holding(was) && is_group_[static_cast<size_t>(ks)] && !run.held(ks)) resident -= bytes_[static_cast<size_t>(ks)];
+        if (holding(was) && is_group_[static_cast<size_t>(ks)] && (sole_key_[static_cast<size_t>(k)] || !run.held(ks))) resident -= bytes_[static_cast<size_t>(ks)];
       }
       // A key the committed plan restored here but this run did not stays dropped in this run.
       for (int k : restored_at_[ju])
@@ -933,14 +937,40 @@ void IncrementalPeak::commit(const Evaluation& e) {
         continue;
       }
       for (int k : restored_at_[ju]) keys_[static_cast<size_t>(k)].restore = plan_detail::KeyRecord::kNoStep;
-      if (same_touched) {
-        same_[u] = kSameTouched;
-        continue;
+      if (same_touched) same_[u] = kSameTouched;
+    }
+    // A storage whose touch moves from one changed step to another keeps its entry's place where no entry
+    // of another step lies between the two (a cascade moved to an earlier step moves every touch of it):
+    // the entry is rewritten instead of erased and inserted again.
+    if (++move_stamp_ == 0) {
+      std::fill(move_epoch_.begin(), move_epoch_.end(), 0u);
+      move_stamp_ = 1;
+    }
+    for (size_t u = 0; u < e.used; ++u) {
+      if (same_[u] != 0) continue;
+      for (int t : e.steps[u].touched) {
+        const auto id = static_cast<size_t>(touch_id(t));
+        const bool first = move_epoch_[id] != move_stamp_;
+        move_epoch_[id] = move_stamp_;
+        move_entry_[id] = first ? touch_entry(static_cast<int>(e.steps[u].step), touch_as_output(t)) : kSeveral;
       }
+    }
+    for (size_t u = 0; u < e.used; ++u) {
+      if (same_[u] != 0) continue;
+      const auto ju = static_cast<size_t>(e.steps[u].step);
       for (int t : touched_at_[ju]) {
-        const auto steps = touches_[static_cast<size_t>(touch_id(t))];
-        const int* at = std::lower_bound(steps.begin(), steps.end(), touch_entry(static_cast<int>(r.step), false));
-        touches_.erase(static_cast<size_t>(touch_id(t)), static_cast<size_t>(at - steps.begin()));
+        const auto id = static_cast<size_t>(touch_id(t));
+        const auto steps = touches_[id];
+        const int* at = std::lower_bound(steps.begin(), steps.end(), touch_entry(static_cast<int>(ju), false));
+        const auto pos = static_cast<size_t>(at - steps.begin());
+        const int moved = move_epoch_[id] == move_stamp_ ? move_entry_[id] : -1;
+        if (moved >= 0 && (pos == 0 || touch_id(steps[pos - 1]) < touch_id(moved)) &&
+            (pos + 1 == steps.size() || touch_id(steps[pos + 1]) > touch_id(moved))) {
+          touches_.items[touches_.slot[id].at + pos] = moved;
+          move_entry_[id] = kPlaced;
+          continue;
+        }
+        touches_.erase(id, pos);
       }
     }
     for (const auto& sh : e.shifted) {
@@ -960,6 +990,8 @@ void IncrementalPeak::commit(const Evaluation& e) {
       if (same_[u] == kSameTouched) continue;
       touched_at_.assign(ju, r.touched);
       for (int t : r.touched) {
+        const auto id = static_cast<size_t>(touch_id(t));
+        if (move_epoch_[id] == move_stamp_ && move_entry_[id] == kPlaced) continue;
         const auto steps = touches_[static_cast<size_t>(touch_id(t))];
         const int entry = touch_entry(static_cast<int>(j), touch_as_output(t));
         const int* at = std::upper_bound(steps.begin(), steps.end(), touch_entry(static_cast<int>(j), true));

@@ -379,6 +379,11 @@ class IncrementalPeak {
   std::vector<int> over_keys_;
   uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
   std::vector<char> same_;  // commit: per window step, which lists are unchanged
+  // commit, by group storage: its one new touch entry among the steps whose lists change (where
+  // move_epoch_ == move_stamp_), or that it has several, or that its entry has been placed
+  std::vector<uint32_t> move_epoch_;
+  std::vector<int> move_entry_;
+  uint32_t move_stamp_ = 0;
   std::vector<int> extension_;  // evaluate: keys a release's extension restores
 };
 
