@@ -18,7 +18,9 @@
 // evaluation costs O((steps that touch the differing keys) · log n), a few steps on every model measured,
 // even where a re-run cascade keeps values restored for hundreds of steps. A caller that only asks
 // whether the peak stays below a threshold (peak_if's stop_at) lets the evaluation stop at the first
-// step or re-run that reaches it.
+// step or re-run that reaches it. The next step that touches a differing key is found in its storage's
+// sorted step list, or, for a key alone in its storage and dropped in the committed plan there, is the
+// step that restores (or releases) it: any committed step touching that storage restores the key.
 // Long re-run steps (a cascade that restores a whole run of dropped layers) are not re-simulated for the
 // releases a descent tries most: a group the committed step already restores by re-running its producer
 // (first consulted there as that producer's output) costs exactly its bytes less at that step and
