@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include "test_util.h"
@@ -366,6 +367,69 @@ TEST(Planner, IncrementalPeakEqualsTheSimulator) {
       }
     }
   }
+}
+
+// Along a knapsack-like descent on a deeper model (cheapest recompute per byte first, passes until one
+// releases nothing: the order that drops the same cheap value layer after layer, building re-run
+// cascades and moving them step by step to earlier steps), the incremental peak equals a whole-step
+// simulation for every release it accepts and stays at or above the committed peak for every one it
+// refuses; then, keeping groups back most expensive first under a budget, for every keep it is asked.
+TEST(Planner, IncrementalPeakFollowsADescentOnADeepModel) {
+  const Case deep{"gpt", "[model]\ntype='gpt'\nn_layer=12\nn_head=2\nn_embd=16\nblock_size=32\ndropout=0.1\n"};
+  const ProfiledGroups pg = profiled_groups(deep);
+  const std::vector<memory::Group>& groups = pg.groups;
+  ASSERT_GT(groups.size(), 100u);
+  const int64_t extra = 4321;
+  std::vector<size_t> order(groups.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  auto per_byte = [&](size_t i) { return groups[i].recompute_ms / static_cast<double>(std::max<int64_t>(groups[i].bytes, 1)); };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return per_byte(a) < per_byte(b); });
+  std::vector<memory::Decision> d(groups.size(), memory::Decision::Keep);
+  memory::IncrementalPeak inc(pg.profile, groups, extra, d);
+  int64_t peak = inc.peak();
+  ASSERT_EQ(peak, pg.simulated(d, extra));
+  const int64_t unconstrained = peak;
+  size_t released = 0;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t i : order) {
+      if (d[i] != memory::Decision::Keep) continue;
+      std::vector<memory::Decision> next = d;
+      next[i] = memory::Decision::Recompute;
+      const int64_t expected = pg.simulated(next, extra);
+      const int64_t asked = inc.peak_if(i, memory::Decision::Recompute, peak);
+      if (expected < peak) {
+        ASSERT_EQ(asked, expected) << "release " << released << " group " << i;
+        inc.set(i, memory::Decision::Recompute);
+        d = std::move(next);
+        peak = expected;
+        ASSERT_EQ(inc.peak(), peak) << "after release " << released;
+        ++released;
+        progress = true;
+      } else {
+        ASSERT_GE(asked, peak) << "group " << i;
+        ASSERT_LE(asked, expected) << "group " << i;
+      }
+    }
+  }
+  EXPECT_GT(released, groups.size() / 2);
+  EXPECT_LT(peak, unconstrained);
+  const int64_t budget = peak + (unconstrained - peak) / 4;
+  size_t kept = 0;
+  for (size_t r = order.size(); r-- > 0;) {
+    const size_t i = order[r];
+    if (d[i] == memory::Decision::Keep) continue;
+    std::vector<memory::Decision> next = d;
+    next[i] = memory::Decision::Keep;
+    const int64_t expected = pg.simulated(next, extra);
+    ASSERT_EQ(inc.peak_if(i, memory::Decision::Keep), expected) << "keep group " << i;
+    if (expected > budget) continue;
+    inc.set(i, memory::Decision::Keep);
+    d = std::move(next);
+    ASSERT_EQ(inc.peak(), expected) << "after keeping group " << i;
+    ++kept;
+  }
+  EXPECT_GT(kept, 0u);
 }
 
 // Copies of an incremental peak (every descent starts from a copy of the all-kept one) and peaks built
