@@ -13,6 +13,7 @@
 #include "ration/core/check.h"
 #include "ration/core/node.h"
 #include "ration/memory/allocator.h"
+#include "ration/memory/plan_context.h"
 #include "ration/memory/plan_graph.h"
 #include "ration/memory/plan_incremental.h"
 #include "ration/memory/planner.h"
@@ -430,6 +431,43 @@ TEST(Planner, IncrementalPeakFollowsADescentOnADeepModel) {
     ++kept;
   }
   EXPECT_GT(kept, 0u);
+}
+
+// The knapsack's fall-back (a descent to the budget in the first memory order that reaches it) read from
+// the floor's own descents to 0 takes the same decisions as descending again, at budgets from the floor
+// up, with and without an offload tier.
+TEST(Planner, MemoryOrderedFallBackReadFromTheFloorsDescents) {
+  const Case deep{"gpt", "[model]\ntype='gpt'\nn_layer=12\nn_head=2\nn_embd=16\nblock_size=32\ndropout=0.1\n"};
+  const ProfiledGroups pg = profiled_groups(deep);
+  memory::PlanOptions loose;
+  loose.budget_bytes = int64_t{1} << 40;
+  const memory::Plan p = memory::make_plan(pg.profile, loose);
+  ASSERT_LT(p.minimum_peak_bytes, p.unconstrained_peak_bytes);
+  size_t reached = 0;
+  for (const bool offload : {false, true}) {
+    for (const double f : {0.0, 0.02, 0.1, 0.3, 0.6}) {
+      memory::PlanOptions o;
+      o.budget_bytes = p.minimum_peak_bytes + static_cast<int64_t>(f * static_cast<double>(p.unconstrained_peak_bytes - p.minimum_peak_bytes));
+      if (offload) {
+        memory::OffloadCosts costs;
+        costs.write_bytes_per_ms = costs.read_bytes_per_ms = 2e5;  // slow enough that some copies do not hide
+        costs.per_copy_ms = 0.01;
+        o.offload = costs;
+      }
+      SCOPED_TRACE(std::string(offload ? "offload " : "") + std::to_string(f));
+      const memory::PlanContext descending(pg.profile, o);
+      const std::optional<memory::Choice> again = descending.reach_budget_by_memory_order();
+      memory::PlanContext reading(pg.profile, o);
+      reading.minimum_peak();  // records the floor's descents
+      const std::optional<memory::Choice> read = reading.reach_budget_by_memory_order();
+      ASSERT_EQ(again.has_value(), read.has_value());
+      if (!again) continue;
+      EXPECT_EQ(again->decisions, read->decisions);
+      EXPECT_LE(reading.predict(read->decisions).peak_bytes, o.budget_bytes);
+      ++reached;
+    }
+  }
+  EXPECT_GT(reached, 5u);
 }
 
 // Copies of an incremental peak (every descent starts from a copy of the all-kept one) and peaks built

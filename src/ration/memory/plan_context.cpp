@@ -237,13 +237,19 @@ Prediction PlanContext::predict(const std::vector<Decision>& decisions,
 // Releasing is not monotone: a released run of values is rebuilt and held together in backward, so a
 // release that only adds recompute transients is undone.
 int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order,
-                             std::optional<IncrementalPeak>* reached) const {
+                             std::optional<IncrementalPeak>* reached, Trail* trail) const {
+  auto took = [&](size_t i, int64_t peak) {
+    if (trail == nullptr) return;
+    trail->releases.emplace_back(i, d[i]);
+    trail->peaks.push_back(peak);
+  };
   if (keep_or_recompute(d)) {  // the same descent, each try priced by the incremental peak
     std::optional<IncrementalPeak> own;
     std::optional<IncrementalPeak>& slot = reached != nullptr ? *reached : own;
     slot.emplace(incremental(d));
     IncrementalPeak& inc = *slot;
     int64_t peak = inc.peak();
+    if (trail != nullptr) trail->start = peak;
     bool progress = true;
     // A try's answer depends on the committed plan only. Once a pass comes back to where the previous pass
     // made its last release without releasing anything on the way, every group still kept has been tried
@@ -264,6 +270,7 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
           inc.set(i, Decision::Recompute);
           d[i] = Decision::Recompute;
           peak = p;
+          took(i, peak);
           progress = true;
           last_release = at;
           if (peak <= target) break;
@@ -274,6 +281,7 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
   }
   if (reached != nullptr) reached->reset();
   int64_t peak = predict(d).peak_bytes;
+  if (trail != nullptr) trail->start = peak;
   bool progress = true;
   while (peak > target && progress) {
     progress = false;
@@ -287,6 +295,7 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
       }
       if (p < peak) {
         peak = p;
+        took(i, peak);
         progress = true;
         if (peak <= target) break;
       } else {
@@ -313,9 +322,10 @@ const std::vector<ChainCandidate>& PlanContext::chain_candidates() {
 int64_t PlanContext::minimum_peak() {
   if (!minimum_peak_) {
     int64_t floor = unconstrained_peak_;
-    for (const auto& order : memory_orders_) {
+    floor_trails_.assign(memory_orders_.size(), Trail{});
+    for (size_t o = 0; o < memory_orders_.size(); ++o) {
       std::vector<Decision> lowest = all_kept().decisions;
-      floor = std::min(floor, descend(lowest, 0, order));
+      floor = std::min(floor, descend(lowest, 0, memory_orders_[o], nullptr, &floor_trails_[o]));
     }
     // On a chain, binomial schedules (recompute without storing) reach further down.
     for (const auto& c : chain_candidates()) floor = std::min(floor, c.prediction.peak_bytes);
@@ -325,9 +335,18 @@ int64_t PlanContext::minimum_peak() {
 }
 
 std::optional<Choice> PlanContext::reach_budget_by_memory_order() const {
-  for (const auto& order : memory_orders_) {
+  for (size_t o = 0; o < memory_orders_.size(); ++o) {
     Choice c = all_kept();
-    if (descend(c.decisions, budget(), order) <= budget()) return c;
+    if (o < floor_trails_.size()) {  // the floor's descent in this order, up to the budget
+      const Trail& t = floor_trails_[o];
+      if (t.start <= budget()) return c;
+      for (size_t m = 0; m < t.releases.size(); ++m) {
+        c.decisions[t.releases[m].first] = t.releases[m].second;
+        if (t.peaks[m] <= budget()) return c;
+      }
+      continue;
+    }
+    if (descend(c.decisions, budget(), memory_orders_[o]) <= budget()) return c;
   }
   return std::nullopt;
 }

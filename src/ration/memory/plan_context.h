@@ -65,9 +65,15 @@ class PlanContext {
   // Greedy descent: take releases in `order` when they lower the predicted peak, in passes, until the
   // prediction fits `target` or no release helps. Returns the peak reached. `reached`, if given, is left
   // holding the incremental peak of the decisions reached (keep/recompute descents; empty otherwise), so
-  // that a strategy continuing from them does not build it again.
+  // that a strategy continuing from them does not build it again. `trail`, if given, gets the peak at
+  // the start and, per release taken, the group, its decision and the peak after it.
+  struct Trail {
+    int64_t start = 0;
+    std::vector<std::pair<size_t, Decision>> releases;
+    std::vector<int64_t> peaks;
+  };
   int64_t descend(std::vector<Decision>& decisions, int64_t target, const std::vector<size_t>& order,
-                  std::optional<IncrementalPeak>* reached = nullptr) const;
+                  std::optional<IncrementalPeak>* reached = nullptr, Trail* trail = nullptr) const;
 
   // Computed on first use.
   const std::string& why_not_chain();                      // empty: the profile is a chain
@@ -100,6 +106,10 @@ class PlanContext {
   std::optional<std::string> why_not_chain_;
   std::optional<std::vector<ChainCandidate>> chain_candidates_;
   std::optional<int64_t> minimum_peak_;
+  // The floor's descents, one per memory order. A descent to a budget takes the same releases as the
+  // descent to 0 in the same order until its peak reaches the budget (a try's answer depends only on the
+  // committed plan), so reach_budget_by_memory_order reads its prefix instead of descending again.
+  std::vector<Trail> floor_trails_;
   mutable std::optional<IncrementalPeak> all_kept_peak_;
   struct LastPrediction {
     std::vector<Decision> decisions;
