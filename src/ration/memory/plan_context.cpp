@@ -239,9 +239,7 @@ Prediction PlanContext::predict(const std::vector<Decision>& decisions,
 int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order,
                              std::optional<IncrementalPeak>* reached, Trail* trail) const {
   auto took = [&](size_t i, int64_t peak) {
-    if (trail == nullptr) return;
-    trail->releases.emplace_back(i, d[i]);
-    trail->peaks.push_back(peak);
+    if (trail != nullptr) trail->releases.push_back({i, d[i], peak});
   };
   if (keep_or_recompute(d)) {  // the same descent, each try priced by the incremental peak
     std::optional<IncrementalPeak> own;
@@ -340,9 +338,9 @@ std::optional<Choice> PlanContext::reach_budget_by_memory_order() const {
     if (o < floor_trails_.size()) {  // the floor's descent in this order, up to the budget
       const Trail& t = floor_trails_[o];
       if (t.start <= budget()) return c;
-      for (size_t m = 0; m < t.releases.size(); ++m) {
-        c.decisions[t.releases[m].first] = t.releases[m].second;
-        if (t.peaks[m] <= budget()) return c;
+      for (const Trail::Release& r : t.releases) {
+        c.decisions[r.group] = r.decision;
+        if (r.peak <= budget()) return c;
       }
       continue;
     }

@@ -68,9 +68,13 @@ class PlanContext {
   // that a strategy continuing from them does not build it again. `trail`, if given, gets the peak at
   // the start and, per release taken, the group, its decision and the peak after it.
   struct Trail {
+    struct Release {
+      size_t group;
+      Decision decision;
+      int64_t peak;  // after it
+    };
     int64_t start = 0;
-    std::vector<std::pair<size_t, Decision>> releases;
-    std::vector<int64_t> peaks;
+    std::vector<Release> releases;
   };
   int64_t descend(std::vector<Decision>& decisions, int64_t target, const std::vector<size_t>& order,
                   std::optional<IncrementalPeak>* reached = nullptr, Trail* trail = nullptr) const;

@@ -244,6 +244,8 @@ struct StepRun {
       if (holding(st.get(k))) return true;
     return false;
   }
+  // Whether group storage s, holding key k, is held by another of its keys (k is dropped or released).
+  bool held_without(int k, int s) { return !sole_key[static_cast<size_t>(k)] && held(s); }
   void rerun(int64_t ord) {
     const auto o = static_cast<size_t>(ord);
     if (cache_epoch[o] == cache_stamp) return;
@@ -271,7 +273,7 @@ struct StepRun {
       touch(k, true);
       if (k < 0 || st.get(k) != State::Dropped) continue;
       const int s = node.out_storage(j);
-      const bool was_held = s >= 0 && !sole_key[static_cast<size_t>(k)] && held(s);  // a sole key was dropped
+      const bool was_held = s >= 0 && held_without(k, s);
       st.set(k, State::Restored);
       restored.push_back(k);
       if (s < 0) continue;
@@ -487,7 +489,7 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
   transient_epoch_.assign(bytes_.size(), 0);
   touch_epoch_.assign(bytes_.size(), 0);
   move_epoch_.assign(bytes_.size(), 0);
-  move_entry_.assign(bytes_.size(), -1);
+  move_entry_.assign(bytes_.size(), kSeveral);
   build();
 }
 
@@ -550,7 +552,7 @@ void IncrementalPeak::build() {
       const State was = st.get(k);
       st.set(k, State::Released);
       const int s = keys_[static_cast<size_t>(k)].storage;
-      if (holding(was) && is_group_[static_cast<size_t>(s)] && (sole_key_[static_cast<size_t>(k)] || !run.held(s))) resident -= bytes_[static_cast<size_t>(s)];
+      if (holding(was) && is_group_[static_cast<size_t>(s)] && !run.held_without(k, s)) resident -= bytes_[static_cast<size_t>(s)];
     }
     resident_at[j] = r.resident_at_start;
     for (int k : r.restored) {
@@ -728,7 +730,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
         const State was = st.get(k);
         st.set(k, State::Released);
         const int ks = keys_[static_cast<size_t>(k)].storage;
-        if (holding(was) && is_group_[static_cast<size_t>(ks)] && (sole_key_[static_cast<size_t>(k)] || !run.held(ks))) resident -= bytes_[static_cast<size_t>(ks)];
+        if (holding(was) && is_group_[static_cast<size_t>(ks)] && !run.held_without(k, ks)) resident -= bytes_[static_cast<size_t>(ks)];
       }
       // A key the committed plan restored here but this run did not stays dropped in this run.
       for (int k : restored_at_[ju])
@@ -992,10 +994,10 @@ void IncrementalPeak::commit(const Evaluation& e) {
       for (int t : r.touched) {
         const auto id = static_cast<size_t>(touch_id(t));
         if (move_epoch_[id] == move_stamp_ && move_entry_[id] == kPlaced) continue;
-        const auto steps = touches_[static_cast<size_t>(touch_id(t))];
+        const auto steps = touches_[id];
         const int entry = touch_entry(static_cast<int>(j), touch_as_output(t));
         const int* at = std::upper_bound(steps.begin(), steps.end(), touch_entry(static_cast<int>(j), true));
-        touches_.insert(static_cast<size_t>(touch_id(t)), static_cast<size_t>(at - steps.begin()), entry);
+        touches_.insert(id, static_cast<size_t>(at - steps.begin()), entry);
       }
     }
   }
