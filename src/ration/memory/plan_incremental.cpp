@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "ration/core/check.h"
 #include "ration/memory/plan_simulator.h"
@@ -15,7 +16,7 @@ constexpr int kAlwaysUsable = -1;  // a leaf or constant input (pinned)
 constexpr int kNeverUsable = -2;   // a value no backward saves: always rebuilt when needed
 constexpr size_t kLongStep = 16;   // storages a step touches from which a release's extension is priced apart
 constexpr char kSameLists = 1, kSameTouched = 2;  // commit's same_
-constexpr int kSeveral = -1, kPlaced = -2;         // commit's move_entry_
+constexpr int kSeveral = -1, kPlaced = -2;         // commit's Move::entry
 
 using State = IncrementalPeak::State;
 bool holding(State s) { return s == State::Kept || s == State::Restored; }
@@ -28,9 +29,9 @@ int norm(State s) { return holding(s) ? 0 : s == State::Dropped ? 1 : 2; }
 template <class I>
 I touch_entry(I id, bool as_output) { return 2 * id + (as_output ? 1 : 0); }
 template <class I>
-I touch_id(I entry) { return entry / 2; }
+I touch_id(I entry) { return static_cast<I>(static_cast<std::make_unsigned_t<I>>(entry) >> 1); }  // entries are >= 0
 template <class I>
-bool touch_as_output(I entry) { return entry % 2 == 1; }
+bool touch_as_output(I entry) { return (entry & 1) != 0; }
 
 // [l, r] of n values kept in blocks of kB: part(b, from, to) for each block the range covers in part, then
 // whole(first, last) for the blocks it covers whole (the last block is whole once r is the last value).
@@ -488,8 +489,7 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
   cache_epoch_.assign(nn_, 0);
   transient_epoch_.assign(bytes_.size(), 0);
   touch_epoch_.assign(bytes_.size(), 0);
-  move_epoch_.assign(bytes_.size(), 0);
-  move_entry_.assign(bytes_.size(), kSeveral);
+  move_.assign(bytes_.size(), Move{0, kSeveral});
   build();
 }
 
@@ -897,6 +897,28 @@ void IncrementalPeak::set(size_t g, Decision d) {
   commit(last_);
 }
 
+// A cascade moved to an earlier step leaves the step it came from with a short list: before the lists
+// of the changed window steps are rewritten, a step whose new list outgrows its room takes the room of
+// one whose new list fits its own (the two trade places), instead of moving to the end of the buffer.
+// Each cascade move would otherwise write the whole cascade's lists to memory not touched before.
+void IncrementalPeak::trade_rooms(const Evaluation& e, plan_detail::PooledLists<int>& lists, char unchanged,
+                                  std::vector<int> StepResult::*list) {
+  for (size_t u = 0; u < e.used; ++u) {
+    if ((same_[u] & unchanged) != 0 || e.steps[u].adds_storage_keys) continue;
+    const auto ju = static_cast<size_t>(e.steps[u].step);
+    const size_t need = (e.steps[u].*list).size();
+    if (need <= lists.room(ju)) continue;
+    for (size_t w = 0; w < e.used; ++w) {
+      if (w == u || (same_[w] & unchanged) != 0 || e.steps[w].adds_storage_keys) continue;
+      const auto jw = static_cast<size_t>(e.steps[w].step);
+      if (lists.room(jw) >= need && (e.steps[w].*list).size() <= lists.room(ju)) {
+        lists.swap_places(ju, jw);
+        break;
+      }
+    }
+  }
+}
+
 void IncrementalPeak::commit(const Evaluation& e) {
   const size_t s = e.storage;
   if (decision_[s] == e.to) return;
@@ -945,16 +967,16 @@ void IncrementalPeak::commit(const Evaluation& e) {
     // of another step lies between the two (a cascade moved to an earlier step moves every touch of it):
     // the entry is rewritten instead of erased and inserted again.
     if (++move_stamp_ == 0) {
-      std::fill(move_epoch_.begin(), move_epoch_.end(), 0u);
+      for (Move& m : move_) m.epoch = 0;
       move_stamp_ = 1;
     }
     for (size_t u = 0; u < e.used; ++u) {
       if (same_[u] != 0) continue;
       for (int t : e.steps[u].touched) {
         const auto id = static_cast<size_t>(touch_id(t));
-        const bool first = move_epoch_[id] != move_stamp_;
-        move_epoch_[id] = move_stamp_;
-        move_entry_[id] = first ? touch_entry(static_cast<int>(e.steps[u].step), touch_as_output(t)) : kSeveral;
+        Move& m = move_[id];
+        m.entry = m.epoch != move_stamp_ ? touch_entry(static_cast<int>(e.steps[u].step), touch_as_output(t)) : kSeveral;
+        m.epoch = move_stamp_;
       }
     }
     for (size_t u = 0; u < e.used; ++u) {
@@ -965,11 +987,11 @@ void IncrementalPeak::commit(const Evaluation& e) {
         const auto steps = touches_[id];
         const int* at = std::lower_bound(steps.begin(), steps.end(), touch_entry(static_cast<int>(ju), false));
         const auto pos = static_cast<size_t>(at - steps.begin());
-        const int moved = move_epoch_[id] == move_stamp_ ? move_entry_[id] : -1;
+        const int moved = move_[id].epoch == move_stamp_ ? move_[id].entry : -1;
         if (moved >= 0 && (pos == 0 || touch_id(steps[pos - 1]) < touch_id(moved)) &&
             (pos + 1 == steps.size() || touch_id(steps[pos + 1]) > touch_id(moved))) {
           touches_.items[touches_.slot[id].at + pos] = moved;
-          move_entry_[id] = kPlaced;
+          move_[id].entry = kPlaced;
           continue;
         }
         touches_.erase(id, pos);
@@ -979,6 +1001,8 @@ void IncrementalPeak::commit(const Evaluation& e) {
       backward_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
       resident_.add(static_cast<size_t>(sh.from), static_cast<size_t>(sh.to), sh.delta);
     }
+    trade_rooms(e, restored_at_, kSameLists, &StepResult::restored);
+    trade_rooms(e, touched_at_, kSameLists | kSameTouched, &StepResult::touched);
     for (size_t u = 0; u < e.used; ++u) {
       const StepResult& r = e.steps[u];
       const int64_t j = r.step;
@@ -993,7 +1017,7 @@ void IncrementalPeak::commit(const Evaluation& e) {
       touched_at_.assign(ju, r.touched);
       for (int t : r.touched) {
         const auto id = static_cast<size_t>(touch_id(t));
-        if (move_epoch_[id] == move_stamp_ && move_entry_[id] == kPlaced) continue;
+        if (move_[id].epoch == move_stamp_ && move_[id].entry == kPlaced) continue;
         const auto steps = touches_[id];
         const int entry = touch_entry(static_cast<int>(j), touch_as_output(t));
         const int* at = std::upper_bound(steps.begin(), steps.end(), touch_entry(static_cast<int>(j), true));

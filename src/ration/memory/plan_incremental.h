@@ -59,8 +59,11 @@ namespace ration::memory {
 namespace plan_detail {
 // Changeable lists by index in one buffer: list i is slot[i].size items from slot[i].at, with room for
 // slot[i].room. A list that outgrows its room moves to the end of the buffer (the room it leaves stays
-// unused until the next copy). A copy is two flat vectors, packed tight: copying the committed state of a
-// peak (every descent starts from a copy) is a few sequential copies instead of one allocation per list.
+// unused until the next copy) unless it can take the room of a list being rewritten with it (swap_places:
+// a commit that moves a re-run cascade to an earlier step gives that step the room of the step the cascade
+// left, see IncrementalPeak::trade_rooms). A copy is two flat vectors, packed tight: copying the committed
+// state of a peak (every descent starts from a copy) is a few sequential copies instead of one allocation
+// per list.
 template <class T>
 struct PooledLists {
   struct Slot {
@@ -103,10 +106,12 @@ struct PooledLists {
     const auto l = (*this)[i];
     return l.size() == v.size() && std::equal(l.begin(), l.end(), v.begin());
   }
+  // A list that outgrows its room moves with half as much room again, so that a list growing by a few
+  // items at a time (a re-run cascade taking one more layer) moves O(log n) times, not once per item.
   void assign(size_t i, const std::vector<T>& v) {
     Slot& sl = slot[i];
     live = live - sl.size + v.size();
-    if (v.size() > sl.room) relocate(sl, v.size());
+    if (v.size() > sl.room) relocate(sl, v.size() + v.size() / 2);
     std::copy(v.begin(), v.end(), items.begin() + sl.at);
     sl.size = static_cast<uint32_t>(v.size());
   }
@@ -119,6 +124,9 @@ struct PooledLists {
     ++sl.size;
     ++live;
   }
+  // Lists i and k trade places (and rooms); their items follow. Only for lists about to be assigned.
+  void swap_places(size_t i, size_t k) { std::swap(slot[i], slot[k]); }
+  size_t room(size_t i) const { return slot[i].room; }
   void erase(size_t i, size_t pos) {
     Slot& sl = slot[i];
     std::copy(items.begin() + sl.at + pos + 1, items.begin() + sl.at + sl.size, items.begin() + sl.at + pos);
@@ -306,6 +314,8 @@ class IncrementalPeak {
   // in the committed plan (nb_ when none).
   int64_t next_event(int s, int64_t j) const;
   void commit(const Evaluation& e);
+  void trade_rooms(const Evaluation& e, plan_detail::PooledLists<int>& lists, char unchanged,
+                   std::vector<int> StepResult::*list);
 
   template <class T>
   using Lists = plan_detail::Lists<T>;
@@ -382,9 +392,13 @@ class IncrementalPeak {
   uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
   std::vector<char> same_;  // commit: per window step, which lists are unchanged
   // commit, by group storage: its one new touch entry among the steps whose lists change (where
-  // move_epoch_ == move_stamp_), or that it has several, or that its entry has been placed
-  std::vector<uint32_t> move_epoch_;
-  std::vector<int> move_entry_;
+  // epoch == move_stamp_), or that it has several, or that its entry has been placed; one record per
+  // storage, so that the three passes over a moved cascade's storages read one line each
+  struct Move {
+    uint32_t epoch;
+    int entry;
+  };
+  std::vector<Move> move_;
   uint32_t move_stamp_ = 0;
   std::vector<int> extension_;  // evaluate: keys a release's extension restores
 };
