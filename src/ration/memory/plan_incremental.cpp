@@ -903,6 +903,7 @@ void IncrementalPeak::set(size_t g, Decision d) {
 // Each cascade move would otherwise write the whole cascade's lists to memory not touched before.
 void IncrementalPeak::trade_rooms(const Evaluation& e, plan_detail::PooledLists<int>& lists, char unchanged,
                                   std::vector<int> StepResult::*list) {
+  if (e.used < 2) return;
   for (size_t u = 0; u < e.used; ++u) {
     if ((same_[u] & unchanged) != 0 || e.steps[u].adds_storage_keys) continue;
     const auto ju = static_cast<size_t>(e.steps[u].step);
