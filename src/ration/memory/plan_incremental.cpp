@@ -324,6 +324,7 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     storage_keys_ = Lists<int>::grouped(ns, by_storage);
   }
   std::vector<int64_t> pending(nk_, 0);
+  Lists<int> node_saved;  // by node: key ids of saved values (pinned left out)
   for (size_t o = 0; o < nn_; ++o) {
     const auto workspace = static_cast<uint64_t>(std::max<int64_t>(0, g.peak_bytes[o] - g.end_bytes[o]));
     const auto ins = g.inputs[o];
@@ -346,14 +347,14 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     nodes_.close();
     for (int v : g.saved[o]) {
       const int k = key_of[static_cast<size_t>(v)];
-      node_saved_.add(k);
+      node_saved.add(k);
       ++pending[static_cast<size_t>(k)];
     }
-    node_saved_.close();
+    node_saved.close();
   }
   // Release: after the backward step of a key's last pending use (keys without a storage never are).
   for (size_t j = 0; j < nb_; ++j) {
-    for (int k : node_saved_[static_cast<size_t>(g.profile.backward_order[j])]) {
+    for (int k : node_saved[static_cast<size_t>(g.profile.backward_order[j])]) {
       if (--pending[static_cast<size_t>(k)] != 0 || keys_[static_cast<size_t>(k)].storage < 0) continue;
       keys_[static_cast<size_t>(k)].release = static_cast<int32_t>(j);
       released_at_.add(k);
@@ -431,13 +432,15 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     measured[0] += bytes_[s];
     measured[until + 1] -= bytes_[s];
   }
-  start_other_.resize(nb_);
-  transient_other_.resize(nb_);
+  other_.resize(nb_);
+  for (size_t j = 0; j < nb_; ++j) {
+    for (int k : node_saved[static_cast<size_t>(g.profile.backward_order[j])]) saved_at_.add(k);
+    saved_at_.close();
+  }
   int64_t m = 0;
   for (size_t j = 0; j < nb_; ++j) {
     m += measured[j];
-    transient_other_[j] = g.profile.backward_peak_bytes[j] - m;
-    start_other_[j] = g.profile.backward_start_bytes[j] - m;
+    other_[j] = {g.profile.backward_start_bytes[j] - m, g.profile.backward_peak_bytes[j] - m};
   }
   // Forward: a recomputed group is freed after the last forward node that needs it.
   const std::vector<int64_t> saved_at = save_span(g).saved_at;
@@ -470,14 +473,13 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
       forward_release_(static_->forward_release_),
       storage_keys_(static_->storage_keys_),
       nodes_(static_->nodes_),
-      node_saved_(static_->node_saved_),
+      saved_at_(static_->saved_at_),
       released_at_(static_->released_at_),
       release_steps_(static_->release_steps_),
       restored_by_producer_(static_->restored_by_producer_),
       sole_key_(static_->sole_key_),
       extension_bound_(static_->extension_bound_),
-      start_other_(static_->start_other_),
-      transient_other_(static_->transient_other_) {
+      other_(static_->other_) {
   RATION_ASSERT(decisions.size() == storage_of_group_.size(), "incremental peak: one decision per group expected");
   decision_.assign(bytes_.size(), Decision::Keep);
   for (size_t g = 0; g < storage_of_group_.size(); ++g) {
@@ -541,12 +543,11 @@ void IncrementalPeak::build() {
                            is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                            st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
     run.recompute_peak = resident;
-    const auto ord = static_cast<size_t>(g_.profile.backward_order[j]);
-    for (int k : node_saved_[ord]) {
+    for (int k : saved_at_[j]) {
       run.touch(k);
       if (!run.usable(k)) run.rerun(keys_[static_cast<size_t>(k)].producer);
     }
-    values[j] = std::max(start_other_[j] + run.recompute_peak, transient_other_[j] + resident + run.transient_bytes) + extra_;
+    values[j] = std::max(other_[j].start + run.recompute_peak, other_[j].transient + resident + run.transient_bytes) + extra_;
     step_gain_[j] = resident + run.transient_bytes - r.resident_at_start;
     for (int k : released_at_[j]) {
       const State was = st.get(k);
@@ -711,18 +712,18 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
                                 is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                                 st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
       run.recompute_peak = resident;
-      if (stop_at != kExact) run.stop_recompute_at = stop_at - start_other_[ju] - extra_;
-      const auto ord = static_cast<size_t>(g_.profile.backward_order[ju]);
-      for (int k : node_saved_[ord]) {
+      const plan_detail::StepOther& other = other_[ju];
+      if (stop_at != kExact) run.stop_recompute_at = stop_at - other.start - extra_;
+      for (int k : saved_at_[ju]) {
         run.touch(k);
         if (!run.usable(k)) run.rerun(keys_[static_cast<size_t>(k)].producer);
         if (run.stopped) break;
       }
       if (run.stopped) {
-        peak = std::max(peak, start_other_[ju] + run.recompute_peak + extra_);
+        peak = std::max(peak, other.start + run.recompute_peak + extra_);
         return stop();
       }
-      r.value = std::max(start_other_[ju] + run.recompute_peak, transient_other_[ju] + resident + run.transient_bytes) + extra_;
+      r.value = std::max(other.start + run.recompute_peak, other.transient + resident + run.transient_bytes) + extra_;
       r.gain = resident + run.transient_bytes - r.resident_at_start;
       peak = std::max(peak, r.value);
       if (peak >= stop_at) return stop();
@@ -815,7 +816,7 @@ int64_t IncrementalPeak::extended_step_bound(size_t s, int64_t j) {
     if (restored_by_producer_[ks] && !held) differs += bytes_[ks];
     if (!restored_by_producer_[ks] && held) differs -= bytes_[ks];
   }
-  return transient_other_[ju] + resident_.at(ju) + step_gain_[ju] + differs - bytes_[s] + extra_;
+  return other_[ju].transient + resident_.at(ju) + step_gain_[ju] + differs - bytes_[s] + extra_;
 }
 
 void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored) {

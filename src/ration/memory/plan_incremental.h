@@ -175,6 +175,11 @@ struct NodeRecord {
 // that restored it in the committed plan: kHeld where the plan never drops it (no group storage, or the
 // group kept), kNoStep where dropped and never restored. One line holds four keys: at thousands of steps
 // a key's state is one cache miss instead of one per array.
+// What the measured (keep-everything) run held at a backward step besides the group storages: at its
+// start, and at its peak; read together by every re-simulated step.
+struct StepOther {
+  int64_t start = 0, transient = 0;
+};
 struct KeyRecord {
   static constexpr int32_t kHeld = -1;
   static constexpr int32_t kNoStep = std::numeric_limits<int32_t>::max() / 4;
@@ -338,7 +343,8 @@ class IncrementalPeak {
     Lists<int> nodes_;                               // by node: its record (plan_detail::NodeRecord); an
                                                      // input key is -1 always usable, -2 never; an output
                                                      // key -2 unsaved
-    Lists<int> node_saved_;                          // by node: key ids of saved values (pinned left out)
+    Lists<int> saved_at_;                            // by backward step: key ids of its node's saved values
+                                                     // (pinned left out)
     Lists<int> released_at_;                         // by backward step: keys released after it
     Lists<int64_t> release_steps_;                   // by storage: its keys' release steps, ascending
     std::vector<char> restored_by_producer_;         // by storage: one node outputs all its keys, allocating it
@@ -346,7 +352,7 @@ class IncrementalPeak {
     // Every storage has one allocating node at most and every group storage with keys is restored by its
     // producer: what evaluate's bound on an extended long step assumes (see evaluate).
     bool extension_bound_ = false;
-    std::vector<int64_t> start_other_, transient_other_;  // by backward step
+    std::vector<plan_detail::StepOther> other_;      // by backward step
   };
   IncrementalPeak(std::shared_ptr<const Static> shared, const std::vector<Decision>& decisions);
   std::shared_ptr<const Static> static_;
@@ -360,14 +366,13 @@ class IncrementalPeak {
   const std::vector<int64_t>& forward_release_;
   const Lists<int>& storage_keys_;
   const Lists<int>& nodes_;
-  const Lists<int>& node_saved_;
+  const Lists<int>& saved_at_;
   const Lists<int>& released_at_;
   const Lists<int64_t>& release_steps_;
   const std::vector<char>& restored_by_producer_;
   const std::vector<char>& sole_key_;
   const bool extension_bound_;
-  const std::vector<int64_t>& start_other_;
-  const std::vector<int64_t>& transient_other_;
+  const std::vector<plan_detail::StepOther>& other_;
 
   // The committed plan.
   std::vector<Decision> decision_;                 // by storage
