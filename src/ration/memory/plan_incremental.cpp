@@ -487,7 +487,6 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
     decision_[static_cast<size_t>(storage_of_group_[g])] = decisions[g];
   }
   keys_ = static_->keys_;
-  over_.assign(nk_, 0);
   cache_epoch_.assign(nn_, 0);
   transient_epoch_.assign(bytes_.size(), 0);
   touch_epoch_.assign(bytes_.size(), 0);
@@ -844,7 +843,7 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
 
 void IncrementalPeak::start_overlay(size_t s, State keys) {
   if (++over_stamp_ == 1u << 30) {  // the stamp fills the word's upper 30 bits: start again
-    std::fill(over_.begin(), over_.end(), 0u);
+    for (plan_detail::KeyRecord& key : keys_) key.over = 0;
     over_stamp_ = 1;
   }
   over_keys_.clear();

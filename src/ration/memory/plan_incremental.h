@@ -170,20 +170,24 @@ struct NodeRecord {
   const int* alloc_end() const { return e; }
 };
 
-// What a re-run reads about one saved value (key), in one 16-byte record: its storage (-1 none), its
-// producer (negative: a leaf, always usable), the backward step after which it is released, and the step
-// that restored it in the committed plan: kHeld where the plan never drops it (no group storage, or the
-// group kept), kNoStep where dropped and never restored. One line holds four keys: at thousands of steps
-// a key's state is one cache miss instead of one per array.
 // What the measured (keep-everything) run held at a backward step besides the group storages: at its
 // start, and at its peak; read together by every re-simulated step.
 struct StepOther {
   int64_t start = 0, transient = 0;
 };
+
+// What a re-run reads about one saved value (key), in one 20-byte record: its storage (-1 none), its
+// producer (negative: a leaf, always usable), the backward step after which it is released, and the step
+// that restored it in the committed plan: kHeld where the plan never drops it (no group storage, or the
+// group kept), kNoStep where dropped and never restored; and the evaluation's overlay mark. At thousands
+// of steps a key's state is one cache miss instead of one per array.
 struct KeyRecord {
   static constexpr int32_t kHeld = -1;
   static constexpr int32_t kNoStep = std::numeric_limits<int32_t>::max() / 4;
   int32_t storage = -1, producer = -1, release = kNoStep, restore = kHeld;
+  // The evaluation's overlay (IncrementalPeak::in_overlay): its stamp times 4 plus the key's state in the
+  // run being evaluated; 0 outside any. Next to the committed state, so a re-run reads one line per key.
+  uint32_t over = 0;
 };
 }  // namespace plan_detail
 
@@ -306,15 +310,15 @@ class IncrementalPeak {
   // only (uses the overlay and extension_ as scratch).
   bool only_step_differs(size_t s);
   struct OverlayState;  // StepRun's view of over_get / over_set
-  // The overlay: per key one word, the evaluation's stamp times 4 plus the key's state in that run.
-  bool in_overlay(int k) const { return over_[static_cast<size_t>(k)] >> 2 == over_stamp_; }
-  State overlay_state(int k) const { return static_cast<State>(over_[static_cast<size_t>(k)] & 3); }  // in_overlay(k)
+  // The overlay: per key one word (KeyRecord::over), the evaluation's stamp times 4 plus the key's state.
+  bool in_overlay(int k) const { return keys_[static_cast<size_t>(k)].over >> 2 == over_stamp_; }
+  State overlay_state(int k) const { return static_cast<State>(keys_[static_cast<size_t>(k)].over & 3); }  // in_overlay(k)
   State over_get(int k, int64_t j) const { return in_overlay(k) ? overlay_state(k) : base_state(k, j); }
   void over_set(int k, State v) {
     if (!in_overlay(k)) over_keys_.push_back(k);
-    over_[static_cast<size_t>(k)] = over_stamp_ << 2 | static_cast<uint32_t>(v);
+    keys_[static_cast<size_t>(k)].over = over_stamp_ << 2 | static_cast<uint32_t>(v);
   }
-  void leave_overlay(int k) { over_[static_cast<size_t>(k)] = 0; }
+  void leave_overlay(int k) { keys_[static_cast<size_t>(k)].over = 0; }
   // The first backward step from `j` on that touches group storage `s` or releases one of its keys
   // in the committed plan (nb_ when none).
   int64_t next_event(int s, int64_t j) const;
@@ -392,7 +396,7 @@ class IncrementalPeak {
   int64_t peak_step_ = -1;  // peak_step's answer for the committed plan; -1: not known
 
   // Scratch of the run being simulated (epoch stamps avoid clearing).
-  std::vector<uint32_t> over_, cache_epoch_, transient_epoch_, touch_epoch_;
+  std::vector<uint32_t> cache_epoch_, transient_epoch_, touch_epoch_;
   std::vector<int> over_keys_;
   uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
   std::vector<char> same_;  // commit: per window step, which lists are unchanged
