@@ -209,7 +209,7 @@ struct StepRun {
   const std::vector<plan_detail::KeyRecord>& keys;
   const std::vector<char>& is_group;
   const std::vector<int64_t>& bytes;
-  std::vector<uint32_t>& cache_epoch;
+  std::vector<plan_detail::NodeMark>& marks;  // by node, plus one: run mark and record offset
   std::vector<uint32_t>& transient_epoch;
   uint32_t cache_stamp, transient_stamp;
   St& st;
@@ -249,9 +249,10 @@ struct StepRun {
   bool held_without(int k, int s) { return !sole_key[static_cast<size_t>(k)] && held(s); }
   void rerun(int64_t ord) {
     const auto o = static_cast<size_t>(ord);
-    if (cache_epoch[o] == cache_stamp) return;
-    cache_epoch[o] = cache_stamp;
-    const auto node = plan_detail::NodeRecord::of(nodes, o);
+    plan_detail::NodeMark& mark = marks[o];
+    if (mark.epoch == cache_stamp) return;
+    mark.epoch = cache_stamp;
+    const plan_detail::NodeRecord node{nodes.items.data() + mark.at, nodes.items.data() + marks[o + 1].at};
     for (size_t i = 0; i < node.inputs(); ++i) {
       const int in = node.input(i);
       touch(in);
@@ -487,7 +488,8 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
     decision_[static_cast<size_t>(storage_of_group_[g])] = decisions[g];
   }
   keys_ = static_->keys_;
-  cache_epoch_.assign(nn_, 0);
+  node_mark_.resize(nn_ + 1);
+  for (size_t o = 0; o <= nn_; ++o) node_mark_[o] = {0, nodes_.start[o]};
   transient_epoch_.assign(bytes_.size(), 0);
   touch_epoch_.assign(bytes_.size(), 0);
   move_.assign(bytes_.size(), Move{0, kSeveral});
@@ -539,7 +541,7 @@ void IncrementalPeak::build() {
     StepResult r;
     r.resident_at_start = resident;
     StepRun<FullState> run{nodes_, storage_keys_, keys_,
-                           is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+                           is_group_, bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                            st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
     run.recompute_peak = resident;
     for (int k : saved_at_[j]) {
@@ -708,7 +710,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       r.step = j;
       r.resident_at_start = resident;
       StepRun<OverlayState> run{nodes_, storage_keys_, keys_,
-                                is_group_, bytes_, cache_epoch_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+                                is_group_, bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                                 st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
       run.recompute_peak = resident;
       const plan_detail::StepOther& other = other_[ju];
@@ -820,9 +822,10 @@ int64_t IncrementalPeak::extended_step_bound(size_t s, int64_t j) {
 
 void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored) {
   const auto o = static_cast<size_t>(ord);
-  if (cache_epoch_[o] == cache_stamp_) return;
-  cache_epoch_[o] = cache_stamp_;
-  const auto node = plan_detail::NodeRecord::of(nodes_, o);
+  plan_detail::NodeMark& mark = node_mark_[o];
+  if (mark.epoch == cache_stamp_) return;
+  mark.epoch = cache_stamp_;
+  const plan_detail::NodeRecord node{nodes_.items.data() + mark.at, nodes_.items.data() + node_mark_[o + 1].at};
   for (size_t i = 0; i < node.inputs(); ++i) {
     const int k = node.input(i);
     if (k == kAlwaysUsable) continue;

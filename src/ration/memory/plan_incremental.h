@@ -170,6 +170,12 @@ struct NodeRecord {
   const int* alloc_end() const { return e; }
 };
 
+// Per node, in each peak: the mark of the last run that re-ran it and where its record starts (a copy of
+// the static list's offset), so that the walk's first read of a node also finds its record.
+struct NodeMark {
+  uint32_t epoch = 0, at = 0;
+};
+
 // What the measured (keep-everything) run held at a backward step besides the group storages: at its
 // start, and at its peak; read together by every re-simulated step.
 struct StepOther {
@@ -396,7 +402,8 @@ class IncrementalPeak {
   int64_t peak_step_ = -1;  // peak_step's answer for the committed plan; -1: not known
 
   // Scratch of the run being simulated (epoch stamps avoid clearing).
-  std::vector<uint32_t> cache_epoch_, transient_epoch_, touch_epoch_;
+  std::vector<plan_detail::NodeMark> node_mark_;  // by node, plus one
+  std::vector<uint32_t> transient_epoch_, touch_epoch_;
   std::vector<int> over_keys_;
   uint32_t over_stamp_ = 0, cache_stamp_ = 0, transient_stamp_ = 0;
   std::vector<char> same_;  // commit: per window step, which lists are unchanged
