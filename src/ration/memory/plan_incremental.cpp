@@ -17,6 +17,7 @@ constexpr int kNeverUsable = -2;   // a value no backward saves: always rebuilt 
 constexpr size_t kLongStep = 16;   // storages a step touches from which a release's extension is priced apart
 constexpr char kSameLists = 1, kSameTouched = 2;  // commit's same_
 constexpr int kSeveral = -1, kPlaced = -2;         // commit's Move::entry
+constexpr uint32_t kNotGroup = std::numeric_limits<uint32_t>::max();  // touch_epoch_ of a storage of no group
 
 using State = IncrementalPeak::State;
 bool holding(State s) { return s == State::Kept || s == State::Restored; }
@@ -207,7 +208,6 @@ struct StepRun {
   const plan_detail::Lists<int>& nodes;  // by node: its record
   const plan_detail::Lists<int>& storage_keys;
   const std::vector<plan_detail::KeyRecord>& keys;
-  const std::vector<char>& is_group;
   const std::vector<int64_t>& bytes;
   std::vector<plan_detail::NodeMark>& marks;  // by node, plus one: run mark and record offset
   std::vector<uint32_t>& transient_epoch;
@@ -216,7 +216,8 @@ struct StepRun {
   int64_t& resident;
   std::vector<int>& touched;
   std::vector<int>& restored;
-  std::vector<uint32_t>& touch_epoch;  // by storage: == cache_stamp once this step listed it
+  std::vector<uint32_t>& touch_epoch;  // by storage: == cache_stamp once this step listed it; kNotGroup
+                                       // for a storage of no group (never listed)
   const std::vector<char>& sole_key;     // by key: the only key of its group storage
   int64_t transient_bytes = 0, recompute_peak = 0;
   // Early stop (IncrementalPeak::peak_if's stop_at): once the recompute peak reaches this the step's
@@ -236,8 +237,10 @@ struct StepRun {
     const int s = keys[static_cast<size_t>(k)].storage;
     // Each group storage once per step: a re-run cascade consults a value as its producer's output and
     // again as its consumer's input, and only whether a step touches a storage matters.
-    if (s < 0 || !is_group[static_cast<size_t>(s)] || touch_epoch[static_cast<size_t>(s)] == cache_stamp) return;
-    touch_epoch[static_cast<size_t>(s)] = cache_stamp;
+    if (s < 0) return;
+    uint32_t& listed = touch_epoch[static_cast<size_t>(s)];
+    if (listed == cache_stamp || listed == kNotGroup) return;
+    listed = cache_stamp;
     touched.push_back(touch_entry(s, as_output));
   }
   bool held(int s) {
@@ -491,7 +494,8 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
   node_mark_.resize(nn_ + 1);
   for (size_t o = 0; o <= nn_; ++o) node_mark_[o] = {0, nodes_.start[o]};
   transient_epoch_.assign(bytes_.size(), 0);
-  touch_epoch_.assign(bytes_.size(), 0);
+  touch_epoch_.resize(bytes_.size());
+  for (size_t s = 0; s < bytes_.size(); ++s) touch_epoch_[s] = is_group_[s] ? 0 : kNotGroup;
   move_.assign(bytes_.size(), Move{0, kSeveral});
   build();
 }
@@ -541,7 +545,7 @@ void IncrementalPeak::build() {
     StepResult r;
     r.resident_at_start = resident;
     StepRun<FullState> run{nodes_, storage_keys_, keys_,
-                           is_group_, bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+                           bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                            st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
     run.recompute_peak = resident;
     for (int k : saved_at_[j]) {
@@ -710,7 +714,7 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
       r.step = j;
       r.resident_at_start = resident;
       StepRun<OverlayState> run{nodes_, storage_keys_, keys_,
-                                is_group_, bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+                                bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                                 st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
       run.recompute_peak = resident;
       const plan_detail::StepOther& other = other_[ju];
