@@ -42,6 +42,8 @@
 // a storage are a sorted vector. The range max and the resident bytes keep their values in blocks of a
 // cache line with the structure over the blocks an eighth of the size: at thousands of steps the planner's
 // data otherwise outgrow the core's cache, and every evaluation's reads miss it.
+// What a walk marks sits next to what it reads: a node's run mark with its record's offset, a key's
+// overlay mark in its record, what the measured run held besides the groups in one record per step.
 #pragma once
 #include <algorithm>
 #include <cstdint>
