@@ -255,7 +255,7 @@ struct StepRun {
     plan_detail::NodeMark& mark = marks[o];
     if (mark.epoch == cache_stamp) return;
     mark.epoch = cache_stamp;
-    const plan_detail::NodeRecord node{nodes.items.data() + mark.at, nodes.items.data() + marks[o + 1].at};
+    const auto node = plan_detail::node_record(nodes, marks, o);
     for (size_t i = 0; i < node.inputs(); ++i) {
       const int in = node.input(i);
       touch(in);
@@ -364,6 +364,8 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
       released_at_.add(k);
     }
     released_at_.close();
+    for (int k : node_saved[static_cast<size_t>(g.profile.backward_order[j])]) saved_at_.add(k);
+    saved_at_.close();
   }
   sole_key_.assign(nk_, 0);
   for (size_t st = 0; st < ns; ++st)
@@ -437,10 +439,6 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     measured[until + 1] -= bytes_[s];
   }
   other_.resize(nb_);
-  for (size_t j = 0; j < nb_; ++j) {
-    for (int k : node_saved[static_cast<size_t>(g.profile.backward_order[j])]) saved_at_.add(k);
-    saved_at_.close();
-  }
   int64_t m = 0;
   for (size_t j = 0; j < nb_; ++j) {
     m += measured[j];
@@ -829,7 +827,7 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
   plan_detail::NodeMark& mark = node_mark_[o];
   if (mark.epoch == cache_stamp_) return;
   mark.epoch = cache_stamp_;
-  const plan_detail::NodeRecord node{nodes_.items.data() + mark.at, nodes_.items.data() + node_mark_[o + 1].at};
+  const auto node = plan_detail::node_record(nodes_, node_mark_, o);
   for (size_t i = 0; i < node.inputs(); ++i) {
     const int k = node.input(i);
     if (k == kAlwaysUsable) continue;

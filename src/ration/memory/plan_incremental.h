@@ -178,6 +178,11 @@ struct NodeMark {
   uint32_t epoch = 0, at = 0;
 };
 
+// Node `node`'s record, found through the peak's marks (NodeMark::at) instead of the list's own offsets.
+inline NodeRecord node_record(const Lists<int>& records, const std::vector<NodeMark>& marks, size_t node) {
+  return {records.items.data() + marks[node].at, records.items.data() + marks[node + 1].at};
+}
+
 // What the measured (keep-everything) run held at a backward step besides the group storages: at its
 // start, and at its peak; read together by every re-simulated step.
 struct StepOther {
