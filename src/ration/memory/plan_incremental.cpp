@@ -12,7 +12,7 @@ namespace {
 
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max() / 4;
 constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
-constexpr int kAlwaysUsable = -1;  // a leaf or constant input (pinned)
+constexpr int kAlwaysUsable = -1;  // a leaf or constant input (pinned; left out of node records)
 constexpr int kNeverUsable = -2;   // a value no backward saves: always rebuilt when needed
 constexpr size_t kLongStep = 16;   // storages a step touches from which a release's extension is priced apart
 constexpr char kSameLists = 1, kSameTouched = 2;  // commit's same_
@@ -331,20 +331,25 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
   Lists<int> node_saved;  // by node: key ids of saved values (pinned left out)
   for (size_t o = 0; o < nn_; ++o) {
     const auto workspace = static_cast<uint64_t>(std::max<int64_t>(0, g.peak_bytes[o] - g.end_bytes[o]));
-    const auto ins = g.inputs[o];
-    const size_t first = g.first_output(o), outs = g.first_output(o + 1) - first;
-    nodes_.add(static_cast<int>(ins.size()));
+    const size_t first = g.first_output(o), last = g.first_output(o + 1);
+    // Inputs no node produces (leaves, constants: always usable) and outputs no backward saves are left
+    // out: a walk does nothing with them, and at thousands of nodes the records are read once per re-run.
+    size_t ins = 0, outs = 0;
+    for (const auto& in : g.inputs[o]) ins += in.producer >= 0 ? 1 : 0;
+    for (size_t v = first; v < last; ++v) outs += key_of[v] >= 0 ? 1 : 0;
+    nodes_.add(static_cast<int>(ins));
     nodes_.add(static_cast<int>(outs));
     nodes_.add(static_cast<int>(static_cast<uint32_t>(workspace)));
     nodes_.add(static_cast<int>(static_cast<uint32_t>(workspace >> 32)));
-    for (const auto& in : ins) {
-      const int k = in.producer < 0 ? kAlwaysUsable : in.value < 0 ? -1 : key_of[static_cast<size_t>(in.value)];
-      nodes_.add(k < 0 && in.producer >= 0 ? kNeverUsable : k);
+    for (const auto& in : g.inputs[o]) {
+      if (in.producer < 0) continue;
+      const int k = in.value < 0 ? -1 : key_of[static_cast<size_t>(in.value)];
+      nodes_.add(k < 0 ? kNeverUsable : k);
       nodes_.add(in.producer);
     }
-    for (size_t v = first; v < first + outs; ++v) {
-      const int k = key_of[v];
-      nodes_.add(k >= 0 ? k : kNeverUsable);
+    for (size_t v = first; v < last; ++v) {
+      if (key_of[v] < 0) continue;
+      nodes_.add(key_of[v]);
       nodes_.add(g.storage[v]);
     }
     for (int st : g.allocated[o]) nodes_.add(st);

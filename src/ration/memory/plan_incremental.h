@@ -150,8 +150,8 @@ struct PooledLists {
 };
 
 // One node's static record, read by the re-run walk from neighbouring lines: input and output counts,
-// its forward workspace, then (key, producer) per input, (key, storage) per output, and the storages its
-// forward allocated, as one list of ints.
+// its forward workspace, then (key, producer) per input some node produces, (key, storage) per output a
+// backward saves, and the storages its forward allocated, as one list of ints.
 struct NodeRecord {
   static NodeRecord of(const Lists<int>& records, size_t node) {
     const auto l = records[node];
@@ -358,8 +358,9 @@ class IncrementalPeak {
                                                      // backward step that reads it); restore kHeld
     Lists<int> storage_keys_;                        // by storage: its saved keys
     Lists<int> nodes_;                               // by node: its record (plan_detail::NodeRecord); an
-                                                     // input key is -1 always usable, -2 never; an output
-                                                     // key -2 unsaved
+                                                     // input key is -2 never usable (no backward saves
+                                                     // it); inputs no node produces and outputs no
+                                                     // backward saves are left out
     Lists<int> saved_at_;                            // by backward step: key ids of its node's saved values
                                                      // (pinned left out)
     Lists<int> released_at_;                         // by backward step: keys released after it
