@@ -88,7 +88,11 @@ TEST_P(Budget, PeakFitsPredictionWithinFivePercentGradientsBitwiseEqual) {
               0.05 * static_cast<double>(plain.peak_above_baseline()))
       << "unconstrained prediction vs measurement";
 
-  int64_t previous_recomputed = -1;
+  // Re-run counts are not compared between budgets: the knapsack orders groups by measured recompute
+  // time, and a tighter budget may take the memory-ordered descent's plan where the looser one took the
+  // time-ordered one, so a tighter plan can re-run fewer nodes (it did, once in three CI runs, with
+  // freshly measured times). What holds at every budget: nothing is rebuilt at the unconstrained peak,
+  // and every recomputed group is rebuilt at least once.
   for (double f : {1.0, 0.75, 0.5, 0.25, 0.0}) {
     memory::PlanOptions o;
     o.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
@@ -101,8 +105,12 @@ TEST_P(Budget, PeakFitsPredictionWithinFivePercentGradientsBitwiseEqual) {
               0.05 * static_cast<double>(m.peak_above_baseline()))
         << "predicted " << predicted << " measured " << m.peak_above_baseline() << " (above baseline)";
     expect_same_gradients(m, plain);
-    EXPECT_GE(plan.prediction.recomputed_nodes, previous_recomputed) << "a tighter budget recomputed less";
-    previous_recomputed = plan.prediction.recomputed_nodes;
+    if (f == 1.0) {
+      EXPECT_EQ(plan.dropped_groups, 0) << "a group dropped at the unconstrained peak";
+      EXPECT_EQ(plan.prediction.recomputed_nodes, 0) << "a node re-run at the unconstrained peak";
+    }
+    if (plan.dropped_groups > plan.offloaded_groups)
+      EXPECT_GT(plan.prediction.recomputed_nodes, 0) << "recomputed groups never rebuilt";
     if (f == 0.0) EXPECT_GT(plan.dropped_groups, 0);
   }
 }
