@@ -12,7 +12,6 @@ namespace {
 
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max() / 4;
 constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
-constexpr int kAlwaysUsable = -1;  // a leaf or constant input (pinned; left out of node records)
 constexpr int kNeverUsable = -2;   // a value no backward saves: always rebuilt when needed
 constexpr size_t kLongStep = 16;   // storages a step touches from which a release's extension is priced apart
 constexpr char kSameLists = 1, kSameTouched = 2;  // commit's same_
@@ -225,8 +224,8 @@ struct StepRun {
   int64_t stop_recompute_at = std::numeric_limits<int64_t>::max();
   bool stopped = false;
 
+  // `k`: a key, or kNeverUsable (inputs no node produces are not in the records).
   bool usable(int k) {
-    if (k == kAlwaysUsable) return true;
     if (k == kNeverUsable) return false;
     if (keys[static_cast<size_t>(k)].producer < 0) return true;
     return holding(st.get(k));
@@ -331,14 +330,12 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
   Lists<int> node_saved;  // by node: key ids of saved values (pinned left out)
   for (size_t o = 0; o < nn_; ++o) {
     const auto workspace = static_cast<uint64_t>(std::max<int64_t>(0, g.peak_bytes[o] - g.end_bytes[o]));
-    const size_t first = g.first_output(o), last = g.first_output(o + 1);
     // Inputs no node produces (leaves, constants: always usable) and outputs no backward saves are left
     // out: a walk does nothing with them, and at thousands of nodes the records are read once per re-run.
-    size_t ins = 0, outs = 0;
-    for (const auto& in : g.inputs[o]) ins += in.producer >= 0 ? 1 : 0;
-    for (size_t v = first; v < last; ++v) outs += key_of[v] >= 0 ? 1 : 0;
-    nodes_.add(static_cast<int>(ins));
-    nodes_.add(static_cast<int>(outs));
+    // The two counts are written once the lists are.
+    const size_t counts = nodes_.items.size();
+    nodes_.add(0);
+    nodes_.add(0);
     nodes_.add(static_cast<int>(static_cast<uint32_t>(workspace)));
     nodes_.add(static_cast<int>(static_cast<uint32_t>(workspace >> 32)));
     for (const auto& in : g.inputs[o]) {
@@ -346,11 +343,13 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
       const int k = in.value < 0 ? -1 : key_of[static_cast<size_t>(in.value)];
       nodes_.add(k < 0 ? kNeverUsable : k);
       nodes_.add(in.producer);
+      ++nodes_.items[counts];
     }
-    for (size_t v = first; v < last; ++v) {
+    for (size_t v = g.first_output(o); v < g.first_output(o + 1); ++v) {
       if (key_of[v] < 0) continue;
       nodes_.add(key_of[v]);
       nodes_.add(g.storage[v]);
+      ++nodes_.items[counts + 1];
     }
     for (int st : g.allocated[o]) nodes_.add(st);
     nodes_.close();
@@ -364,12 +363,12 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
   // Release: after the backward step of a key's last pending use (keys without a storage never are).
   for (size_t j = 0; j < nb_; ++j) {
     for (int k : node_saved[static_cast<size_t>(g.profile.backward_order[j])]) {
+      saved_at_.add(k);
       if (--pending[static_cast<size_t>(k)] != 0 || keys_[static_cast<size_t>(k)].storage < 0) continue;
       keys_[static_cast<size_t>(k)].release = static_cast<int32_t>(j);
       released_at_.add(k);
     }
     released_at_.close();
-    for (int k : node_saved[static_cast<size_t>(g.profile.backward_order[j])]) saved_at_.add(k);
     saved_at_.close();
   }
   sole_key_.assign(nk_, 0);
@@ -835,7 +834,6 @@ void IncrementalPeak::extend(int64_t ord, int64_t j, std::vector<int>& restored)
   const auto node = plan_detail::node_record(nodes_, node_mark_, o);
   for (size_t i = 0; i < node.inputs(); ++i) {
     const int k = node.input(i);
-    if (k == kAlwaysUsable) continue;
     // Usable at the step's start, or restored by the committed step (its producer re-runs in both runs,
     // and what that needs was re-run there too): nothing to add behind it.
     if (k != kNeverUsable && (keys_[static_cast<size_t>(k)].producer < 0 || holding(over_get(k, j)) ||
