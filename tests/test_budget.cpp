@@ -169,6 +169,29 @@ TEST_F(PlannerRules, FeasibleMinimumDoesNotDependOnMeasuredTimes) {
   }
 }
 
+// The trainer's correction re-plans the same profile for a lower budget: the plan a fresh make_plan gives
+// for that budget, and the feasible minimum of the first plan (the floor does not depend on the budget)
+// without the floor's whole descents.
+TEST_F(PlannerRules, ReplanKeepsTheMinimumAndGivesTheSamePlan) {
+  memory::PlanOptions o;
+  o.budget_bytes = lo + (hi - lo) * 3 / 4;
+  const memory::Plan first = runtime.plan(o);
+  ASSERT_EQ(first.minimum_peak_bytes, lo);
+  for (const int64_t budget : {lo + (hi - lo) / 2, lo + (hi - lo) / 10, lo}) {
+    SCOPED_TRACE("budget " + memory::format_bytes(budget));
+    const memory::Plan replanned = runtime.replan(budget);
+    o.budget_bytes = budget;
+    const memory::Plan fresh = memory::make_plan(profile, o);
+    EXPECT_EQ(replanned.minimum_peak_bytes, lo);
+    ASSERT_EQ(replanned.groups.size(), fresh.groups.size());
+    for (size_t i = 0; i < fresh.groups.size(); ++i) EXPECT_EQ(replanned.groups[i].decision, fresh.groups[i].decision);
+    EXPECT_EQ(replanned.prediction.peak_bytes, fresh.prediction.peak_bytes);
+    EXPECT_LE(replanned.prediction.peak_bytes, budget);
+  }
+  EXPECT_NE(error_of([&] { runtime.replan(lo - 1); }).find("below the feasible minimum " + memory::format_bytes(lo)),
+            std::string::npos);
+}
+
 TEST_F(PlannerRules, OverrideMayOnlyLowerWhatIsKept) {
   memory::PlanOptions o;
   o.budget_bytes = (lo + hi) / 2;
@@ -476,6 +499,53 @@ TEST(Planner, MemoryOrderedFallBackReadFromTheFloorsDescents) {
     }
   }
   EXPECT_GT(reached, 5u);
+}
+
+// A re-plan (report_minimum off) decides whether the budget is above the floor from descents that stop at
+// the budget instead of the floor's whole descents: the same plans at every budget, with and without
+// offload, and the same "below the feasible minimum" error below the floor.
+TEST(Planner, ReplanWithoutTheMinimumGivesTheSamePlans) {
+  const Case deep{"gpt", "[model]\ntype='gpt'\nn_layer=12\nn_head=2\nn_embd=16\nblock_size=32\ndropout=0.1\n"};
+  const ProfiledGroups pg = profiled_groups(deep);
+  size_t compared = 0, refused = 0;
+  for (const bool offload : {false, true}) {
+    memory::PlanOptions loose;
+    loose.budget_bytes = int64_t{1} << 40;
+    if (offload) {
+      memory::OffloadCosts costs;
+      costs.write_bytes_per_ms = costs.read_bytes_per_ms = 2e5;
+      costs.per_copy_ms = 0.01;
+      loose.offload = costs;
+    }
+    const memory::Plan p = memory::make_plan(pg.profile, loose);  // the floor with these options
+    ASSERT_LT(p.minimum_peak_bytes, p.unconstrained_peak_bytes);
+    for (const double f : {-0.05, -0.001, 0.0, 0.02, 0.1, 0.3, 0.6, 1.0}) {
+      memory::PlanOptions o = loose;
+      o.budget_bytes = p.minimum_peak_bytes + static_cast<int64_t>(f * static_cast<double>(p.unconstrained_peak_bytes - p.minimum_peak_bytes));
+      SCOPED_TRACE(std::string(offload ? "offload " : "") + std::to_string(f));
+      memory::PlanOptions replan = o;
+      replan.report_minimum = false;
+      if (o.budget_bytes < p.minimum_peak_bytes) {
+        const std::string reported = error_of([&] { memory::make_plan(pg.profile, o); });
+        const std::string replanned = error_of([&] { memory::make_plan(pg.profile, replan); });
+        EXPECT_NE(reported.find("below the feasible minimum"), std::string::npos) << reported;
+        EXPECT_EQ(reported, replanned);
+        ++refused;
+        continue;
+      }
+      const memory::Plan a = memory::make_plan(pg.profile, o);
+      const memory::Plan b = memory::make_plan(pg.profile, replan);
+      EXPECT_EQ(b.minimum_peak_bytes, 0);
+      ASSERT_EQ(a.groups.size(), b.groups.size());
+      for (size_t i = 0; i < a.groups.size(); ++i) EXPECT_EQ(a.groups[i].decision, b.groups[i].decision) << "group " << i;
+      EXPECT_EQ(a.prediction.peak_bytes, b.prediction.peak_bytes);
+      EXPECT_EQ(a.prediction.recomputed_nodes, b.prediction.recomputed_nodes);
+      EXPECT_LE(b.prediction.peak_bytes, o.budget_bytes);
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 12u);
+  EXPECT_EQ(refused, 4u);
 }
 
 // Copies of an incremental peak (every descent starts from a copy of the all-kept one) and peaks built

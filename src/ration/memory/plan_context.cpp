@@ -349,7 +349,27 @@ std::optional<Choice> PlanContext::reach_budget_by_memory_order() const {
   return std::nullopt;
 }
 
+// The floor is within the budget exactly when everything kept is, when some memory order's descent to
+// 0 passes the budget on its way down (its peak falls with every release), or when a chain candidate is.
+// A descent to the budget takes the same releases as the one to 0 until it reaches the budget, so it
+// answers the second without the rest of the way down — where releases extend the longest re-run
+// cascades —, and one order that reaches it makes the other unnecessary. Its trail is the prefix the
+// memory-ordered fall-back reads.
+bool PlanContext::budget_within_floor() {
+  if (within_floor_known_ || unconstrained_peak_ <= budget()) return true;
+  floor_trails_.clear();
+  for (size_t o = 0; o < memory_orders_.size(); ++o) {
+    std::vector<Decision> d = all_kept().decisions;
+    floor_trails_.emplace_back();
+    if (descend(d, budget(), memory_orders_[o], nullptr, &floor_trails_.back()) <= budget()) return within_floor_known_ = true;
+  }
+  for (const auto& c : chain_candidates())
+    if (c.prediction.peak_bytes <= budget()) return within_floor_known_ = true;
+  return false;
+}
+
 void PlanContext::check_budget_reachable() {
+  if (!minimum_peak_ && !options_.report_minimum && budget_within_floor()) return;
   RATION_CHECK(budget() >= minimum_peak(), "memory budget ", format_bytes(budget()), " is below the feasible minimum ",
                format_bytes(minimum_peak()), " for this model and batch (fixed occupancy ", format_bytes(fixed_bytes_),
                ": parameters, gradients, optimiser state and workspace, plus what must stay saved). "

@@ -90,7 +90,9 @@ class PlanContext {
   // schedule or above the budget): what the knapsack falls back to when its time-ordered descent stops
   // above the budget, so that timing only chooses between plans that fit.
   std::optional<Choice> reach_budget_by_memory_order() const;
-  // Throws the "below the feasible minimum" error when the budget is under minimum_peak().
+  // Throws the "below the feasible minimum" error when the budget is under minimum_peak(). Where the
+  // minimum is not reported (PlanOptions::report_minimum off: a re-plan), "is the floor within the
+  // budget" is answered without the floor's whole descents: see budget_within_floor.
   void check_budget_reachable();
 
  private:
@@ -114,6 +116,10 @@ class PlanContext {
   // descent to 0 in the same order until its peak reaches the budget (a try's answer depends only on the
   // committed plan), so reach_budget_by_memory_order reads its prefix instead of descending again.
   std::vector<Trail> floor_trails_;
+  // Whether the floor is within the budget, from descents in the memory orders that stop at the budget
+  // (their trails kept in floor_trails_: prefixes of the floor's own); false: not shown that way.
+  bool budget_within_floor();
+  bool within_floor_known_ = false;  // budget_within_floor answered true once
   mutable std::optional<IncrementalPeak> all_kept_peak_;
   struct LastPrediction {
     std::vector<Decision> decisions;

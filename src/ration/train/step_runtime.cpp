@@ -173,7 +173,14 @@ const memory::Plan& StepRuntime::replan(int64_t budget_bytes) {
   RATION_CHECK(plan_.has_value(), "replan before a first plan");
   memory::PlanOptions options = plan_options_;
   options.budget_bytes = budget_bytes;
-  return plan(options);
+  // The floor does not depend on the budget: the re-plan only shows that the new budget is not below it,
+  // without the floor's whole descents (docs/METHODS.md, "Planning time"), and keeps the figure the
+  // previous plan reported.
+  const int64_t minimum = plan_->minimum_peak_bytes;
+  options.report_minimum = false;
+  plan(options);
+  if (plan_->minimum_peak_bytes == 0) plan_->minimum_peak_bytes = minimum;
+  return *plan_;
 }
 
 const memory::Plan* StepRuntime::prepare(models::Model& model, const data::Batch& batch, uint64_t seed,

@@ -161,7 +161,8 @@ class StepRuntime {
   const memory::Plan& plan(memory::PlanOptions options);
   // Execute `plan` (made from this runtime's profile) from the next step on.
   const memory::Plan& use_plan(memory::Plan plan);
-  // Plan again for another budget, the other options unchanged (see trainer.cpp: plan, measure, correct).
+  // Plan again for another budget, the other options unchanged (see trainer.cpp: plan, measure, correct);
+  // the feasible minimum is carried over from the previous plan instead of computed again.
   const memory::Plan& replan(int64_t budget_bytes);
   const memory::Plan* current_plan() const { return plan_ ? &*plan_ : nullptr; }
   // Re-plans made because planned copy-outs missed their deadline (see adapt_to_late_copies), since the
