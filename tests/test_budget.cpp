@@ -55,6 +55,20 @@ const std::vector<Case>& cases() {
   return c;
 }
 
+// A 12-layer gpt: deep enough for re-run cascades and for the two descents to part ways.
+const Case& deep_gpt() {
+  static const Case c{"gpt", "[model]\ntype='gpt'\nn_layer=12\nn_head=2\nn_embd=16\nblock_size=32\ndropout=0.1\n"};
+  return c;
+}
+
+// Offload costs slow enough that some copies do not hide under compute.
+memory::OffloadCosts slow_offload() {
+  memory::OffloadCosts costs;
+  costs.write_bytes_per_ms = costs.read_bytes_per_ms = 2e5;
+  costs.per_copy_ms = 0.01;
+  return costs;
+}
+
 // Peaks are compared above each run's own baseline (StepStats::peak_above_baseline: bytes live before
 // the step excluded), so tensors the test itself keeps alive between runs (the reference gradients) do
 // not blur the comparison. Every step runs with the same dropout seed, gradients collected.
@@ -407,8 +421,7 @@ TEST(Planner, IncrementalPeakEqualsTheSimulator) {
 // simulation for every release it accepts and stays at or above the committed peak for every one it
 // refuses; then, keeping groups back most expensive first under a budget, for every keep it is asked.
 TEST(Planner, IncrementalPeakFollowsADescentOnADeepModel) {
-  const Case deep{"gpt", "[model]\ntype='gpt'\nn_layer=12\nn_head=2\nn_embd=16\nblock_size=32\ndropout=0.1\n"};
-  const ProfiledGroups pg = profiled_groups(deep);
+  const ProfiledGroups pg = profiled_groups(deep_gpt());
   const std::vector<memory::Group>& groups = pg.groups;
   ASSERT_GT(groups.size(), 100u);
   const int64_t extra = 4321;
@@ -468,8 +481,7 @@ TEST(Planner, IncrementalPeakFollowsADescentOnADeepModel) {
 // the floor's own descents to 0 takes the same decisions as descending again, at budgets from the floor
 // up, with and without an offload tier.
 TEST(Planner, MemoryOrderedFallBackReadFromTheFloorsDescents) {
-  const Case deep{"gpt", "[model]\ntype='gpt'\nn_layer=12\nn_head=2\nn_embd=16\nblock_size=32\ndropout=0.1\n"};
-  const ProfiledGroups pg = profiled_groups(deep);
+  const ProfiledGroups pg = profiled_groups(deep_gpt());
   memory::PlanOptions loose;
   loose.budget_bytes = int64_t{1} << 40;
   const memory::Plan p = memory::make_plan(pg.profile, loose);
@@ -479,12 +491,7 @@ TEST(Planner, MemoryOrderedFallBackReadFromTheFloorsDescents) {
     for (const double f : {0.0, 0.02, 0.1, 0.3, 0.6}) {
       memory::PlanOptions o;
       o.budget_bytes = p.minimum_peak_bytes + static_cast<int64_t>(f * static_cast<double>(p.unconstrained_peak_bytes - p.minimum_peak_bytes));
-      if (offload) {
-        memory::OffloadCosts costs;
-        costs.write_bytes_per_ms = costs.read_bytes_per_ms = 2e5;  // slow enough that some copies do not hide
-        costs.per_copy_ms = 0.01;
-        o.offload = costs;
-      }
+      if (offload) o.offload = slow_offload();
       SCOPED_TRACE(std::string(offload ? "offload " : "") + std::to_string(f));
       const memory::PlanContext descending(pg.profile, o);
       const std::optional<memory::Choice> again = descending.reach_budget_by_memory_order();
@@ -505,18 +512,12 @@ TEST(Planner, MemoryOrderedFallBackReadFromTheFloorsDescents) {
 // the budget instead of the floor's whole descents: the same plans at every budget, with and without
 // offload, and the same "below the feasible minimum" error below the floor.
 TEST(Planner, ReplanWithoutTheMinimumGivesTheSamePlans) {
-  const Case deep{"gpt", "[model]\ntype='gpt'\nn_layer=12\nn_head=2\nn_embd=16\nblock_size=32\ndropout=0.1\n"};
-  const ProfiledGroups pg = profiled_groups(deep);
+  const ProfiledGroups pg = profiled_groups(deep_gpt());
   size_t compared = 0, refused = 0;
   for (const bool offload : {false, true}) {
     memory::PlanOptions loose;
     loose.budget_bytes = int64_t{1} << 40;
-    if (offload) {
-      memory::OffloadCosts costs;
-      costs.write_bytes_per_ms = costs.read_bytes_per_ms = 2e5;
-      costs.per_copy_ms = 0.01;
-      loose.offload = costs;
-    }
+    if (offload) loose.offload = slow_offload();
     const memory::Plan p = memory::make_plan(pg.profile, loose);  // the floor with these options
     ASSERT_LT(p.minimum_peak_bytes, p.unconstrained_peak_bytes);
     for (const double f : {-0.05, -0.001, 0.0, 0.02, 0.1, 0.3, 0.6, 1.0}) {

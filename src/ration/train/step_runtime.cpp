@@ -179,7 +179,7 @@ const memory::Plan& StepRuntime::replan(int64_t budget_bytes) {
   const int64_t minimum = plan_->minimum_peak_bytes;
   options.report_minimum = false;
   plan(options);
-  if (plan_->minimum_peak_bytes == 0) plan_->minimum_peak_bytes = minimum;
+  plan_->minimum_peak_bytes = minimum;
   return *plan_;
 }
 
