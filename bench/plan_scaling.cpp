@@ -6,7 +6,13 @@
 // peer (PyTorch has no budget planner): the issue's measurements of the previous planner are the
 // comparison.
 //
-// Every plan is timed in wall time (Plan::plan_ms) and in this thread's CPU time.
+// Every plan is timed in wall time (Plan::plan_ms) and in this thread's CPU time. The table shows the
+// median of the repetitions; the growth is read from the median and from the fastest repetition. On a
+// machine shared with other guests the planner's time at the larger depths swings by up to 2x between
+// minutes (its data outgrow the core's own cache, and the shared one is what the neighbours use): the
+// computation is deterministic, so the fastest of the interleaved repetitions is the one the neighbours
+// disturbed least, the estimate of what the algorithm costs (Chen & Revels, "Robust benchmarking in noisy
+// environments", 2016); the median shows what a user of the same machine saw.
 //
 // usage: bench_plan_scaling [--layers 4,12,...] [--reps N] [--out FILE.json] [CONFIG.toml] [--set k=v ...]
 #include <nlohmann/json.hpp>
@@ -82,7 +88,7 @@ int main(int argc, char** argv) {
   }
   try {
     memory::install_counting_allocator();
-    std::printf("gpt, %s, plan time (make_plan only; median of %d) vs depth\n", config.c_str(), reps);
+    std::printf("gpt, %s, plan time (make_plan only; median of %d interleaved repetitions) vs depth\n", config.c_str(), reps);
     std::printf("%8s %8s %8s %11s %17s %17s %17s %17s %17s %17s %17s %17s %11s %9s\n", "n_layer", "groups", "nodes",
                 "profile_ms", "minimum wall/cpu", "knap@0.1 w/c", "knap@0.5 w/c", "knap@0.9 w/c", "ord-sets@0.5 w/c",
                 "uniform w/c", "re-plan@0.1 w/c", "re-plan@0.5 w/c",
@@ -185,16 +191,20 @@ int main(int argc, char** argv) {
         plans.push_back({{"name", columns[c].name}, {"budget_fraction", columns[c].fraction},
                          {"report_minimum", columns[c].report_minimum},
                          {"budget_bytes", d.options[c].budget_bytes}, {"plan_ms", bench::median(d.wall[c])},
-                         {"plan_cpu_ms", bench::median(d.cpu[c])}, {"predicted_peak_bytes", plan.prediction.peak_bytes},
+                         {"plan_cpu_ms", bench::median(d.cpu[c])},
+                         {"plan_ms_min", *std::min_element(d.wall[c].begin(), d.wall[c].end())},
+                         {"plan_cpu_ms_min", *std::min_element(d.cpu[c].begin(), d.cpu[c].end())},
+                         {"predicted_peak_bytes", plan.prediction.peak_bytes},
                          {"kept_groups", plan.kept_groups}, {"predicted_recompute_ms", plan.prediction.recompute_ms}});
       }
       const int64_t lo = d.loose.minimum_peak_bytes, hi = d.loose.unconstrained_peak_bytes;
       const double simulate_cpu_ms = bench::median(d.sim_cpu);
+      const double simulate_cpu_ms_min = *std::min_element(d.sim_cpu.begin(), d.sim_cpu.end());
       std::printf("%8d %8zu %8zu %11.0f%s %11s %9.1f\n", d.layers, d.loose.groups.size(), d.profile.nodes.size(),
                   d.profile_ms, line.c_str(), memory::format_bytes(lo).c_str(), simulate_cpu_ms);
       rows.push_back({{"n_layer", d.layers}, {"groups", d.loose.groups.size()}, {"nodes", d.profile.nodes.size()},
                       {"profile_ms", d.profile_ms}, {"unconstrained_peak_bytes", hi}, {"minimum_peak_bytes", lo},
-                      {"simulate_cpu_ms", simulate_cpu_ms}, {"plans", plans}});
+                      {"simulate_cpu_ms", simulate_cpu_ms}, {"simulate_cpu_ms_min", simulate_cpu_ms_min}, {"plans", plans}});
     }
     // Growth from the first row with n_layer >= 96 to the last: the exponent of plan time in the number
     // of groups, next to what n log n allows over the same range.
@@ -206,17 +216,22 @@ int main(int argc, char** argv) {
       const double nlogn = g1 * std::log(g1) / (g0 * std::log(g0));
       std::printf("growth n_layer %d -> %d (groups x%.2f; n log n allows x%.2f = n^%.2f):\n", rows[from]["n_layer"].get<int>(),
                   rows[to]["n_layer"].get<int>(), g1 / g0, nlogn, std::log(nlogn) / std::log(g1 / g0));
-      const double sim = rows[to]["simulate_cpu_ms"].get<double>() / rows[from]["simulate_cpu_ms"].get<double>();
-      std::printf("  %-18s                        cpu x%5.2f (n^%.2f)  <- this machine's n log n yardstick\n",
-                  "one simulation", sim, std::log(sim) / std::log(g1 / g0));
+      auto ratio = [&](const nlohmann::json& a, const nlohmann::json& b, const char* key) {
+        return b[key].get<double>() / a[key].get<double>();
+      };
+      auto exponent = [&](double r) { return std::log(r) / std::log(g1 / g0); };
+      const double sim = ratio(rows[from], rows[to], "simulate_cpu_ms");
+      const double sim_min = ratio(rows[from], rows[to], "simulate_cpu_ms_min");
+      std::printf("  %-18s %34s median cpu x%5.2f (n^%.2f)  fastest cpu x%5.2f (n^%.2f)  <- this machine's n log n yardstick\n",
+                  "one simulation", "", sim, exponent(sim), sim_min, exponent(sim_min));
       for (size_t c = 0; c < rows[to]["plans"].size(); ++c) {
         const auto& a = rows[from]["plans"][c];
         const auto& b = rows[to]["plans"][c];
-        const double w = b["plan_ms"].get<double>() / a["plan_ms"].get<double>();
-        const double u = b["plan_cpu_ms"].get<double>() / a["plan_cpu_ms"].get<double>();
-        std::printf("  %-18s wall x%5.2f (n^%.2f)  cpu x%5.2f (n^%.2f)%s%s\n", a["name"].get<std::string>().c_str(), w,
-                    std::log(w) / std::log(g1 / g0), u, std::log(u) / std::log(g1 / g0), u <= nlogn ? "" : "  > n log n",
-                    u <= sim ? "  (<= yardstick)" : "  > yardstick");
+        const double w = ratio(a, b, "plan_ms"), u = ratio(a, b, "plan_cpu_ms");
+        const double wm = ratio(a, b, "plan_ms_min"), um = ratio(a, b, "plan_cpu_ms_min");
+        std::printf("  %-18s median wall x%5.2f cpu x%5.2f (n^%.2f)%-12s fastest wall x%5.2f cpu x%5.2f (n^%.2f)%s\n",
+                    a["name"].get<std::string>().c_str(), w, u, exponent(u), u <= nlogn ? "" : "  > n log n", wm, um,
+                    exponent(um), um <= nlogn ? "" : "  > n log n");
       }
     }
     nlohmann::json j = {{"bench", "plan_scaling"}, {"config", config}, {"overrides", overrides}, {"reps", reps},
