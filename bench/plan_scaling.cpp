@@ -89,9 +89,9 @@ int main(int argc, char** argv) {
   try {
     memory::install_counting_allocator();
     std::printf("gpt, %s, plan time (make_plan only; median of %d interleaved repetitions) vs depth\n", config.c_str(), reps);
-    std::printf("%8s %8s %8s %11s %17s %17s %17s %17s %17s %17s %17s %17s %11s %9s\n", "n_layer", "groups", "nodes",
+    std::printf("%8s %8s %8s %11s %17s %17s %17s %17s %17s %17s %17s %17s %17s %11s %9s\n", "n_layer", "groups", "nodes",
                 "profile_ms", "minimum wall/cpu", "knap@0.1 w/c", "knap@0.5 w/c", "knap@0.9 w/c", "ord-sets@0.5 w/c",
-                "uniform w/c", "re-plan@0.1 w/c", "re-plan@0.5 w/c",
+                "uniform w/c", "re-plan@0.1 w/c", "re-plan@0.5 w/c", "offload@0.5 w/c",
                 "minimum", "sim cpu");
     // Columns: the loose plan (finds the minimum), the knapsack at three budgets, ordered-sets and
     // uniform, and the knapsack as the trainer re-plans (PlanOptions::report_minimum off: the floor is
@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
       memory::Strategy strategy;
       double fraction;  // < 0: the loose budget
       bool report_minimum = true;
+      bool offload = false;  // with a tier (kOffloadCosts), planned up to kOffloadLayers only
     };
     const std::vector<Column> columns = {{"minimum", memory::Strategy::Knapsack, -1},
                                          {"knapsack@0.1", memory::Strategy::Knapsack, fractions[0]},
@@ -110,7 +111,13 @@ int main(int argc, char** argv) {
                                          {"ordered-sets@0.5", memory::Strategy::OrderedSets, fractions[1]},
                                          {"uniform", memory::Strategy::Uniform, -1},
                                          {"re-plan@0.1", memory::Strategy::Knapsack, fractions[0], false},
-                                         {"re-plan@0.5", memory::Strategy::Knapsack, fractions[1], false}};
+                                         {"re-plan@0.5", memory::Strategy::Knapsack, fractions[1], false},
+                                         {"offload@0.5", memory::Strategy::Knapsack, fractions[1], true, true}};
+    // The offload column: a tier of 200 MB/s each way (slow enough that copies compete for the queues and
+    // prefetches run many nodes ahead), 0.01 ms a copy, groups of 4 KiB and more. Its tries are priced by
+    // whole-step simulations (no incremental peak covers offload yet), so it stops at 96 layers.
+    const memory::OffloadCosts kOffloadCosts{2e5, 2e5, 0.01, 4096, 2};
+    constexpr int kOffloadLayers = 96;
     // Every depth is profiled first; then the repetitions are interleaved (each repetition plans every
     // depth and column once), so that the machine's speed drifting between minutes moves every depth's
     // times alike instead of one depth's.
@@ -147,6 +154,7 @@ int main(int argc, char** argv) {
         po.strategy = col.strategy;
         po.report_minimum = col.report_minimum;
         if (col.fraction >= 0) po.budget_bytes = lo + static_cast<int64_t>(col.fraction * static_cast<double>(hi - lo));
+        if (col.offload) po.offload = kOffloadCosts;
         d.options.push_back(po);
       }
       d.wall.resize(columns.size());
@@ -159,6 +167,7 @@ int main(int argc, char** argv) {
         Depth& d = depths[di];
         if (r < reps) {
           for (size_t c = 0; c < columns.size(); ++c) {
+            if (columns[c].offload && d.layers > kOffloadLayers) continue;
             Timed t = timed_plan(d.profile, d.options[c]);
             d.wall[c].push_back(t.wall_ms);
             d.cpu[c].push_back(t.cpu_ms);
@@ -186,6 +195,12 @@ int main(int argc, char** argv) {
       for (size_t c = 0; c < columns.size(); ++c) {
         const memory::Plan& plan = last[di][c];
         char cell[64];
+        if (d.wall[c].empty()) {  // not planned at this depth
+          std::snprintf(cell, sizeof cell, " %17s", "-");
+          line += cell;
+          plans.push_back({{"name", columns[c].name}, {"planned", false}});
+          continue;
+        }
         std::snprintf(cell, sizeof cell, " %8.1f/%-8.1f", bench::median(d.wall[c]), bench::median(d.cpu[c]));
         line += cell;
         plans.push_back({{"name", columns[c].name}, {"budget_fraction", columns[c].fraction},
@@ -194,6 +209,7 @@ int main(int argc, char** argv) {
                          {"plan_cpu_ms", bench::median(d.cpu[c])},
                          {"plan_ms_min", *std::min_element(d.wall[c].begin(), d.wall[c].end())},
                          {"plan_cpu_ms_min", *std::min_element(d.cpu[c].begin(), d.cpu[c].end())},
+                         {"offload", columns[c].offload}, {"offloaded_groups", plan.offloaded_groups},
                          {"predicted_peak_bytes", plan.prediction.peak_bytes},
                          {"kept_groups", plan.kept_groups}, {"predicted_recompute_ms", plan.prediction.recompute_ms}});
       }
@@ -227,6 +243,7 @@ int main(int argc, char** argv) {
       for (size_t c = 0; c < rows[to]["plans"].size(); ++c) {
         const auto& a = rows[from]["plans"][c];
         const auto& b = rows[to]["plans"][c];
+        if (!b.contains("plan_ms") || !a.contains("plan_ms")) continue;  // not planned at both depths
         const double w = ratio(a, b, "plan_ms"), u = ratio(a, b, "plan_cpu_ms");
         const double wm = ratio(a, b, "plan_ms_min"), um = ratio(a, b, "plan_cpu_ms_min");
         std::printf("  %-18s median wall x%5.2f cpu x%5.2f (n^%.2f)%-12s fastest wall x%5.2f cpu x%5.2f (n^%.2f)%s\n",

@@ -511,6 +511,92 @@ TEST_F(OffloadModel, CopyDeadlinesGetSlackWithoutRaisingThePeak) {
 }
 
 
+// The planner prices each try of an offload plan by a whole-step simulation that may stop where the peak
+// reaches what the try must beat, and by the copy queues' timeline, whose prefetch distances are found by
+// bisection. Oracles: the simulation run to the end, and the executor's rule as a linear search over
+// distances.
+TEST_F(OffloadModel, StoppedSimulationsAndPrefetchDistancesFollowTheirRules) {
+  const memory::StepProfile profile = train::profile_step(*model_, batch_, 11);
+  const memory::PlanGraph graph(profile);
+  // The read rule's table: the first backward step at or after which some node with an ordinal at most x
+  // has run (the last step where none has), against a scan.
+  const auto& bo = profile.backward_order;
+  ASSERT_FALSE(bo.empty());
+  for (int64_t x = -2; x <= static_cast<int64_t>(profile.nodes.size()) + 2; ++x) {
+    size_t expect = bo.size() - 1;
+    for (size_t j = 0; j < bo.size(); ++j)
+      if (*std::min_element(bo.begin(), bo.begin() + static_cast<std::ptrdiff_t>(j) + 1) <= x) {
+        expect = j;
+        break;
+      }
+    EXPECT_EQ(graph.first_step_at_or_below(x), expect) << "ordinal " << x;
+  }
+  memory::PlanOptions po;
+  po.budget_bytes = int64_t{1} << 40;
+  // Reads slow enough that most prefetches must run several nodes ahead.
+  memory::OffloadCosts costs{1e7, 2e4, 0.01, 16 << 10, 1};
+  po.offload = costs;
+  const memory::Plan loose = memory::make_plan(profile, po);
+  po.budget_bytes = (loose.unconstrained_peak_bytes + loose.minimum_peak_bytes) / 2;
+  std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
+  int offloaded = 0;
+  for (const auto& g : loose.groups) {  // every group that can go offloaded, so that the queue is long
+    if (g.bytes < costs.min_bytes) continue;
+    by_storage[static_cast<size_t>(g.storage)] = memory::Decision::Offload;
+    ++offloaded;
+  }
+  ASSERT_GT(offloaded, 2);
+  const memory::OffloadSchedule sch = memory::schedule_offloads(graph, by_storage, costs);
+  // The executor's rule, distance by distance: reads in order of need share one queue; each takes the
+  // shortest distance from min_prefetch whose read lands by its need, or is issued at the first backward
+  // node, or exceeds the node count.
+  const memory::SaveSpan& span = memory::save_span(graph);
+  const auto nn = static_cast<int64_t>(profile.nodes.size());
+  std::vector<std::pair<size_t, size_t>> reads;
+  for (size_t s = 0; s < by_storage.size(); ++s)
+    if (by_storage[s] == memory::Decision::Offload && span.saved_at[s] >= 0)
+      reads.emplace_back(graph.first_step_at_or_below(span.first_use[s]), s);
+  std::stable_sort(reads.begin(), reads.end());
+  double free_b = 0;
+  int longer = 0;
+  for (const auto& [need_j, s] : reads) {
+    const double copy = costs.per_copy_ms + static_cast<double>(profile.storages[s].bytes) / costs.read_bytes_per_ms;
+    int d = costs.min_prefetch;
+    double done = 0;
+    for (;; ++d) {
+      const size_t issue = graph.first_step_at_or_below(span.first_use[s] + d);
+      done = std::max(graph.backward_start[issue], free_b) + copy;
+      if (done <= graph.backward_start[need_j] || issue == 0 || d > nn) break;
+    }
+    free_b = done;
+    EXPECT_EQ(sch.prefetch[s], d) << "storage " << s;
+    longer += d > costs.min_prefetch ? 1 : 0;
+  }
+  EXPECT_GT(longer, 0) << "no read needed more than the least distance: the bisection was not exercised";
+  // Stopped simulations: below the peak the prediction is whole and exact; at or above it the simulation
+  // stops with a peak that reaches the threshold and does not pass the whole one.
+  const memory::Prediction whole = memory::simulate(graph, by_storage, po.extra_fixed_bytes, {}, &sch);
+  for (const int64_t stop_at : {whole.peak_bytes + 1, whole.peak_bytes, whole.peak_bytes - 1,
+                                (whole.peak_bytes + whole.forward_peaks.front()) / 2, whole.forward_peaks.front()}) {
+    bool stopped = false;
+    const memory::Prediction p = memory::simulate(graph, by_storage, po.extra_fixed_bytes, {}, &sch, stop_at, &stopped);
+    SCOPED_TRACE("stop at " + std::to_string(stop_at) + ", whole peak " + std::to_string(whole.peak_bytes));
+    EXPECT_EQ(stopped, whole.peak_bytes >= stop_at);
+    if (!stopped) {
+      EXPECT_EQ(p.peak_bytes, whole.peak_bytes);
+      EXPECT_EQ(p.forward_peaks, whole.forward_peaks);
+      EXPECT_EQ(p.backward_peaks, whole.backward_peaks);
+      EXPECT_EQ(p.peak_at, whole.peak_at);
+    } else {
+      EXPECT_GE(p.peak_bytes, stop_at);
+      EXPECT_LE(p.peak_bytes, whole.peak_bytes);
+    }
+    EXPECT_EQ(p.offloaded_bytes, whole.offloaded_bytes);
+    EXPECT_GT(p.offloaded_bytes, 0);
+  }
+}
+
+
 // ---- the copy-in pool and O(1) fetch -------------------------------------------------------------------
 
 // Saved values on one producer node, offloaded through the engine's public API and fetched back as a

@@ -137,7 +137,7 @@ PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
   if (options.offload && options.strategy == Strategy::Knapsack && options.offload->capacity_bytes > 0) {
     const OffloadCosts& c = *options.offload;
     RATION_CHECK(c.write_bytes_per_ms > 0 && c.read_bytes_per_ms > 0, "offload planning needs measured tier bandwidths");
-    const SaveSpan span = save_span(*graph_);
+    const SaveSpan& span = save_span(*graph_);
     double fwd_total = 0, bwd_total = 0;
     std::vector<double> end_f;
     for (const double ms : graph_->forward_ms) end_f.push_back(fwd_total += ms);
@@ -217,20 +217,48 @@ Choice PlanContext::all_kept() const {
 
 Prediction PlanContext::predict(const std::vector<Decision>& decisions,
                                 const std::map<int64_t, int64_t>& store_from) const {
+  return predict_until(decisions, store_from, std::numeric_limits<int64_t>::max());
+}
+
+int64_t PlanContext::peak_below(const std::vector<Decision>& decisions, int64_t stop_at,
+                                const std::map<int64_t, int64_t>& store_from) const {
+  return predict_until(decisions, store_from, stop_at).peak_bytes;
+}
+
+bool PlanContext::fits(const Choice& c) const {
+  const int64_t over = budget() == std::numeric_limits<int64_t>::max() ? budget() : budget() + 1;
+  return peak_below(c.decisions, over, c.store_from) <= budget();
+}
+
+const std::vector<Decision>& PlanContext::by_storage(const std::vector<Decision>& decisions) const {
+  by_storage_.assign(profile_.storages.size(), Decision::Keep);
+  for (size_t i = 0; i < groups_.size(); ++i) by_storage_[static_cast<size_t>(groups_[i].storage)] = decisions[i];
+  return by_storage_;
+}
+
+double PlanContext::offload_stall(const std::vector<Decision>& decisions) const {
+  if (last_prediction_ && last_prediction_->decisions == decisions) return last_prediction_->prediction.offload_stall_ms;
+  // simulate reports the schedule's stall where some storage is offloaded, 0 where none is.
+  if (!options_.offload || std::find(decisions.begin(), decisions.end(), Decision::Offload) == decisions.end()) return 0;
+  return schedule_offloads(*graph_, by_storage(decisions), *options_.offload).stall_ms;
+}
+
+Prediction PlanContext::predict_until(const std::vector<Decision>& decisions, const std::map<int64_t, int64_t>& store_from,
+                                      int64_t stop_at) const {
   // A strategy's last fit check and the plan's final prediction are usually the same decisions.
   if (last_prediction_ && last_prediction_->decisions == decisions && last_prediction_->store_from == store_from)
     return last_prediction_->prediction;
-  std::vector<Decision> by_storage(profile_.storages.size(), Decision::Keep);
-  for (size_t i = 0; i < groups_.size(); ++i) by_storage[static_cast<size_t>(groups_[i].storage)] = decisions[i];
+  const std::vector<Decision>& d = by_storage(decisions);
   const int64_t extra = options_.extra_fixed_bytes;
   Prediction pred;
+  bool stopped = false;
   if (!options_.offload) {
-    pred = simulate(*graph_, by_storage, extra, store_from);
+    pred = simulate(*graph_, d, extra, store_from, nullptr, stop_at, &stopped);
   } else {
-    const OffloadSchedule sch = schedule_offloads(*graph_, by_storage, *options_.offload);
-    pred = simulate(*graph_, by_storage, extra, store_from, &sch);
+    const OffloadSchedule sch = schedule_offloads(*graph_, d, *options_.offload);
+    pred = simulate(*graph_, d, extra, store_from, &sch, stop_at, &stopped);
   }
-  last_prediction_ = LastPrediction{decisions, store_from, pred};
+  if (!stopped) last_prediction_ = LastPrediction{decisions, store_from, pred};
   return pred;
 }
 
@@ -286,10 +314,11 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
     for (size_t i : order) {
       if (d[i] != Decision::Keep) continue;
       d[i] = release_decision(i, d);
-      int64_t p = predict(d).peak_bytes;
+      // Only "lower than now" matters: the simulation may stop once it reaches the current peak.
+      int64_t p = peak_below(d, peak);
       if (p >= peak && d[i] == Decision::Offload) {  // an offload held too long to help: try recomputing it
         d[i] = Decision::Recompute;
-        p = predict(d).peak_bytes;
+        p = peak_below(d, peak);
       }
       if (p < peak) {
         peak = p;

@@ -46,7 +46,14 @@ class PlanContext {
   // Prediction for decisions per group, with transient re-runs `store_from`.
   Prediction predict(const std::vector<Decision>& decisions,
                      const std::map<int64_t, int64_t>& store_from = {}) const;
-  bool fits(const Choice& c) const { return predict(c.decisions, c.store_from).peak_bytes <= budget(); }
+  // The predicted peak where it is below `stop_at`, else a value >= stop_at (the simulation stops where the
+  // peak reaches it): for a caller that only compares the peak with stop_at. A whole simulation's
+  // prediction is kept for predict; a stopped one is not.
+  int64_t peak_below(const std::vector<Decision>& decisions, int64_t stop_at,
+                     const std::map<int64_t, int64_t>& store_from = {}) const;
+  // The copy queues' predicted stall alone (Prediction::offload_stall_ms), without simulating memory.
+  double offload_stall(const std::vector<Decision>& decisions) const;
+  bool fits(const Choice& c) const;
   int64_t unconstrained_peak() const { return unconstrained_peak_; }  // everything kept
   int64_t fixed_bytes() const { return fixed_bytes_; }
 
@@ -127,6 +134,12 @@ class PlanContext {
     Prediction prediction;
   };
   mutable std::optional<LastPrediction> last_prediction_;  // predict's last answer
+  // predict, stopped where the peak reaches stop_at (peak_below); only a whole prediction is kept.
+  Prediction predict_until(const std::vector<Decision>& decisions, const std::map<int64_t, int64_t>& store_from,
+                           int64_t stop_at) const;
+  // Group decisions by storage, in a buffer reused by every try (valid until the next call).
+  const std::vector<Decision>& by_storage(const std::vector<Decision>& decisions) const;
+  mutable std::vector<Decision> by_storage_;
 };
 
 }  // namespace ration::memory

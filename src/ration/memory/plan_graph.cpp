@@ -84,6 +84,56 @@ PlanGraph::PlanGraph(const StepProfile& p)
     const int64_t last = alive == p.value_last_alive.end() || alive->first != key ? static_cast<int64_t>(nodes) : alive->second;
     last_alive[static_cast<size_t>(s)] = std::max(last_alive[static_cast<size_t>(s)], last);
   }
+  span.saved_at.assign(storages, -1);
+  span.first_use.assign(storages, -1);
+  for (size_t k = 0; k < nodes; ++k) {
+    for (const int v : saved[k]) {
+      const int64_t s = v >= 0 ? storage[static_cast<size_t>(v)] : -1;
+      if (s < 0) continue;
+      if (span.saved_at[static_cast<size_t>(s)] < 0) span.saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+      span.first_use[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+    }
+  }
+  key_storage.assign(values(), -1);
+  for (size_t k = 0; k < leaves.size(); ++k) key_storage[k] = storage[k];
+  for (size_t i = 0; i < recorded_storage.size(); ++i) key_storage[leaves.size() + i] = recorded_storage[i];
+  backward_reads.assign(values(), 0);
+  key_span.saved_at.assign(storages, -1);
+  key_span.first_use.assign(storages, -1);
+  for (size_t k = 0; k < nodes; ++k) {
+    for (const int id : saved[k]) {
+      if (id < 0) {
+        if (saved_not_output < 0) saved_not_output = static_cast<int64_t>(k);
+        continue;
+      }
+      ++backward_reads[static_cast<size_t>(id)];
+      const int64_t s = key_storage[static_cast<size_t>(id)];
+      if (s < 0) continue;
+      if (key_span.saved_at[static_cast<size_t>(s)] < 0) key_span.saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+      key_span.first_use[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+    }
+  }
+  forward_end.resize(nodes);
+  double t = 0;
+  for (size_t k = 0; k < nodes; ++k) forward_end[k] = (t += forward_ms[k]);
+  const auto& bo = p.backward_order;
+  backward_start.resize(bo.size());
+  std::vector<int64_t> min_ordinal(bo.size());  // by step: the lowest ordinal among the steps so far
+  t = 0;
+  for (size_t j = 0; j < bo.size(); ++j) {
+    backward_start[j] = t;
+    t += backward_ms[static_cast<size_t>(bo[j])];
+    min_ordinal[j] = j == 0 ? bo[j] : std::min(min_ordinal[j - 1], bo[j]);
+  }
+  // The running minimum does not increase: ordinals from its value at j up to its value before j are
+  // first reached at j; those below its last value never are (the last step, as the executor issues).
+  first_step_below_.assign(nodes, bo.empty() ? 0 : bo.size() - 1);
+  int64_t above = static_cast<int64_t>(nodes);
+  for (size_t j = 0; j < bo.size(); ++j) {
+    const int64_t m = std::max<int64_t>(min_ordinal[j], 0);
+    for (int64_t x = m; x < above; ++x) first_step_below_[static_cast<size_t>(x)] = j;
+    above = std::min(above, m);
+  }
 }
 
 int PlanGraph::value(const ValueKey& key) const {

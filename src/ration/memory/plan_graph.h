@@ -68,6 +68,11 @@ struct OutputSlots {
   std::vector<size_t> base;  // by node, plus one past the last
 };
 
+// Per storage: the first forward ordinal whose node saves it and the last one (its first use in backward).
+struct SaveSpan {
+  std::vector<int64_t> saved_at, first_use;  // -1: never saved
+};
+
 struct PlanGraph {
   explicit PlanGraph(const StepProfile& profile);
   PlanGraph(const PlanGraph&) = delete;
@@ -112,6 +117,28 @@ struct PlanGraph {
   plan_detail::Lists<int> allocated;    // by node: storages its forward allocated
   std::vector<int64_t> peak_bytes, end_bytes;  // by node (profile.h)
   std::vector<double> forward_ms, backward_ms; // by node
+  // Derived once for every plan's tries (the copy queues' timeline reads them on each): the save span;
+  // by node, when its forward ends (measured times, summed); by backward step, when it starts.
+  SaveSpan span;
+  std::vector<double> forward_end, backward_start;
+  // The simulator's view of saved values (plan_simulator.h), the same for every simulation: by value, its
+  // storage as the value map records it (a leaf's: as the profile reads it) and how many backward nodes
+  // read it; by such storage, its save span. `saved_not_output`: the first node that saves a value that
+  // is not one of its outputs (-1: none; the simulator refuses such a profile).
+  std::vector<int64_t> key_storage;
+  std::vector<int> backward_reads;
+  SaveSpan key_span;
+  int64_t saved_not_output = -1;
+  // The first backward step j where some step <= j runs a node whose ordinal is <= `ordinal` (the last
+  // step where none does): when a read for that ordinal is issued (the executor's rule).
+  size_t first_step_at_or_below(int64_t ordinal) const {
+    if (steps == 0) return 0;
+    if (ordinal < 0) return steps - 1;
+    return static_cast<size_t>(ordinal) < first_step_below_.size() ? first_step_below_[static_cast<size_t>(ordinal)] : 0;
+  }
+
+ private:
+  std::vector<size_t> first_step_below_;  // by ordinal (first_step_at_or_below)
 };
 
 }  // namespace ration::memory

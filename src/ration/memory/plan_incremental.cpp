@@ -449,7 +449,7 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     other_[j] = {g.profile.backward_start_bytes[j] - m, g.profile.backward_peak_bytes[j] - m};
   }
   // Forward: a recomputed group is freed after the last forward node that needs it.
-  const std::vector<int64_t> saved_at = save_span(g).saved_at;
+  const std::vector<int64_t>& saved_at = save_span(g).saved_at;
   forward_release_.assign(ns, kNever);
   for (size_t s = 0; s < ns; ++s)
     if (is_group_[s]) forward_release_[s] = std::max(g.last_alive[s], saved_at[s]);

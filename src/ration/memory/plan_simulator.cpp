@@ -6,41 +6,20 @@
 
 namespace ration::memory {
 
-SaveSpan save_span(const PlanGraph& g) {
-  SaveSpan span;
-  span.saved_at.assign(g.storages, -1);
-  span.first_use.assign(g.storages, -1);
-  for (size_t k = 0; k < g.nodes; ++k) {
-    for (const int v : g.saved[k]) {
-      const int64_t s = v >= 0 ? g.storage[static_cast<size_t>(v)] : -1;
-      if (s < 0) continue;
-      if (span.saved_at[static_cast<size_t>(s)] < 0) span.saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
-      span.first_use[static_cast<size_t>(s)] = static_cast<int64_t>(k);
-    }
-  }
-  return span;
-}
-
 Simulator::Simulator(const PlanGraph& g, const std::vector<Decision>& decision, int64_t extra,
                      const OffloadSchedule* schedule, const std::map<int64_t, int64_t>* store_from)
-    : g_(g), storages_(g.profile.storages), decision_(decision), extra_(extra), schedule_(schedule), store_from_(store_from) {
-  const size_t ns = g.storages, nn = g.nodes, nk = g.values(), nl = g.leaves.size();
-  saved_at_.assign(ns, -1);
-  first_use_.assign(ns, -1);
-  // A leaf's storage as the profile reads it; a node output's as the value map records it.
-  key_storage_.assign(nk, -1);
-  for (size_t k = 0; k < nl; ++k) key_storage_[k] = g.storage[k];
-  for (size_t i = 0; i < g.recorded_storage.size(); ++i) key_storage_[nl + i] = g.recorded_storage[i];
-  pending_.assign(nk, 0);
-  for (size_t k = 0; k < nn; ++k) {
-    for (const int id : g.saved[k]) {
-      RATION_ASSERT(id >= 0, "simulator: a saved value of node ", k, " is not an output of its node");
-      ++pending_[static_cast<size_t>(id)];
-      const int64_t s = key_storage_[static_cast<size_t>(id)];
-      if (s >= 0 && saved_at_[static_cast<size_t>(s)] < 0) saved_at_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
-      if (s >= 0) first_use_[static_cast<size_t>(s)] = static_cast<int64_t>(k);
-    }
-  }
+    : g_(g),
+      storages_(g.profile.storages),
+      decision_(decision),
+      extra_(extra),
+      schedule_(schedule),
+      saved_at_(g.key_span.saved_at),
+      first_use_(g.key_span.first_use),
+      key_storage_(g.key_storage),
+      pending_(g.backward_reads),
+      store_from_(store_from) {
+  RATION_ASSERT(g.saved_not_output < 0, "simulator: a saved value of node ", g.saved_not_output, " is not an output of its node");
+  const size_t ns = g.storages, nn = g.nodes;
   fetched_.assign(ns, 0);
   cache_.assign(nn, 0);
   transient_.assign(ns, 0);
@@ -57,9 +36,11 @@ Prediction Simulator::run() {
   // Events per node: storages allocated there (both runs hold them), dropped storages released after
   // their last forward use (this plan only).
   std::vector<int64_t> alloc_at(nn, 0), release_after(nn, 0);
+  offloaded_bytes_ = 0;
   for (size_t s = 0; s < ns; ++s) {
     if (!droppable(static_cast<int64_t>(s))) continue;
     alloc_at[static_cast<size_t>(storages_[s].allocated_by)] += storages_[s].bytes;
+    if (decision_[s] == Decision::Offload) offloaded_bytes_ += storages_[s].bytes;
     if (dropped(s)) {
       // Recomputed: freed when model code lets go. Offloaded: and when its copy is done.
       const int64_t copied = decision_[s] == Decision::Offload ? schedule_->deadline[s] : saved_at_[s];
@@ -77,6 +58,10 @@ Prediction Simulator::run() {
     if (peak > pred.peak_bytes) {
       pred.peak_bytes = peak;
       peak_node = static_cast<int64_t>(k);
+      if (peak >= stop_at_) {
+        stopped_ = true;
+        return pred;
+      }
     }
     planned_saved -= release_after[k];
   }
@@ -87,7 +72,9 @@ Prediction Simulator::run() {
   std::vector<int64_t> measured_holders(ns, 0);
   resident_ = 0;
   state_.assign(nk, KeyState::Absent);
-  storage_keys_.assign(ns, {});
+  first_key_.assign(ns, -1);
+  last_key_.assign(ns, -1);
+  next_key_.assign(nk, -1);
   unfetched_.clear();
   for (size_t k = 0; k < nk; ++k) {  // every saved value, in key order
     if (pending_[k] == 0) continue;
@@ -103,13 +90,25 @@ Prediction Simulator::run() {
       state_[k] = KeyState::Kept;
     } else if (decision_[su] == Decision::Offload) {
       state_[k] = KeyState::Offloaded;
-      if (storage_keys_[su].empty()) unfetched_.push_back(s);
-      storage_keys_[su].push_back(static_cast<int>(k));
+      if (first_key_[su] < 0) {
+        unfetched_.push_back(s);
+        first_key_[su] = static_cast<int>(k);
+      } else {
+        next_key_[static_cast<size_t>(last_key_[su])] = static_cast<int>(k);
+      }
+      last_key_[su] = static_cast<int>(k);
     } else {
       state_[k] = KeyState::Dropped;
     }
   }
-  std::sort(unfetched_.begin(), unfetched_.end());
+  // Fetched at the first backward node whose ordinal is at most first use + prefetch distance: latest
+  // such ordinal first, so that each step fetches a prefix of what is left (a step with a higher ordinal
+  // than an earlier one finds its storages fetched already).
+  auto fetch_from = [&](int64_t st) { return first_use(st) + schedule_->prefetch[static_cast<size_t>(st)]; };
+  std::sort(unfetched_.begin(), unfetched_.end(), [&](int64_t a, int64_t b) {
+    return fetch_from(a) != fetch_from(b) ? fetch_from(a) > fetch_from(b) : a < b;
+  });
+  size_t next_fetch = 0;
   // What the measured (keep-everything) run held: every saved storage until its last use.
   int64_t measured_resident = 0;
   for (size_t s = 0; s < ns; ++s)
@@ -125,16 +124,8 @@ Prediction Simulator::run() {
     ++stamp_;  // a new recompute cache: no re-runs, no transients
     transient_bytes_ = 0;
     // Prefetch: offloaded storages whose first use is within their distance are fetched back now.
-    size_t waiting = 0;
-    for (const int64_t s : unfetched_) {
-      if (fetched_[static_cast<size_t>(s)]) continue;  // fetched on demand meanwhile
-      if (first_use(s) >= ord - schedule_->prefetch[static_cast<size_t>(s)]) {
-        fetch(s);
-        continue;
-      }
-      unfetched_[waiting++] = s;
-    }
-    unfetched_.resize(waiting);
+    for (; next_fetch < unfetched_.size() && fetch_from(unfetched_[next_fetch]) >= ord; ++next_fetch)
+      fetch(unfetched_[next_fetch]);  // a no-op where fetched on demand meanwhile
     frame_bytes_ = 0;
     step_ = static_cast<int64_t>(j);
     recompute_peak_ = resident_;
@@ -147,6 +138,10 @@ Prediction Simulator::run() {
       pred.peak_bytes = peak;
       peak_backward = true;
       peak_node = ord;
+      if (peak >= stop_at_) {
+        stopped_ = true;
+        return pred;
+      }
     }
     // Release after the node: pending uses of its saved keys.
     for (const int id : saved) {
@@ -175,7 +170,7 @@ Prediction Simulator::run() {
 void Simulator::fetch(int64_t s) {
   if (fetched_[static_cast<size_t>(s)]) return;
   fetched_[static_cast<size_t>(s)] = 1;
-  for (const int k : storage_keys_[static_cast<size_t>(s)]) {
+  for (int k = first_key_[static_cast<size_t>(s)]; k >= 0; k = next_key_[static_cast<size_t>(k)]) {
     if (state_[static_cast<size_t>(k)] != KeyState::Offloaded) continue;
     state_[static_cast<size_t>(k)] = KeyState::Restored;
     hold(rec_holders_, s, +1);
@@ -312,14 +307,12 @@ OffloadSchedule schedule_offloads(const PlanGraph& g, const std::vector<Decision
   sch.prefetch.assign(ns, 0);
   sch.copy_in = c.copy_in;
   if (nn == 0) return sch;
-  const SaveSpan span = save_span(g);
+  const SaveSpan& span = save_span(g);
   const std::vector<int64_t>& saved_at = span.saved_at;
   const std::vector<int64_t>& first_use = span.first_use;
   auto bytes_of = [&](size_t s) { return static_cast<double>(p.storages[s].bytes); };
   // Forward: node k ends at end_f[k] (measured forward times); Q2 copies in order of saving.
-  std::vector<double> end_f(nn);
-  double t = 0;
-  for (size_t k = 0; k < nn; ++k) end_f[k] = (t += g.forward_ms[k]);
+  const std::vector<double>& end_f = g.forward_end;
   std::vector<size_t> order;
   for (size_t s = 0; s < ns; ++s)
     if (decision[s] == Decision::Offload && saved_at[s] >= 0) order.push_back(s);
@@ -342,18 +335,8 @@ OffloadSchedule schedule_offloads(const PlanGraph& g, const std::vector<Decision
   // distance d starts at the first node whose ordinal is <= u + d (the executor's rule).
   const auto& bo = p.backward_order;
   if (bo.empty()) return sch;
-  std::vector<double> start_b(bo.size());
-  std::vector<int64_t> min_ord(bo.size());
-  t = 0;
-  for (size_t j = 0; j < bo.size(); ++j) {
-    start_b[j] = t;
-    t += g.backward_ms[static_cast<size_t>(bo[j])];
-    min_ord[j] = j == 0 ? bo[j] : std::min(min_ord[j - 1], bo[j]);
-  }
-  auto first_at_or_below = [&](int64_t ordinal) {  // first j with some bo[<=j] <= ordinal
-    const auto it = std::lower_bound(min_ord.begin(), min_ord.end(), ordinal, [](int64_t a, int64_t b) { return a > b; });
-    return static_cast<size_t>(std::min<std::ptrdiff_t>(it - min_ord.begin(), static_cast<std::ptrdiff_t>(bo.size()) - 1));
-  };
+  const std::vector<double>& start_b = g.backward_start;
+  auto first_at_or_below = [&](int64_t ordinal) { return g.first_step_at_or_below(ordinal); };
   std::vector<std::pair<size_t, size_t>> reads;  // (need index, storage)
   for (size_t s : order) reads.emplace_back(first_at_or_below(first_use[s]), s);
   std::stable_sort(reads.begin(), reads.end());
@@ -361,13 +344,22 @@ OffloadSchedule schedule_offloads(const PlanGraph& g, const std::vector<Decision
   for (const auto& [need_j, s] : reads) {
     const double need = start_b[need_j];
     const double copy = c.per_copy_ms + bytes_of(s) / c.read_bytes_per_ms;
-    int d = c.min_prefetch;
-    double done = 0;
-    for (;; ++d) {
-      const size_t issue_j = first_at_or_below(first_use[s] + d);
-      done = std::max(start_b[issue_j], free_b) + copy;
-      if (done <= need || issue_j == 0 || d > static_cast<int>(nn)) break;
+    // The shortest distance from min_prefetch on whose read lands by `need`, or issues at the first
+    // backward node, or exceeds the node count. A longer distance issues no later (first_at_or_below
+    // does not increase with its ordinal, start_b does not decrease with j), so each of the three holds
+    // from some distance on: the first distance where one holds is found by bisection.
+    auto done_at = [&](int d) { return std::max(start_b[first_at_or_below(first_use[s] + d)], free_b) + copy; };
+    auto enough = [&](int d) {
+      return d > static_cast<int>(nn) || first_at_or_below(first_use[s] + d) == 0 || done_at(d) <= need;
+    };
+    int lo = c.min_prefetch, hi = std::max(c.min_prefetch, static_cast<int>(nn) + 1);  // enough(hi) holds
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (enough(mid)) hi = mid;
+      else lo = mid + 1;
     }
+    const int d = lo;
+    const double done = done_at(d);
     sch.prefetch[s] = d;
     free_b = done;
     sch.stall_ms += std::max(0.0, done - need);
@@ -386,7 +378,7 @@ void relax_deadlines(const PlanGraph& g, const std::vector<Decision>& decision, 
   const auto nn = static_cast<int64_t>(g.nodes);
   if (nn == 0 || static_cast<int64_t>(forward_peaks.size()) != nn) return;
   std::vector<int64_t> peaks = forward_peaks;  // with the storages held so far
-  const SaveSpan span = save_span(g);
+  const SaveSpan& span = save_span(g);
   const std::vector<int64_t>& saved_at = span.saved_at;
   std::vector<size_t> order;  // Q2's order: saving order
   for (size_t s = 0; s < decision.size(); ++s)
@@ -416,16 +408,23 @@ Prediction simulate(const StepProfile& profile, const std::vector<Decision>& dec
 
 Prediction simulate(const PlanGraph& g, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule) {
+  return simulate(g, decision, extra_fixed_bytes, store_from, schedule, std::numeric_limits<int64_t>::max(), nullptr);
+}
+
+Prediction simulate(const PlanGraph& g, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
+                    const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule, int64_t stop_at,
+                    bool* stopped) {
   const StepProfile& profile = g.profile;
   RATION_ASSERT(decision.size() == profile.storages.size(), "decision vector size mismatch");
   const bool any_offload = std::find(decision.begin(), decision.end(), Decision::Offload) != decision.end();
   RATION_ASSERT(!any_offload || schedule != nullptr, "offloaded storages need a schedule");
   Simulator sim(g, decision, extra_fixed_bytes, schedule, store_from.empty() ? nullptr : &store_from);
+  sim.stop_at(stop_at);
   Prediction pred = sim.run();
+  if (stopped != nullptr) *stopped = sim.stopped();
   if (any_offload) {
     pred.offload_stall_ms = schedule->stall_ms;
-    for (size_t st = 0; st < decision.size(); ++st)
-      if (sim.offloaded(static_cast<int64_t>(st))) pred.offloaded_bytes += profile.storages[st].bytes;
+    pred.offloaded_bytes = sim.offloaded_bytes();
   }
   return pred;
 }

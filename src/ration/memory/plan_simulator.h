@@ -7,6 +7,7 @@
 //       (schedule_offloads in plan_simulator.cpp, declared in planner.h), executing a plan (budget_policy.h).
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -20,15 +21,16 @@ namespace ration::memory {
 // profile's graph already built, so a plan reads its profile once.
 Prediction simulate(const PlanGraph& graph, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule = nullptr);
+// The same, stopped once the peak reaches `stop_at` (Simulator::stop_at); `*stopped` says whether it was.
+Prediction simulate(const PlanGraph& graph, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
+                    const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule, int64_t stop_at,
+                    bool* stopped);
 OffloadSchedule schedule_offloads(const PlanGraph& graph, const std::vector<Decision>& decision, const OffloadCosts& costs);
 void relax_deadlines(const PlanGraph& graph, const std::vector<Decision>& decision,
                      const std::vector<int64_t>& forward_peaks, int64_t bound, OffloadSchedule& schedule);
 
-// Per storage: the first forward ordinal whose node saves it and the last one (its first use in backward).
-struct SaveSpan {
-  std::vector<int64_t> saved_at, first_use;  // -1: never saved
-};
-SaveSpan save_span(const PlanGraph& graph);
+// Per storage: the first forward ordinal whose node saves it and the last one (PlanGraph::span).
+inline const SaveSpan& save_span(const PlanGraph& graph) { return graph.span; }
 
 // A key is usable without recompute iff it is pinned, or saved and kept (until its last use), or
 // restored by a recompute or a fetch (until its last use). Memory is counted by storage instance: the
@@ -48,6 +50,13 @@ class Simulator {
     return s >= 0 && droppable(s) && decision_[static_cast<size_t>(s)] == Decision::Offload;
   }
   Prediction run();
+  // Early stop: run() returns as soon as the peak reaches `bytes`, with a prediction that is complete
+  // only up to there (its peak_bytes a lower bound of the plan's, >= bytes): enough for a caller that
+  // only asks whether the peak stays below it. Below it the prediction is exact and whole.
+  void stop_at(int64_t bytes) { stop_at_ = bytes; }
+  bool stopped() const { return stopped_; }
+  // Bytes of the offloaded storages (known once run() has started, stopped or not).
+  int64_t offloaded_bytes() const { return offloaded_bytes_; }
 
  private:
   // Absent: not a saved value (no state; never usable unless a leaf).
@@ -76,12 +85,16 @@ class Simulator {
   const std::vector<Decision>& decision_;
   int64_t extra_;
   const OffloadSchedule* schedule_;
-  std::vector<int64_t> saved_at_, first_use_;
-  std::vector<int64_t> key_storage_;        // by id
+  const std::vector<int64_t>& saved_at_;     // by storage (PlanGraph::key_span)
+  const std::vector<int64_t>& first_use_;
+  const std::vector<int64_t>& key_storage_;  // by id
   std::vector<int> pending_;                // by id: backward reads still to come
   std::vector<KeyState> state_;             // by id
-  std::vector<std::vector<int>> storage_keys_;  // by storage: an offloaded storage's saved keys
-  std::vector<int64_t> unfetched_;          // offloaded storages with saved keys, not fetched yet, ascending
+  // An offloaded storage's saved keys, in key order: its first and last (by storage, -1 none) and each
+  // one's next (by key, -1 the last).
+  std::vector<int> first_key_, last_key_, next_key_;
+  int64_t offloaded_bytes_ = 0;
+  std::vector<int64_t> unfetched_;          // offloaded storages with saved keys, by when prefetch fetches them
   std::vector<char> fetched_;               // by storage
   std::vector<int64_t> orig_holders_, rec_holders_;
   // This backward step's re-runs (by node) and transient storage instances held only by the recompute
@@ -93,6 +106,8 @@ class Simulator {
   int64_t step_ = 0;         // index of the backward node being simulated
   int64_t frame_bytes_ = 0;  // outputs of transient re-runs held by the re-runs consuming them
   int64_t resident_ = 0;     // bytes of storage instances that have holders
+  int64_t stop_at_ = std::numeric_limits<int64_t>::max();
+  bool stopped_ = false;
   std::map<int64_t, int64_t> pool_in_use_, pool_max_;  // copy-in pool buffers by bytes: in use now, made
 };
 

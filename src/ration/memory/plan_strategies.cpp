@@ -71,8 +71,8 @@ Choice knapsack(PlanContext& ctx) {
       for (size_t i = 0; i < d.size(); ++i) {
         if (d[i] != Decision::Offload) continue;
         d[i] = Decision::Recompute;
-        const Prediction without = ctx.predict(d);
-        if (stall - without.offload_stall_ms > ctx.groups()[i].recompute_ms && without.peak_bytes <= ctx.budget()) {
+        // The stall needs the copy queues only; memory is simulated for a trade worth making.
+        if (stall - ctx.offload_stall(d) > ctx.groups()[i].recompute_ms && ctx.fits(c)) {
           changed = true;
           break;
         }
