@@ -225,9 +225,9 @@ int64_t PlanContext::peak_below(const std::vector<Decision>& decisions, int64_t 
   return predict_until(decisions, store_from, stop_at).peak_bytes;
 }
 
-bool PlanContext::fits(const Choice& c) const {
+bool PlanContext::fits(const std::vector<Decision>& decisions, const std::map<int64_t, int64_t>& store_from) const {
   const int64_t over = budget() == std::numeric_limits<int64_t>::max() ? budget() : budget() + 1;
-  return peak_below(c.decisions, over, c.store_from) <= budget();
+  return peak_below(decisions, over, store_from) <= budget();
 }
 
 const std::vector<Decision>& PlanContext::by_storage(const std::vector<Decision>& decisions) const {

@@ -53,7 +53,8 @@ class PlanContext {
                      const std::map<int64_t, int64_t>& store_from = {}) const;
   // The copy queues' predicted stall alone (Prediction::offload_stall_ms), without simulating memory.
   double offload_stall(const std::vector<Decision>& decisions) const;
-  bool fits(const Choice& c) const;
+  bool fits(const std::vector<Decision>& decisions, const std::map<int64_t, int64_t>& store_from = {}) const;
+  bool fits(const Choice& c) const { return fits(c.decisions, c.store_from); }
   int64_t unconstrained_peak() const { return unconstrained_peak_; }  // everything kept
   int64_t fixed_bytes() const { return fixed_bytes_; }
 

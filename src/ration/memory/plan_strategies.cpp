@@ -72,7 +72,7 @@ Choice knapsack(PlanContext& ctx) {
         if (d[i] != Decision::Offload) continue;
         d[i] = Decision::Recompute;
         // The stall needs the copy queues only; memory is simulated for a trade worth making.
-        if (stall - ctx.offload_stall(d) > ctx.groups()[i].recompute_ms && ctx.fits(c)) {
+        if (stall - ctx.offload_stall(d) > ctx.groups()[i].recompute_ms && ctx.fits(d)) {
           changed = true;
           break;
         }
