@@ -138,14 +138,11 @@ PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
     const OffloadCosts& c = *options.offload;
     RATION_CHECK(c.write_bytes_per_ms > 0 && c.read_bytes_per_ms > 0, "offload planning needs measured tier bandwidths");
     const SaveSpan& span = save_span(*graph_);
-    double fwd_total = 0, bwd_total = 0;
-    std::vector<double> end_f;
-    for (const double ms : graph_->forward_ms) end_f.push_back(fwd_total += ms);
+    const std::vector<double>& end_f = graph_->forward_end;
+    const double fwd_total = end_f.empty() ? 0 : end_f.back();
     std::vector<double> bwd_before(graph_->nodes, 0);  // backward time before the node runs
-    for (int64_t ord : profile.backward_order) {
-      bwd_before[static_cast<size_t>(ord)] = bwd_total;
-      bwd_total += graph_->backward_ms[static_cast<size_t>(ord)];
-    }
+    for (size_t j = 0; j < profile.backward_order.size(); ++j)
+      bwd_before[static_cast<size_t>(profile.backward_order[j])] = graph_->backward_start[j];
     for (size_t i = 0; i < n; ++i) {
       const Group& g = groups_[i];
       const auto st = static_cast<size_t>(g.storage);

@@ -84,33 +84,30 @@ PlanGraph::PlanGraph(const StepProfile& p)
     const int64_t last = alive == p.value_last_alive.end() || alive->first != key ? static_cast<int64_t>(nodes) : alive->second;
     last_alive[static_cast<size_t>(s)] = std::max(last_alive[static_cast<size_t>(s)], last);
   }
-  span.saved_at.assign(storages, -1);
-  span.first_use.assign(storages, -1);
-  for (size_t k = 0; k < nodes; ++k) {
-    for (const int v : saved[k]) {
-      const int64_t s = v >= 0 ? storage[static_cast<size_t>(v)] : -1;
-      if (s < 0) continue;
-      if (span.saved_at[static_cast<size_t>(s)] < 0) span.saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
-      span.first_use[static_cast<size_t>(s)] = static_cast<int64_t>(k);
-    }
-  }
+  // Save spans two ways: by each value's storage as the profile reads it (the copy timeline's), and by
+  // the simulator's keys (a node output's storage as the value map records it).
   key_storage.assign(values(), -1);
   for (size_t k = 0; k < leaves.size(); ++k) key_storage[k] = storage[k];
   for (size_t i = 0; i < recorded_storage.size(); ++i) key_storage[leaves.size() + i] = recorded_storage[i];
   backward_reads.assign(values(), 0);
-  key_span.saved_at.assign(storages, -1);
-  key_span.first_use.assign(storages, -1);
+  for (SaveSpan* sp : {&span, &key_span}) {
+    sp->saved_at.assign(storages, -1);
+    sp->first_use.assign(storages, -1);
+  }
+  auto saved_by = [](SaveSpan& sp, int64_t s, size_t k) {
+    if (s < 0) return;
+    if (sp.saved_at[static_cast<size_t>(s)] < 0) sp.saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+    sp.first_use[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+  };
   for (size_t k = 0; k < nodes; ++k) {
-    for (const int id : saved[k]) {
-      if (id < 0) {
+    for (const int v : saved[k]) {
+      if (v < 0) {
         if (saved_not_output < 0) saved_not_output = static_cast<int64_t>(k);
         continue;
       }
-      ++backward_reads[static_cast<size_t>(id)];
-      const int64_t s = key_storage[static_cast<size_t>(id)];
-      if (s < 0) continue;
-      if (key_span.saved_at[static_cast<size_t>(s)] < 0) key_span.saved_at[static_cast<size_t>(s)] = static_cast<int64_t>(k);
-      key_span.first_use[static_cast<size_t>(s)] = static_cast<int64_t>(k);
+      ++backward_reads[static_cast<size_t>(v)];
+      saved_by(span, storage[static_cast<size_t>(v)], k);
+      saved_by(key_span, key_storage[static_cast<size_t>(v)], k);
     }
   }
   forward_end.resize(nodes);

@@ -336,21 +336,23 @@ OffloadSchedule schedule_offloads(const PlanGraph& g, const std::vector<Decision
   const auto& bo = p.backward_order;
   if (bo.empty()) return sch;
   const std::vector<double>& start_b = g.backward_start;
-  auto first_at_or_below = [&](int64_t ordinal) { return g.first_step_at_or_below(ordinal); };
   std::vector<std::pair<size_t, size_t>> reads;  // (need index, storage)
-  for (size_t s : order) reads.emplace_back(first_at_or_below(first_use[s]), s);
+  for (size_t s : order) reads.emplace_back(g.first_step_at_or_below(first_use[s]), s);
   std::stable_sort(reads.begin(), reads.end());
   double free_b = 0;
   for (const auto& [need_j, s] : reads) {
     const double need = start_b[need_j];
     const double copy = c.per_copy_ms + bytes_of(s) / c.read_bytes_per_ms;
     // The shortest distance from min_prefetch on whose read lands by `need`, or issues at the first
-    // backward node, or exceeds the node count. A longer distance issues no later (first_at_or_below
-    // does not increase with its ordinal, start_b does not decrease with j), so each of the three holds
+    // backward node, or exceeds the node count. A longer distance issues no later (the issuing step does
+    // not increase with the ordinal, start_b does not decrease with the step), so each of the three holds
     // from some distance on: the first distance where one holds is found by bisection.
-    auto done_at = [&](int d) { return std::max(start_b[first_at_or_below(first_use[s] + d)], free_b) + copy; };
+    auto issue_at = [&](int d) { return g.first_step_at_or_below(first_use[s] + d); };
+    auto done_by = [&](size_t issue) { return std::max(start_b[issue], free_b) + copy; };
     auto enough = [&](int d) {
-      return d > static_cast<int>(nn) || first_at_or_below(first_use[s] + d) == 0 || done_at(d) <= need;
+      if (d > static_cast<int>(nn)) return true;
+      const size_t issue = issue_at(d);
+      return issue == 0 || done_by(issue) <= need;
     };
     int lo = c.min_prefetch, hi = std::max(c.min_prefetch, static_cast<int>(nn) + 1);  // enough(hi) holds
     while (lo < hi) {
@@ -359,7 +361,7 @@ OffloadSchedule schedule_offloads(const PlanGraph& g, const std::vector<Decision
       else lo = mid + 1;
     }
     const int d = lo;
-    const double done = done_at(d);
+    const double done = done_by(issue_at(d));
     sch.prefetch[s] = d;
     free_b = done;
     sch.stall_ms += std::max(0.0, done - need);
