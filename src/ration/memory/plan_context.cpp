@@ -259,6 +259,45 @@ Prediction PlanContext::predict_until(const std::vector<Decision>& decisions, co
   return pred;
 }
 
+int64_t PlanContext::descend_by_recompute(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order,
+                                          std::optional<IncrementalPeak>& inc_slot, Trail* trail) const {
+  auto took = [&](size_t i, int64_t peak) {
+    if (trail != nullptr) trail->releases.push_back({i, d[i], peak});
+  };
+  inc_slot.emplace(incremental(d));
+  IncrementalPeak& inc = *inc_slot;
+  int64_t peak = inc.peak();
+  if (trail != nullptr) trail->start = peak;
+  bool progress = true;
+  // A try's answer depends on the committed plan only. Once a pass comes back to where the previous pass
+  // made its last release without releasing anything on the way, every group still kept has been tried
+  // against the plan as it is (those after that place by the previous pass, after its last release) and
+  // refused: the descent is over, as the rest of the pass would find.
+  size_t last_release = order.size();  // position in `order`; order.size(): none in this pass yet
+  while (peak > target && progress) {
+    progress = false;
+    const size_t stop_at = last_release;
+    last_release = order.size();
+    for (size_t at = 0; at < order.size(); ++at) {
+      if (!progress && at == stop_at) break;
+      const size_t i = order[at];
+      if (d[i] != Decision::Keep) continue;
+      // Only "lower than now" matters: the evaluation may stop once it reaches the current peak.
+      const int64_t p = inc.peak_if(i, Decision::Recompute, peak);
+      if (p < peak) {
+        inc.set(i, Decision::Recompute);
+        d[i] = Decision::Recompute;
+        peak = p;
+        took(i, peak);
+        progress = true;
+        last_release = at;
+        if (peak <= target) break;
+      }
+    }
+  }
+  return peak;
+}
+
 // Releasing is not monotone: a released run of values is rebuilt and held together in backward, so a
 // release that only adds recompute transients is undone.
 int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order,
@@ -268,39 +307,7 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
   };
   if (keep_or_recompute(d)) {  // the same descent, each try priced by the incremental peak
     std::optional<IncrementalPeak> own;
-    std::optional<IncrementalPeak>& slot = reached != nullptr ? *reached : own;
-    slot.emplace(incremental(d));
-    IncrementalPeak& inc = *slot;
-    int64_t peak = inc.peak();
-    if (trail != nullptr) trail->start = peak;
-    bool progress = true;
-    // A try's answer depends on the committed plan only. Once a pass comes back to where the previous pass
-    // made its last release without releasing anything on the way, every group still kept has been tried
-    // against the plan as it is (those after that place by the previous pass, after its last release) and
-    // refused: the descent is over, as the rest of the pass would find.
-    size_t last_release = order.size();  // position in `order`; order.size(): none in this pass yet
-    while (peak > target && progress) {
-      progress = false;
-      const size_t stop_at = last_release;
-      last_release = order.size();
-      for (size_t at = 0; at < order.size(); ++at) {
-        if (!progress && at == stop_at) break;
-        const size_t i = order[at];
-        if (d[i] != Decision::Keep) continue;
-        // Only "lower than now" matters: the evaluation may stop once it reaches the current peak.
-        const int64_t p = inc.peak_if(i, Decision::Recompute, peak);
-        if (p < peak) {
-          inc.set(i, Decision::Recompute);
-          d[i] = Decision::Recompute;
-          peak = p;
-          took(i, peak);
-          progress = true;
-          last_release = at;
-          if (peak <= target) break;
-        }
-      }
-    }
-    return peak;
+    return descend_by_recompute(d, target, order, reached != nullptr ? *reached : own, trail);
   }
   if (reached != nullptr) reached->reset();
   int64_t peak = predict(d).peak_bytes;
@@ -373,6 +380,43 @@ std::optional<Choice> PlanContext::reach_budget_by_memory_order() const {
     if (descend(c.decisions, budget(), memory_orders_[o]) <= budget()) return c;
   }
   return std::nullopt;
+}
+
+const std::optional<Choice>& PlanContext::stable_plan() {
+  if (stable_plan_known_) return stable_plan_;
+  stable_plan_known_ = true;
+  if (unconstrained_peak_ <= budget()) return stable_plan_ = all_kept();
+  const int64_t over = budget() + 1;  // only "over the budget or not" matters
+  for (size_t o = 0; o < memory_orders_.size(); ++o) {
+    const std::vector<size_t>& order = memory_orders_[o];
+    std::vector<Decision> d = all_kept().decisions;
+    std::optional<IncrementalPeak> inc;
+    if (!any_offload_release_ && o < floor_trails_.size()) {
+      // The floor's descent in this order (by recompute: no group releases as an offload) took the same
+      // releases up to the budget.
+      bool reached = floor_trails_[o].start <= budget();
+      for (size_t r = 0; r < floor_trails_[o].releases.size() && !reached; ++r) {
+        d[floor_trails_[o].releases[r].group] = Decision::Recompute;
+        reached = floor_trails_[o].releases[r].peak <= budget();
+      }
+      if (!reached) continue;
+      inc.emplace(incremental(d));
+    } else if (descend_by_recompute(d, budget(), order, inc) > budget()) {
+      continue;
+    }
+    for (size_t r = order.size(); r-- > 0;) {
+      const size_t i = order[r];
+      if (d[i] == Decision::Keep || inc->peak_if(i, Decision::Keep, over) > budget()) continue;
+      inc->set(i, Decision::Keep);
+      d[i] = Decision::Keep;
+    }
+    Choice c;
+    c.decisions = std::move(d);
+    return stable_plan_ = std::move(c);
+  }
+  if (const ChainCandidate* best = best_chain_fit(chain_candidates(), budget()))
+    stable_plan_ = Choice{best->decisions, best->store_from, best->slots};
+  return stable_plan_;
 }
 
 // The floor is within the budget exactly when everything kept is, when some memory order's descent to

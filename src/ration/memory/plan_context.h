@@ -98,6 +98,15 @@ class PlanContext {
   // schedule or above the budget): what the knapsack falls back to when its time-ordered descent stops
   // above the budget, so that timing only chooses between plans that fit.
   std::optional<Choice> reach_budget_by_memory_order() const;
+  // The plan the budget gives without reading measured time: groups released by recompute in the first
+  // memory order whose descent reaches the budget, then kept back where they still fit, latest in that
+  // order first; where only a chain's binomial schedule reaches the budget, that schedule; none where only
+  // an offload plan fits. Its kept groups and bytes are the plan's initial figure and user overrides are
+  // decided from it, so a plan command accepts or refuses the same request on every run (docs/METHODS.md,
+  // "Keep / recompute / offload planning").
+  const std::optional<Choice>& stable_plan();
+  // Memory orders (never measured time): fewest re-run nodes per byte first; largest first.
+  const std::vector<std::vector<size_t>>& memory_orders() const { return memory_orders_; }
   // Throws the "below the feasible minimum" error when the budget is under minimum_peak(). Where the
   // minimum is not reported (PlanOptions::report_minimum off: a re-plan), "is the floor within the
   // budget" is answered without the floor's whole descents: see budget_within_floor.
@@ -128,6 +137,11 @@ class PlanContext {
   // (their trails kept in floor_trails_: prefixes of the floor's own); false: not shown that way.
   bool budget_within_floor();
   bool within_floor_known_ = false;  // budget_within_floor answered true once
+  std::optional<Choice> stable_plan_;
+  bool stable_plan_known_ = false;
+  // The keep/recompute descent (every release a recompute), priced by the incremental peak left in `inc`.
+  int64_t descend_by_recompute(std::vector<Decision>& decisions, int64_t target, const std::vector<size_t>& order,
+                               std::optional<IncrementalPeak>& inc, Trail* trail = nullptr) const;
   mutable std::optional<IncrementalPeak> all_kept_peak_;
   struct LastPrediction {
     std::vector<Decision> decisions;

@@ -72,12 +72,12 @@ nlohmann::json to_json(const Plan& plan) {
 
 std::string Plan::to_table() const {
   std::ostringstream os;
-  char line[256];
+  char line[320];
   std::snprintf(line, sizeof line, "plan (%s): budget %s = fixed occupancy %s + activation capacity %s\n",
                 to_string(strategy), format_bytes(budget_bytes).c_str(), format_bytes(fixed_bytes).c_str(),
                 format_bytes(capacity_bytes).c_str());
   os << line;
-  std::snprintf(line, sizeof line, "  keep %lld of %lld groups (%s of %s); initial figure %lld groups / %s\n",
+  std::snprintf(line, sizeof line, "  keep %lld of %lld groups (%s of %s); initial figure %lld groups / %s (the most --keep-groups / --keep-bytes may ask)\n",
                 static_cast<long long>(kept_groups), static_cast<long long>(groups.size()),
                 format_bytes(kept_bytes).c_str(), format_bytes(kept_bytes + dropped_bytes).c_str(),
                 static_cast<long long>(initial_kept_groups), format_bytes(initial_kept_bytes).c_str());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "ration/core/check.h"
 #include "ration/memory/allocator.h"
@@ -48,20 +49,47 @@ void fill_counts(Plan& plan) {
   }
 }
 
+// Releases groups of `c` in `order` (as `release` says) until the kept counts are within `limit`; a
+// release that would push the prediction over the budget (rebuilt runs held together) is skipped.
+// Returns whether the counts got within the limit.
+template <typename Within, typename Release>
+bool lower_kept(const PlanContext& ctx, Choice& c, const std::vector<size_t>& order, Within within, Release release) {
+  Counts now = kept_of(ctx.groups(), c.decisions);
+  for (size_t i : order) {
+    if (within(now)) break;
+    if (c.decisions[i] != Decision::Keep) continue;
+    c.decisions[i] = release(i, c.decisions);
+    if (ctx.fits(c)) {
+      now.kept_groups -= 1;
+      now.kept_bytes -= ctx.groups()[i].bytes;
+    } else {
+      c.decisions[i] = Decision::Keep;
+    }
+  }
+  return within(now);
+}
+
 // User feedback: the user may lower what is kept (--keep-groups, --keep-bytes), never raise it above the
-// strategy's initial figure. Further groups are released, cheapest recompute per byte first, until both
-// limits hold; a release that would push the prediction over the budget (rebuilt runs held together)
-// is skipped.
-void apply_overrides(const PlanContext& ctx, Choice& c, const Counts& initial) {
+// initial figure (`reference`'s counts: the stable plan for the knapsack, the strategy's own plan for the
+// others, none of which read measured time). Whether the limits can be met within the budget is decided
+// from the reference, released by recompute in a memory order; the strategy's choice, released cheapest
+// measured cost first, is kept where it gets within them too. So the outcome of a request never depends
+// on timing; only which groups go may.
+void apply_overrides(PlanContext& ctx, Choice& c, const Choice& reference, const Counts& initial) {
   const PlanOptions& o = ctx.options();
   const int64_t budget = ctx.budget();
   if (o.keep_groups) {
+    RATION_CHECK(*o.keep_groups >= 0 && *o.keep_groups <= static_cast<int64_t>(ctx.size()), "--keep-groups ",
+                 *o.keep_groups, " is out of range: this model and batch save ", ctx.size(),
+                 " groups (expected 0 to ", ctx.size(), ")");
     RATION_CHECK(*o.keep_groups <= initial.kept_groups, "--keep-groups ", *o.keep_groups,
                  " asks to keep more than the plan's initial figure of ", initial.kept_groups,
                  " groups; keeping more would not fit the budget of ", format_bytes(budget),
-                 " (predicted peak with the initial plan: ", format_bytes(ctx.predict(c.decisions, c.store_from).peak_bytes), ")");
+                 " (predicted peak with the initial figure kept: ",
+                 format_bytes(ctx.predict(reference.decisions, reference.store_from).peak_bytes), ")");
   }
   if (o.keep_bytes) {
+    RATION_CHECK(*o.keep_bytes >= 0, "--keep-bytes must not be negative (got ", *o.keep_bytes, ")");
     RATION_CHECK(*o.keep_bytes <= initial.kept_bytes, "--keep-bytes ", format_bytes(*o.keep_bytes),
                  " asks to keep more than the plan's initial figure of ", format_bytes(initial.kept_bytes),
                  "; keeping more would not fit the budget of ", format_bytes(budget));
@@ -70,23 +98,26 @@ void apply_overrides(const PlanContext& ctx, Choice& c, const Counts& initial) {
   auto within = [&](const Counts& k) {
     return (!o.keep_groups || k.kept_groups <= *o.keep_groups) && (!o.keep_bytes || k.kept_bytes <= *o.keep_bytes);
   };
-  Counts now = initial;
-  for (size_t i : ctx.knapsack_order()) {
-    if (within(now)) break;
-    if (c.decisions[i] != Decision::Keep) continue;
-    c.decisions[i] = ctx.release_decision(i, c.decisions);
-    if (ctx.fits(c)) {
-      now.kept_groups -= 1;
-      now.kept_bytes -= ctx.groups()[i].bytes;
-    } else {
-      c.decisions[i] = Decision::Keep;
+  auto by_recompute = [](size_t, const std::vector<Decision>&) { return Decision::Recompute; };
+  std::optional<Choice> stable;
+  Counts lowest = initial;
+  for (const std::vector<size_t>& order : ctx.memory_orders()) {
+    Choice r = reference;
+    if (lower_kept(ctx, r, order, within, by_recompute)) {
+      stable = std::move(r);
+      break;
     }
+    const Counts k = kept_of(ctx.groups(), r.decisions);
+    if (k.kept_groups < lowest.kept_groups) lowest = k;
   }
-  RATION_CHECK(within(now), "cannot lower what is kept to the requested ",
+  RATION_CHECK(stable.has_value(), "cannot lower what is kept to the requested ",
                o.keep_groups ? std::to_string(*o.keep_groups) + " groups" : format_bytes(*o.keep_bytes),
-               " within the budget of ", format_bytes(budget), ": the lowest that fits keeps ", now.kept_groups,
-               " groups (", format_bytes(now.kept_bytes), "); dropping more rebuilds runs of values together and "
+               " within the budget of ", format_bytes(budget), ": the lowest that fits keeps ", lowest.kept_groups,
+               " groups (", format_bytes(lowest.kept_bytes), "); dropping more rebuilds runs of values together and "
                "raises the peak. Raise --memory-budget to keep less.");
+  Choice timed = c;
+  auto release = [&](size_t i, const std::vector<Decision>& d) { return ctx.release_decision(i, d); };
+  c = lower_kept(ctx, timed, ctx.knapsack_order(), within, release) && ctx.fits(timed) ? std::move(timed) : std::move(*stable);
 }
 
 }  // namespace
@@ -158,10 +189,14 @@ Plan plan_once(const StepProfile& profile, const PlanOptions& options) {
   if (!options.report_minimum && !ctx.fits(choice)) ctx.check_budget_reachable();
   if (options.report_minimum) plan.minimum_peak_bytes = ctx.minimum_peak();
 
-  const Counts initial = kept_of(plan.groups, choice.decisions);
+  // The initial figure never reads measured time: the knapsack's is its stable plan's (where only an
+  // offload plan fits, its own); the other strategies do not read times.
+  const std::optional<Choice>& stable = options.strategy == Strategy::Knapsack ? ctx.stable_plan() : std::nullopt;
+  const Choice reference = stable ? *stable : choice;
+  const Counts initial = kept_of(plan.groups, reference.decisions);
   plan.initial_kept_groups = initial.kept_groups;
   plan.initial_kept_bytes = initial.kept_bytes;
-  apply_overrides(ctx, choice, initial);
+  apply_overrides(ctx, choice, reference, initial);
 
   for (size_t i = 0; i < plan.groups.size(); ++i) plan.groups[i].decision = choice.decisions[i];
   plan.store_from = std::move(choice.store_from);
@@ -204,15 +239,19 @@ Plan plan_once(const StepProfile& profile, const PlanOptions& options) {
 // not fail because a tier was offered. When both fail, the error with the lower feasible minimum stands.
 Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   if (!options.offload) return plan_once(profile, options);
+  PlanOptions without = options;
+  without.offload.reset();
+  Plan plan;
   try {
-    return plan_once(profile, options);
+    plan = plan_once(profile, options);
   } catch (const Error&) {
-    PlanOptions without = options;
-    without.offload.reset();
-    Plan plan = plan_once(profile, without);  // its error (the keep/recompute floor) is the one reported
-    plan.offload_costs = options.offload;     // reported: the tier was measured, and offloads nothing
+    plan = plan_once(profile, without);  // its error (the keep/recompute floor) is the one reported
+    plan.offload_costs = options.offload;  // reported: the tier was measured, and offloads nothing
     return plan;
   }
+  // The lowest budget this call meets is the lower of the two floors: report that one.
+  if (options.report_minimum) plan.minimum_peak_bytes = std::min(plan.minimum_peak_bytes, PlanContext(profile, without).minimum_peak());
+  return plan;
 }
 
 }  // namespace ration::memory
