@@ -33,21 +33,19 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "ration/core/check.h"
+#include "bench_setup.h"
+#include "ration/base/check.h"
 #include "ration/core/compute_threads.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/planner.h"
+#include "ration/base/allocator.h"
+#include "ration/plan/planner.h"
 #include "ration/optim/adamw.h"
 #include "ration/optim/sgd.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
@@ -55,6 +53,7 @@ using nlohmann::json;
 
 namespace {
 using bench::median;
+using bench::split;
 
 struct Args {
   int reps = 3, steps = 20, warmup = 3, threads = 0;  // threads 0: each family's train.threads
@@ -69,15 +68,6 @@ struct Args {
   std::vector<std::string> sets;      // worker: config overrides (--set k=v)
   std::vector<std::string> variants;  // orchestrator: ration-only comparison of override sets (--variants)
 };
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 std::string config_path(const std::string& family) { return std::string(RATION_SOURCE_DIR) + "/configs/" + family + ".toml"; }
 
@@ -139,12 +129,10 @@ int worker(const Args& a) {
   if (a.threads > 0) overrides.push_back("train.threads=" + std::to_string(a.threads));
   for (const auto& o : a.sets) overrides.push_back(o);
   if (a.device != "cpu") overrides.push_back("train.device=" + a.device);
-  train::Setup setup = train::build_setup(train::load_config(config_path(a.family), overrides));
-  Config& cfg = setup.config;
-  const train::RunSettings r = train::read_run_settings(cfg);
-  models::Model& model = *setup.model;
-  model.train();
-  const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
+  const bench::ModelBench mb = bench::load_model_bench(config_path(a.family), overrides);
+  const train::RunSettings& r = mb.run;
+  models::Model& model = mb.model();
+  const data::Batch& batch = mb.batch;
   json out = {{"side", "ration"}, {"family", a.family}, {"mode", a.mode}, {"steps", a.steps}, {"warmup", a.warmup},
               {"threads", threads_json()},
               {"allocator", a.counting_allocator ? "counting" : "default"}, {"overrides", overrides}};
@@ -196,24 +184,24 @@ int worker(const Args& a) {
   return 0;
 }
 
-std::string run_command(const std::string& cmd) {
-  std::string out;
-  FILE* f = popen(cmd.c_str(), "r");
-  RATION_CHECK(f != nullptr, "bench_peer: cannot run ", cmd);
-  char buf[1 << 16];
-  while (fgets(buf, sizeof buf, f)) out += buf;
-  pclose(f);
-  return out;
+// The last JSON line a side printed (its result); throws with the output when there is none.
+json last_json_line(const std::string& cmd) {
+  const std::string text = bench::run_command(cmd);
+  const std::vector<json> lines = bench::json_lines(text);
+  if (lines.empty()) throw Error("bench_peer: no JSON result from: " + cmd + "\noutput:\n" + text);
+  return lines.back();
 }
 
-json last_json_line(const std::string& text, const std::string& cmd) {
-  const size_t pos = text.rfind("\n{");
-  const size_t start = text.rfind('{', 0) == 0 && pos == std::string::npos ? 0 : pos + 1;
-  try {
-    return json::parse(text.substr(start));
-  } catch (const std::exception&) {
-    throw Error("bench_peer: no JSON result from: " + cmd + "\noutput:\n" + text);
-  }
+// One run of repetition `rep` (from 0): its result tagged with "rep" and `key` = `label`, progress on stderr.
+json run_tagged(const std::string& cmd, int rep, const std::string& fam, const char* key, const std::string& label) {
+  std::fprintf(stderr, "[rep %d] %s %s ...\n", rep + 1, fam.c_str(), label.c_str());
+  json r = last_json_line(cmd);
+  r["rep"] = rep + 1;
+  r[key] = label;
+  if (r.contains("step_ms_median"))
+    std::fprintf(stderr, "         wall %.1f ms, cpu %.1f ms\n", r["step_ms_median"].get<double>(),
+                 r["step_cpu_ms_median"].get<double>());
+  return r;
 }
 
 std::string self_exe() {
@@ -247,7 +235,7 @@ int orchestrate(const Args& a) {
   for (int rep = 0; rep < a.reps; ++rep) {
     for (const std::string& fam : a.families) {
       const int t = family_threads(fam, a.threads);
-      const std::string env = "env OMP_NUM_THREADS=" + std::to_string(t) + " OPENBLAS_NUM_THREADS=" + std::to_string(t) + " ";
+      const std::string env = bench::thread_env(t);
       const std::string common = " --family " + fam + " --steps " + std::to_string(a.steps) + " --warmup " +
                                  std::to_string(a.warmup) + " --threads " + std::to_string(t) + " --device " + a.device;
       std::string sets;
@@ -270,16 +258,7 @@ int orchestrate(const Args& a) {
         cmds.push_back({"pytorch-per-block", env + peer + common + pconf + " --mode per-block" + probe});
       }
       if (rep % 2 == 1) std::reverse(cmds.begin(), cmds.end());  // alternate who goes first
-      for (const auto& [side, cmd] : cmds) {
-        std::fprintf(stderr, "[rep %d] %s %s ...\n", rep + 1, fam.c_str(), side.c_str());
-        json r = last_json_line(run_command(cmd), cmd);
-        r["rep"] = rep + 1;
-        r["run"] = side;
-        if (r.contains("step_ms_median"))
-          std::fprintf(stderr, "         wall %.1f ms, cpu %.1f ms\n", r["step_ms_median"].get<double>(),
-                       r["step_cpu_ms_median"].get<double>());
-        runs.push_back(r);
-      }
+      for (const auto& [side, cmd] : cmds) runs.push_back(run_tagged(cmd, rep, fam, "run", side));
     }
   }
 
@@ -398,12 +377,9 @@ int orchestrate(const Args& a) {
   std::printf("\nall targets met: %s\n", all_ok ? "yes" : "no");
   summary["all_met"] = all_ok;
 
-  const auto slash = a.json_path.find_last_of('/');
-  if (slash != std::string::npos) std::system(("mkdir -p " + a.json_path.substr(0, slash)).c_str());
-  std::ofstream(a.json_path) << json{{"benchmark", "bench_peer"}, {"device", a.device}, {"overrides", a.sets}, {"reps", a.reps}, {"steps", a.steps},
-                                     {"warmup", a.warmup}, {"summary", summary}, {"runs", runs}}
-                                    .dump(2)
-                             << "\n";
+  bench::write_json(a.json_path, {{"benchmark", "bench_peer"}, {"device", a.device}, {"overrides", a.sets},
+                                  {"reps", a.reps}, {"steps", a.steps}, {"warmup", a.warmup}, {"summary", summary},
+                                  {"runs", runs}});
   std::printf("wrote %s\n", a.json_path.c_str());
   return 0;
 }
@@ -424,17 +400,11 @@ int compare_variants(const Args& a) {
       for (size_t k = 0; k < nv; ++k) {
         const std::string& variant = a.variants[(k + static_cast<size_t>(rep)) % nv];  // rotate who goes first
         const int t = variant_threads(fam, variant);
-        std::string cmd = "env OMP_NUM_THREADS=" + std::to_string(t) + " OPENBLAS_NUM_THREADS=" + std::to_string(t) +
-                          " " + exe + " --worker ration --family " + fam + " --steps " + std::to_string(a.steps) +
-                          " --warmup " + std::to_string(a.warmup) + " --threads " + std::to_string(t);
+        std::string cmd = bench::thread_env(t) + exe + " --worker ration --family " + fam + " --steps " +
+                          std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) + " --threads " +
+                          std::to_string(t);
         for (const auto& o : split(variant, ',')) cmd += " --set " + o;
-        std::fprintf(stderr, "[rep %d] %s %s ...\n", rep + 1, fam.c_str(), variant.c_str());
-        json r = last_json_line(run_command(cmd), cmd);
-        r["rep"] = rep + 1;
-        r["variant"] = variant;
-        std::fprintf(stderr, "         wall %.1f ms, cpu %.1f ms\n", r["step_ms_median"].get<double>(),
-                     r["step_cpu_ms_median"].get<double>());
-        runs.push_back(r);
+        runs.push_back(run_tagged(cmd, rep, fam, "variant", variant));
       }
     }
   }
@@ -466,13 +436,9 @@ int compare_variants(const Args& a) {
     std::printf("%-8s fastest: wall %s, cpu %s\n", fam.c_str(), best_wall.c_str(), best_cpu.c_str());
     summary[fam] = fs;
   }
-  const auto slash = a.json_path.find_last_of('/');
-  if (slash != std::string::npos) std::system(("mkdir -p " + a.json_path.substr(0, slash)).c_str());
-  std::ofstream(a.json_path) << json{{"benchmark", "bench_peer --variants"}, {"reps", a.reps}, {"steps", a.steps},
-                                     {"warmup", a.warmup}, {"variants", a.variants}, {"summary", summary},
-                                     {"runs", runs}}
-                                    .dump(2)
-                             << "\n";
+  bench::write_json(a.json_path, {{"benchmark", "bench_peer --variants"}, {"reps", a.reps}, {"steps", a.steps},
+                                  {"warmup", a.warmup}, {"variants", a.variants}, {"summary", summary},
+                                  {"runs", runs}});
   std::printf("wrote %s\n", a.json_path.c_str());
   return 0;
 }
@@ -503,7 +469,7 @@ int main(int argc, char** argv) {
       else if (s == "--set") a.sets.push_back(next());
       else if (s == "--variants") a.variants = split(next(), '|');
       else if (s == "--fractions") {
-        for (const auto& f : split(next(), ',')) a.fractions.push_back(std::stod(f));
+        for (double f : bench::numbers<double>(next())) a.fractions.push_back(f);
       } else
         throw Error("bench_peer: unknown argument " + s +
                     " (expected --reps N --steps N --warmup N --threads N --families a,b --no-budgets "

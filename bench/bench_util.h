@@ -1,27 +1,59 @@
-// bench_util.h — small helpers every bench program uses (not part of the library).
+// bench_util.h — small helpers every bench program uses (not part of the library; of ration's headers only
+// the header-only base/timing.h, so the programs that only run the CLI use it too).
+// Owns: a flag's comma-separated list, medians and timers (wall since a time point, process and thread CPU
+//       time), the machine's description, the peer processes' command line pieces (thread environment, a
+//       Python peer script), running a command for its output and reading the JSON lines it printed,
+//       writing a result JSON, and main's last resort for an error.
+// Does not own: building a model bench's config, model and batch (bench_setup.h) or running the `ration`
+//       CLI (ration_run.h).
 #pragma once
+#include "ration/base/timing.h"
+#include <nlohmann/json.hpp>
 #include <time.h>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <system_error>
+#include <type_traits>
 #include <vector>
 
 namespace ration::bench {
 
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+// "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
+inline std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
 }
 
-// Process CPU time (all threads): robust to CPU stolen by neighbours on a shared VM, which wall time is not.
-inline double cpu_ms_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+// "1,2,3" -> {1, 2, 3}: a flag's list of numbers (integers read with std::stoll, others with std::stod).
+template <typename T>
+std::vector<T> numbers(const std::string& s, char sep = ',') {
+  std::vector<T> out;
+  for (const std::string& item : split(s, sep)) {
+    if constexpr (std::is_integral_v<T>) out.push_back(static_cast<T>(std::stoll(item)));
+    else out.push_back(static_cast<T>(std::stod(item)));
+  }
+  return out;
 }
+
+// The library's clocks and median (base/timing.h: header-only, no library to link), and seconds since t0.
+using ration::cpu_ms_now;
+using ration::median;
+using ration::ms_since;
+using ration::thread_cpu_ms;
+inline double seconds_since(std::chrono::steady_clock::time_point t0) { return ms_since(t0) / 1000.0; }
 
 // The machine, as /proc/cpuinfo and /proc/meminfo name it: "2 vCPU AMD EPYC ..., 24 GiB" (for the JSON).
 inline std::string machine() {
@@ -38,6 +70,69 @@ inline std::string machine() {
     if (line.rfind("MemTotal:", 0) == 0) mem_kb = std::stoll(line.substr(9));
   return std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " vCPU " + model + ", " +
          std::to_string((mem_kb + (1 << 19)) >> 20) + " GiB";
+}
+
+// The environment prefix that gives a peer process ration's thread settings: OpenMP (ATen) and OpenBLAS's
+// own pool both at `threads` (ration's train.threads sets both, core/compute_threads.h).
+inline std::string thread_env(int threads) {
+  const std::string t = std::to_string(threads);
+  return "env OMP_NUM_THREADS=" + t + " OPENBLAS_NUM_THREADS=" + t + " ";
+}
+
+// A Python peer under Debian's /usr/bin/python3 (python3-torch): "/usr/bin/python3 SRC/bench/SCRIPT".
+inline std::string python_peer(const std::string& source_dir, const std::string& script) {
+  return "/usr/bin/python3 " + source_dir + "/bench/" + script;
+}
+
+// Runs `cmd` through the shell and returns what it printed on stdout; `status` (optional) gets pclose's
+// status, or -1 when the command could not be started.
+inline std::string run_command(const std::string& cmd, int* status = nullptr) {
+  std::string out;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) {
+    if (status) *status = -1;
+    return out;
+  }
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  const int rc = ::pclose(f);
+  if (status) *status = rc;
+  return out;
+}
+
+// Every JSON object a peer printed, one per line (from the line's first '{' to its end), in order; lines
+// that do not parse are skipped.
+inline std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> out;
+  size_t pos = 0;
+  while ((pos = text.find('{', pos)) != std::string::npos) {
+    const size_t end = text.find('\n', pos);
+    try {
+      out.push_back(nlohmann::json::parse(text.substr(pos, end == std::string::npos ? end : end - pos)));
+    } catch (const std::exception&) {
+    }
+    if (end == std::string::npos) break;
+    pos = end;
+  }
+  return out;
+}
+
+// Writes `j` (indented by 2, one trailing newline) to `path`, creating its directory first. False (and a
+// line on stderr) when the file could not be written.
+inline bool write_json(const std::string& path, const nlohmann::json& j) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path(), ec);
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) std::fprintf(stderr, "cannot write %s\n", path.c_str());
+  return static_cast<bool>(out);
+}
+
+// main's last resort: "error: WHAT" on stderr, exit status 2.
+inline int report_error(const std::exception& e) {
+  std::fprintf(stderr, "error: %s\n", e.what());
+  return 2;
 }
 
 }  // namespace ration::bench

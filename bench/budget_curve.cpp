@@ -2,27 +2,24 @@
 // peer (plain autograd and torch.utils.checkpoint on every block, bench/peer_checkpoint.py under
 // Debian's /usr/bin/python3) run in the same invocation and measured by the same counting allocator.
 // Each point: plan for a budget, then median forward+backward time over N steps and the measured peak
-// (bytes above the pre-step baseline, and absolute). Checks the targets and prints them.
+// (bytes above the pre-step baseline, and absolute). Checks the targets BENCHMARKS.md states ("Memory vs step time, every strategy") and prints them.
 //
 // usage: bench_budget_curve [--steps N] [--out FILE.json] [--no-peer] [CONFIG.toml] [--set k=v ...]
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
-#include <ctime>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "ration/core/check.h"
+#include "bench_setup.h"
+#include "ration/base/check.h"
 #include "ration/core/node.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/planner.h"
-#include "ration/train/budget.h"
-#include "ration/train/step_runtime.h"
+#include "ration/base/allocator.h"
+#include "ration/plan/planner.h"
+#include "ration/runtime/budget.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
@@ -41,44 +38,20 @@ struct Point {
   int64_t kept_groups = 0, dropped_groups = 0, recomputed_nodes = 0;
 };
 
-
-
 // Steps alternate between `runtime` and the unconstrained engine (`plain`), so drift on a shared
 // machine hits both alike; the point's time is the median of its steps and its overhead the ratio of
 // the medians of their process CPU times (robust to CPU stolen by neighbours, which wall time is not).
 Point measure(models::Model& model, const data::Batch& batch, train::StepRuntime& runtime, train::StepRuntime& plain,
               int steps, double* overhead) {
+  const bench::PairedSteps s = bench::paired_steps(model, batch, runtime, plain, /*warmup=*/1, steps);
   Point p;
-  std::vector<double> times, cpu, base_cpu, rec;
-  for (int s = 0; s < steps + 1; ++s) {
-    train::StepOptions o;
-    o.seed = 100 + static_cast<uint64_t>(s);
-    o.gradients = train::GradientsAfter::Cleared;
-    const train::StepStats a = runtime.measure_step(model, batch, o);
-    const train::StepStats b = plain.measure_step(model, batch, o);
-    p.peak_abs = std::max(p.peak_abs, a.peak_bytes);
-    p.peak_above = std::max(p.peak_above, a.peak_above_baseline());
-    if (s == 0) continue;  // warm-up
-    times.push_back(a.ms);
-    cpu.push_back(a.cpu_ms);
-    base_cpu.push_back(b.cpu_ms);
-    rec.push_back(a.recompute_ms);
-  }
-  p.ms = median(times);
-  p.cpu_ms = median(cpu);
-  p.recompute_ms = median(rec);
-  if (overhead) *overhead = p.cpu_ms / median(base_cpu) - 1.0;
+  p.peak_abs = s.peak_bytes;
+  p.peak_above = s.peak_above;
+  p.ms = median(s.ms);
+  p.cpu_ms = median(s.cpu_ms);
+  p.recompute_ms = median(s.recompute_ms);
+  if (overhead) *overhead = p.cpu_ms / median(s.plain_cpu_ms) - 1.0;
   return p;
-}
-
-std::string run_command(const std::string& cmd) {
-  std::string out;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, f)) out += buf;
-  pclose(f);
-  return out;
 }
 
 }  // namespace
@@ -97,17 +70,15 @@ int main(int argc, char** argv) {
     else if (a == "--no-peer") peer = false;
     else config = a;
   }
-  train::Setup setup = train::build_setup(train::load_config(config, overrides));
-  Config& cfg = setup.config;
-  (void)train::read_run_settings(cfg);
-  (void)train::read_budget_settings(cfg);
+  bench::ModelBench mb = bench::load_model_bench(config, overrides);
+  const train::Setup& setup = mb.setup;
+  Config& cfg = mb.config();
   const int64_t n_layer = cfg.get_int("model.n_layer", 4), n_head = cfg.get_int("model.n_head", 4),
                 n_embd = cfg.get_int("model.n_embd", 128), block = cfg.get_int("model.block_size", 128);
   const double dropout = cfg.get_double("model.dropout", 0.1);
   const int threads = static_cast<int>(cfg.get_int("train.threads", 1));
-  models::Model& model = *setup.model;
-  model.train();
-  const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
+  models::Model& model = mb.model();
+  const data::Batch& batch = mb.batch;
   train::StepRuntime planned, plain;
   const memory::StepProfile& profile = planned.profile(model, batch, 100);
   const int64_t base = profile.baseline_bytes;
@@ -154,7 +125,7 @@ int main(int argc, char** argv) {
   add(memory::Strategy::Uniform, hi, 1, "uniform-k1");
   add(memory::Strategy::Uniform, hi, 2, "uniform-k2");
   add(memory::Strategy::Sqrt, hi, 1, "sqrt");
-  // Half the unconstrained activation memory (the overhead target).
+  // Half the unconstrained activation memory (the overhead target in BENCHMARKS.md).
   const int64_t fixed = full.fixed_bytes;
   const int64_t half_budget = fixed + (hi - fixed) / 2;
   add(memory::Strategy::Knapsack, half_budget, 1, "knapsack-half");
@@ -177,31 +148,23 @@ int main(int argc, char** argv) {
 
   nlohmann::json peers = nlohmann::json::array();
   if (peer) {
-    char cmd[1024];
     // The peer runs with ration's thread settings: ATen (--threads) and OpenBLAS/OpenMP (environment; ration's
     // train.threads sets its OpenBLAS pool too, see core/compute_threads.h).
-    std::snprintf(cmd, sizeof cmd,
-                  "env OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d "
-                  "/usr/bin/python3 %s/bench/peer_checkpoint.py --probe %s --n-layer %lld --n-head %lld --n-embd %lld "
-                  "--block-size %lld --batch %lld --dropout %g --steps %d --threads %d",
-                  threads, threads, RATION_SOURCE_DIR, RATION_PROBE_PATH, static_cast<long long>(n_layer), static_cast<long long>(n_head),
+    char args[512];
+    std::snprintf(args, sizeof args,
+                  " --probe %s --n-layer %lld --n-head %lld --n-embd %lld --block-size %lld --batch %lld --dropout %g "
+                  "--steps %d --threads %d",
+                  RATION_PROBE_PATH, static_cast<long long>(n_layer), static_cast<long long>(n_head),
                   static_cast<long long>(n_embd), static_cast<long long>(block),
                   static_cast<long long>(setup.batch_size), dropout, steps, threads);
-    std::string text = run_command(cmd);
-    size_t pos = 0;
-    while ((pos = text.find('{', pos)) != std::string::npos) {
-      const size_t end = text.find('\n', pos);
-      try {
-        peers.push_back(nlohmann::json::parse(text.substr(pos, end - pos)));
-      } catch (...) {
-      }
-      pos = end;
-    }
+    const std::string cmd =
+        bench::thread_env(threads) + bench::python_peer(RATION_SOURCE_DIR, "peer_checkpoint.py") + args;
+    for (const auto& p : bench::json_lines(bench::run_command(cmd))) peers.push_back(p);
     for (const auto& p : peers)
       std::printf("%-14s %11s %11s %11s %12s %8.1f %8.1f\n", ("torch:" + p["mode"].get<std::string>()).c_str(), "-", "-",
                   "-", memory::format_bytes(p["peak_above_baseline_bytes"].get<int64_t>()).c_str(),
                   p["step_ms_median"].get<double>(), p["step_cpu_ms_median"].get<double>());
-    if (peers.empty()) std::printf("(PyTorch peer did not run: %s)\n", cmd);
+    if (peers.empty()) std::printf("(PyTorch peer did not run: %s)\n", cmd.c_str());
   }
 
   // Targets, read off the measured points.
@@ -233,12 +196,9 @@ int main(int argc, char** argv) {
   if (const Point* half = find("knapsack-half")) targets["overhead_at_half_activation_memory"] = half->overhead;
   std::printf("\ntargets: %s\n", targets.dump().c_str());
 
-  const auto slash = out.find_last_of('/');
-  if (slash != std::string::npos) std::system(("mkdir -p " + out.substr(0, slash)).c_str());
-  std::ofstream(out) << nlohmann::json{{"benchmark", "budget_curve"}, {"config", config}, {"batch_size", setup.batch_size},
-                                       {"profile_baseline_bytes", base}, {"points", jpoints}, {"peers", peers},
-                                       {"targets", targets}}.dump(2)
-                     << "\n";
+  bench::write_json(out, {{"benchmark", "budget_curve"}, {"config", config}, {"batch_size", setup.batch_size},
+                          {"profile_baseline_bytes", base}, {"points", jpoints}, {"peers", peers},
+                          {"targets", targets}});
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

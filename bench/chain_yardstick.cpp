@@ -16,32 +16,24 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "ration/core/check.h"
+#include "bench_setup.h"
+#include "ration/base/check.h"
 #include "ration/core/node.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/planner.h"
-#include "ration/train/budget.h"
+#include "ration/base/allocator.h"
+#include "ration/plan/planner.h"
+#include "ration/runtime/budget.h"
 #include "ration/config/config.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 
 using namespace ration;
 
 namespace {
 using bench::median;
-
-bool same_gradients(const train::StepStats& a, const train::StepStats& b) {
-  bool same = a.gradients.size() == b.gradients.size();
-  for (size_t i = 0; same && i < a.gradients.size(); ++i) same = at::equal(a.gradients[i].second, b.gradients[i].second);
-  return same;
-}
 
 // Every step: the same dropout seed, gradients collected to compare with the plain step's.
 const train::StepOptions kStep = train::StepOptions::collecting(1);
@@ -114,7 +106,7 @@ int main(int argc, char** argv) {
         ms.push_back(r.ms);
         peak = std::max(peak, profile.baseline_bytes + r.peak_above_baseline());  // same baseline as the prediction
         reruns = r.recomputed_nodes;
-        same = same && same_gradients(r, plain);
+        same = same && bench::same_gradients(r, plain);
       }
       // Memory for activations in slots: what the plan's peak leaves above the fixed occupancy.
       const int64_t slots = std::max<int64_t>(1, (plan.prediction.peak_bytes - full.fixed_bytes) / slot);
@@ -131,7 +123,7 @@ int main(int argc, char** argv) {
         if (optimal_steps > 0) std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(predicted_steps) / static_cast<double>(optimal_steps));
         else std::snprintf(buf, sizeof buf, "%s", predicted_steps == 0 ? "=" : "inf");
         ratio = buf;
-        // The target: within 10% of optimal-chain from sqrt(n) slots up.
+        // The target: within 10% of optimal-chain from sqrt(n) slots up.
         if (sched * sched >= layers && static_cast<double>(predicted_steps) > 1.10 * static_cast<double>(optimal_steps))
           target_met = false;
       }
@@ -155,12 +147,10 @@ int main(int argc, char** argv) {
               " revolve_min_recomputes(layers + 1, sched or slots), the binomial optimum; kn/opt = knapsack / optimal-chain)\n");
   std::printf("target (knapsack within 10%% of optimal-chain at every budget from sqrt(n) slots up): %s\n",
               target_met ? "met" : "NOT met");
-  const auto slash = out.find_last_of('/');
-  if (slash != std::string::npos) std::system(("mkdir -p " + out.substr(0, slash)).c_str());
-  std::ofstream(out) << nlohmann::json{{"benchmark", "chain_yardstick"}, {"layers", layers}, {"width", width},
-                                       {"batch", batch}, {"steps", steps}, {"baseline_step_ms", plain.ms},
-                                       {"baseline_peak_bytes", plain.peak_above_baseline()}, {"target_met", target_met},
-                                       {"rows", rows}}.dump(2) << "\n";
+  bench::write_json(out, {{"benchmark", "chain_yardstick"}, {"layers", layers}, {"width", width},
+                          {"batch", batch}, {"steps", steps}, {"baseline_step_ms", plain.ms},
+                          {"baseline_peak_bytes", plain.peak_above_baseline()}, {"target_met", target_met},
+                          {"rows", rows}});
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

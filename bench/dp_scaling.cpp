@@ -15,8 +15,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -29,7 +27,6 @@
 
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 const std::string kBin = RATION_BINARY_DIR;
@@ -40,34 +37,24 @@ struct ModelCase {
   int64_t batch;  // per rank
 };
 
-std::string run_capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  if (::pclose(p) != 0) std::cerr << "command failed: " << cmd << "\n" << out << "\n";
-  return out;
-}
-
 // One `ration train` (n = 1) or `ration launch -n n -- train`; returns its report.
 json ration_run(const ModelCase& m, int n, const std::string& compress, int64_t steps, int64_t batch,
                 const std::vector<std::string>& extra) {
-  std::ostringstream args;
-  if (n > 1) args << "launch -n " << n << " --master-port 0 -- ";
-  args << "train " << kSrc << "/configs/" << m.name << ".toml --steps " << steps
-       << " --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=100000"
-       << " --set train.batch_size=" << batch << " --set dist.compress=" << compress;
-  return ration::bench::run_ration_report(kBin, args.str(), extra, "dp");
+  const std::string args = ration::bench::quiet_train_args(kSrc, m.name, n > 1 ? n : 0, steps, batch) +
+                           " --set dist.compress=" + compress;
+  return ration::bench::run_ration_report(kBin, args, extra, "dp");
 }
 
 double ddp_run(const ModelCase& m, int n, const std::string& hook, int64_t steps) {
   std::ostringstream cmd;
-  cmd << "/usr/bin/python3 " << kSrc << "/bench/dp_peer_ddp.py --model " << m.name << " --nproc " << n
+  cmd << ration::bench::python_peer(kSrc, "dp_peer_ddp.py") << " --model " << m.name << " --nproc " << n
       << " --batch " << m.batch << " --steps " << steps << " --hook " << hook << " 2>/dev/null";
-  const std::string out = run_capture(cmd.str());
+  int status = 0;
+  const std::string out = ration::bench::run_command(cmd.str(), &status);
+  if (status != 0) std::cerr << "command failed: " << cmd.str() << "\n" << out << "\n";
+  const std::vector<json> lines = ration::bench::json_lines(out);
   try {
-    return json::parse(out.substr(out.find('{')))["step_ms_median"].get<double>();
+    return lines.empty() ? -1 : lines.front()["step_ms_median"].get<double>();
   } catch (const std::exception&) {
     return -1;
   }
@@ -284,8 +271,7 @@ int main(int argc, char** argv) {
     }
     result["topologies"] = {{"model", "mlp"}, {"n", topo_n}, {"steps", topo_steps}, {"runs", rows}};
   }
-  fs::create_directories(fs::path(out_path).parent_path());
-  std::ofstream(out_path) << result.dump(2) << "\n";
+  ration::bench::write_json(out_path, result);
   std::printf("\nwrote %s\n", out_path.c_str());
   return 0;
 }

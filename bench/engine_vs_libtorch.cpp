@@ -10,20 +10,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
+#include "bench_setup.h"
 #include "ration/core/node.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/allocator.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
 
 namespace {
 using bench::median;
-using bench::cpu_ms_now;
 
 struct Sample {
   double ms;
@@ -45,12 +43,11 @@ Sample one_step(models::Model& model, const data::Batch& batch, bool torch_autog
     Value loss = model.loss(batch);
     loss.backward();
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms = bench::ms_since(t0);
   const int64_t peak = memory::stats().peak_bytes;
   model.zero_grad();
   return {ms, peak, peak - before};
 }
-
 
 }  // namespace
 
@@ -72,10 +69,9 @@ int main(int argc, char** argv) {
   std::printf("%-22s %6s %14s %14s %8s %14s %14s %8s\n", "config", "batch", "ration ms", "libtorch ms", "ratio",
               "ration peak", "libtorch peak", "ratio");
   for (const auto& path : configs) {
-    train::Setup setup = train::build_setup(train::load_config(path, overrides));
-    (void)train::read_run_settings(setup.config);
-    setup.model->train();
-    const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
+    const bench::ModelBench mb = bench::load_model_bench(path, overrides);
+    const train::Setup& setup = mb.setup;
+    const data::Batch& batch = mb.batch;
     std::vector<double> ours_ms, theirs_ms;
     int64_t ours_peak = 0, theirs_peak = 0, ours_extra = 0, theirs_extra = 0;
     for (int w = 0; w < 2; ++w) {  // warm-up both
@@ -112,9 +108,7 @@ int main(int argc, char** argv) {
                        {"peak_ratio", static_cast<double>(ours_extra) / static_cast<double>(std::max<int64_t>(theirs_extra, 1))}});
   }
   std::printf("(time: median forward+backward; peak: measured bytes above the pre-step baseline, counting allocator)\n");
-  const auto slash = out.find_last_of('/');
-  if (slash != std::string::npos) std::system(("mkdir -p " + out.substr(0, slash)).c_str());
-  std::ofstream(out) << nlohmann::json{{"benchmark", "engine_vs_libtorch"}, {"results", results}}.dump(2) << "\n";
+  bench::write_json(out, {{"benchmark", "engine_vs_libtorch"}, {"results", results}});
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

@@ -1,7 +1,7 @@
 // memprobe.cpp — the counting ATen CPU allocator as a C library, so a Python peer (Debian's
 // python3-torch loads the same libc10) is measured by exactly the same allocator as ration.
 // Python: probe = ctypes.CDLL("build/bench/libration_memprobe.so"); probe.ration_memprobe_install()
-#include "ration/memory/allocator.h"
+#include "ration/base/allocator.h"
 
 extern "C" {
 void ration_memprobe_install() { ration::memory::install_counting_allocator(); }

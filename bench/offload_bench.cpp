@@ -45,22 +45,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "ration/core/check.h"
+#include "bench_setup.h"
+#include "ration/base/check.h"
 #include "ration/core/node.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/offload.h"
-#include "ration/memory/saved_value.h"
-#include "ration/memory/tier.h"
-#include "ration/train/budget.h"
-#include "ration/train/step_runtime.h"
+#include "ration/base/allocator.h"
+#include "ration/offload/engine.h"
+#include "ration/core/saved_value.h"
+#include "ration/offload/tier.h"
+#include "ration/runtime/budget.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
@@ -68,12 +66,9 @@ using namespace ration;
 namespace {
 using bench::median;
 using bench::cpu_ms_now;
+using bench::ms_since;
 
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-
 
 std::string mib(int64_t bytes) { return memory::format_bytes(bytes); }
 
@@ -461,13 +456,10 @@ int main(int argc, char** argv) {
 
   // ---- part 2 ----
   if (do_step) {
-    train::Setup setup = train::build_setup(train::load_config(config, overrides));
-    Config& cfg = setup.config;
-    (void)train::read_run_settings(cfg);
-    (void)train::read_budget_settings(cfg);
-    models::Model& model = *setup.model;
-    model.train();
-    const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
+    const bench::ModelBench mb = bench::load_model_bench(config, overrides);
+    const train::Setup& setup = mb.setup;
+    models::Model& model = mb.model();
+    const data::Batch& batch = mb.batch;
 
     // The plain step's usage: forward's end sets the T1 points.
     (void)step_once(model, batch, nullptr, 0, 99);  // warm-up
@@ -605,9 +597,7 @@ int main(int argc, char** argv) {
   }
 
   result["all_checks_passed"] = all_ok;
-  const auto slash = out.find_last_of('/');
-  if (slash != std::string::npos) std::system(("mkdir -p " + out.substr(0, slash)).c_str());
-  std::ofstream(out) << result.dump(2) << "\n";
+  bench::write_json(out, result);
   std::printf("wrote %s\n", out.c_str());
   if (!all_ok) {
     std::printf("FAIL: see the lines above\n");

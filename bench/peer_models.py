@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """PyTorch peer for bench_peer: the model families of configs/*.toml (mlp, cnn, gpt, lstm_lm) written as a
-PyTorch 1.13 user would write them (nn.Linear, nn.Conv2d, nn.LSTM, F.*), with the same sizes, batch,
-dropout, optimiser (the config's: AdamW or SGD-Nesterov) and gradient clipping as ration's models. One
-process times one family: `--steps` training steps (forward + backward + clip + optimiser + zero_grad) on
-a fixed batch after `--warmup` steps, and prints one JSON object: median wall and CPU (process) ms, the
-threads it ran with, and (with --probe) the peak bytes above the pre-step baseline measured by ration's
-counting allocator (libration_memprobe.so, the same allocator ration measures itself with).
+PyTorch 1.13 user would write them (bench/peer_nets.py, the models every bench script shares), with the
+same sizes, batch, dropout, optimiser (the config's: AdamW or SGD-Nesterov) and gradient clipping as
+ration's models. One process times one family: `--steps` training steps (forward + backward + clip +
+optimiser + zero_grad) on a fixed batch after `--warmup` steps, and prints one JSON object: median wall
+and CPU (process) ms, the threads it ran with, and (with --probe) the peak bytes above the pre-step baseline
+measured by ration's counting allocator (libration_memprobe.so through bench/peer_probe.py, the same
+allocator ration measures itself with).
 
 gpt only: --mode per-block wraps every transformer block in torch.utils.checkpoint (non-reentrant), and
 --mode fwd-bwd (or per-block) times forward + backward only (as bench_budget_curve's points do).
@@ -18,12 +19,12 @@ both sides) and --threads (torch.set_num_threads); the JSON echoes all three.
 usage: peer_models.py --family gpt --threads 1 --steps 20 [--mode plain|fwd-bwd|per-block] [--probe SO]
          [--set model.n_layer=4 ...]   (sizes default to configs/<family>.toml's)"""
 import argparse
-import ctypes
 import json
-import math
 import os
 import statistics
 import time
+
+import peer_probe
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--family", required=True, choices=["mlp", "cnn", "gpt", "lstm_lm"])
@@ -37,17 +38,10 @@ ap.add_argument("--config", default="", help="JSON object of the config values b
 ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 args = ap.parse_args()
 
-probe = None
-if args.probe:
-    probe = ctypes.CDLL(args.probe)
-    probe.ration_memprobe_current.restype = ctypes.c_longlong
-    probe.ration_memprobe_peak.restype = ctypes.c_longlong
-    probe.ration_memprobe_install()
+probe = peer_probe.install(args.probe)
 
 import torch  # noqa: E402  (after the allocator is installed)
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils.checkpoint import checkpoint  # noqa: E402
+import peer_nets  # noqa: E402  (the models, defined once for every bench script)
 
 torch.set_num_threads(args.threads)
 torch.manual_seed(0)
@@ -68,120 +62,21 @@ if args.config:
     cfg.update(json.loads(args.config))
 
 
-class MLP(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        widths = [784] + list(c["hidden"])
-        self.hidden = nn.ModuleList([nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:])])
-        self.out = nn.Linear(widths[-1], 10)
-        self.p = c["dropout"]
-
-    def forward(self, x, y):
-        x = x.flatten(1)
-        for layer in self.hidden:
-            x = F.dropout(F.relu(layer(x)), self.p, self.training)
-        return F.cross_entropy(self.out(x), y)
-
-
-class CNN(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        k, ch, blocks = c["kernel_size"], 1, []
-        for out in c["channels"]:
-            blocks += [nn.Conv2d(ch, out, k, padding=k // 2), nn.BatchNorm2d(out), nn.ReLU(), nn.MaxPool2d(2)]
-            ch = out
-        self.blocks = nn.Sequential(*blocks)
-        side = 28 // (2 ** len(c["channels"]))
-        self.fc = nn.Linear(ch * side * side, c["fc_hidden"])
-        self.out = nn.Linear(c["fc_hidden"], 10)
-        self.p = c["dropout"]
-
-    def forward(self, x, y):
-        x = self.blocks(x).flatten(1)
-        return F.cross_entropy(self.out(F.dropout(F.relu(self.fc(x)), self.p, self.training)), y)
-
-
-class Attention(nn.Module):
-    def __init__(self, c, h, p):
-        super().__init__()
-        self.h, self.p = h, p
-        self.qkv = nn.Linear(c, 3 * c)
-        self.proj = nn.Linear(c, c)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-        att = F.dropout(att, self.p, self.training)
-        y = (att @ v).transpose(1, 2).reshape(b, t, c)
-        return F.dropout(self.proj(y), self.p, self.training)
-
-
-class Block(nn.Module):
-    def __init__(self, c, h, p):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(c)
-        self.attn = Attention(c, h, p)
-        self.ln2 = nn.LayerNorm(c)
-        self.fc = nn.Linear(c, 4 * c)
-        self.mlp_proj = nn.Linear(4 * c, c)
-        self.p = p
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + F.dropout(self.mlp_proj(F.gelu(self.fc(self.ln2(x)))), self.p, self.training)
-
-
-class GPT(nn.Module):
-    def __init__(self, c, ckpt):
-        super().__init__()
-        self.wte = nn.Embedding(c["vocab"], c["n_embd"])
-        self.wpe = nn.Embedding(c["block_size"], c["n_embd"])
-        self.blocks = nn.ModuleList([Block(c["n_embd"], c["n_head"], c["dropout"]) for _ in range(c["n_layer"])])
-        self.ln_f = nn.LayerNorm(c["n_embd"])
-        self.p = c["dropout"]
-        self.ckpt = ckpt
-
-    def forward(self, idx, targets):
-        b, t = idx.shape
-        x = F.dropout(self.wte(idx) + self.wpe(torch.arange(t, device=idx.device)), self.p, self.training)
-        for blk in self.blocks:
-            x = checkpoint(blk, x, use_reentrant=False) if self.ckpt else blk(x)
-        logits = self.ln_f(x) @ self.wte.weight.t()  # tied head, as ration's gpt (model.tie_weights = true)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-
-class LSTMLM(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.embed = nn.Embedding(c["vocab"], c["n_embd"])
-        self.lstm = nn.LSTM(c["n_embd"], c["hidden_size"], c["n_layer"], batch_first=True, dropout=c["dropout"])
-        self.head = nn.Linear(c["hidden_size"], c["vocab"])
-        self.p = c["dropout"]
-
-    def forward(self, idx, targets):
-        h, _ = self.lstm(self.embed(idx))
-        logits = self.head(F.dropout(h, self.p, self.training))
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
-
-
 def build():
     f = args.family
     if f == "mlp":
-        model = MLP(cfg)
+        model = peer_nets.MLP(cfg["hidden"], cfg["dropout"])
         batch = (torch.rand(cfg["batch"], 1, 28, 28), torch.randint(0, 10, (cfg["batch"],)))
     elif f == "cnn":
-        model = CNN(cfg)
+        model = peer_nets.CNN(cfg["channels"], cfg["fc_hidden"], cfg["kernel_size"], cfg["dropout"])
         batch = (torch.rand(cfg["batch"], 1, 28, 28), torch.randint(0, 10, (cfg["batch"],)))
     elif f == "gpt":
-        model = GPT(cfg, args.mode == "per-block")
+        model = peer_nets.GPT(cfg["vocab"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"], cfg["block_size"],
+                              cfg["dropout"], checkpoint_blocks=args.mode == "per-block")
         tok = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["block_size"] + 1))
         batch = (tok[:, :-1].contiguous(), tok[:, 1:].contiguous())
     else:
-        model = LSTMLM(cfg)
+        model = peer_nets.LSTMLM(cfg["vocab"], cfg["n_embd"], cfg["hidden_size"], cfg["n_layer"], cfg["dropout"])
         tok = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq_len"] + 1))
         batch = (tok[:, :-1].contiguous(), tok[:, 1:].contiguous())
     if cfg["optim"] == "sgd":
@@ -203,7 +98,7 @@ with_optimizer = args.mode == "plain"
 
 
 def step():
-    loss = model(*batch)
+    loss = peer_nets.loss(model, *batch)
     loss.backward()
     if with_optimizer:
         if cfg["clip"] > 0:
@@ -219,10 +114,8 @@ for s in range(args.warmup + args.steps):
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    else:
-        base = probe.ration_memprobe_current() if probe else 0
-        if probe:
-            probe.ration_memprobe_reset_peak()
+    elif probe:
+        probe.start()
     t0, c0 = time.perf_counter(), time.process_time()
     loss = step()
     if gpu:
@@ -233,7 +126,7 @@ for s in range(args.warmup + args.steps):
     if gpu:
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = (probe.ration_memprobe_peak() - base) if probe else 0
+        peak = probe.peak_above() if probe else 0
     del loss
     if s >= args.warmup:
         times.append(ms)

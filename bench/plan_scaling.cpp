@@ -3,8 +3,8 @@
 // between the feasible minimum and the unconstrained peak, and the loose plan that finds the minimum.
 // The figure of merit is planning time (make_plan, profiling excluded) and how it grows with the number
 // of saved groups; every depth is profiled first and the repetitions interleave the depths. There is no
-// peer (PyTorch has no budget planner): the measurements of the previous planner are the
-// comparison.
+// peer (PyTorch has no budget planner): the yardstick is one whole-step simulation, linear by
+// construction (BENCHMARKS.md, "Planner time vs depth").
 //
 // Every plan is timed in wall time (Plan::plan_ms) and in this thread's CPU time. The table shows the
 // median of the repetitions; the growth is read from the median and from the fastest repetition. On a
@@ -17,38 +17,27 @@
 // usage: bench_plan_scaling [--layers 4,12,...] [--reps N] [--out FILE.json] [CONFIG.toml] [--set k=v ...]
 #include <nlohmann/json.hpp>
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/planner.h"
-#include "ration/train/budget.h"
-#include "ration/train/step_runtime.h"
+#include "bench_setup.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
+#include "ration/plan/planner.h"
+#include "ration/runtime/budget.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
 
 namespace {
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-// CPU time of this thread: on a machine shared with other jobs, wall time also counts the time the
-// planner waited for a core; CPU time is what its algorithm costs.
-double thread_cpu_ms() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
-}
+using bench::thread_cpu_ms;
+
 // One plan, timed in wall (Plan::plan_ms) and CPU time.
 struct Timed {
   memory::Plan plan;
@@ -73,9 +62,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--layers" && i + 1 < argc) {
-      layers.clear();
-      std::stringstream ss(argv[++i]);
-      for (std::string t; std::getline(ss, t, ',');) layers.push_back(std::stoi(t));
+      layers = bench::numbers<int>(argv[++i]);
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::stoi(argv[++i]);
     } else if (a == "--out" && i + 1 < argc) {
@@ -134,16 +121,15 @@ int main(int argc, char** argv) {
     for (int L : layers) {
       std::vector<std::string> o = overrides;
       o.push_back("model.n_layer=" + std::to_string(L));
-      train::Setup setup = train::build_setup(train::load_config(config, o));
-      const train::RunSettings run = train::read_run_settings(setup.config);
-      (void)train::read_budget_settings(setup.config);
-      setup.model->train();
-      const data::Batch batch = train::sample_batch(setup, setup.batch_size, setup.seed);
+      const bench::ModelBench mb = bench::load_model_bench(config, o, /*batch_seed=*/std::nullopt);  // train.seed
+      const train::Setup& setup = mb.setup;
+      const train::RunSettings& run = mb.run;
+      const data::Batch& batch = mb.batch;
       Depth d;
       d.layers = L;
       auto t0 = std::chrono::steady_clock::now();
       d.profile = train::profile_step(*setup.model, batch, setup.seed + 1);
-      d.profile_ms = ms_since(t0);
+      d.profile_ms = bench::ms_since(t0);
       memory::PlanOptions loose;
       loose.budget_bytes = int64_t{1} << 50;
       loose.extra_fixed_bytes = train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *setup.model);
@@ -253,11 +239,10 @@ int main(int argc, char** argv) {
     }
     nlohmann::json j = {{"bench", "plan_scaling"}, {"config", config}, {"overrides", overrides}, {"reps", reps},
                         {"machine", bench::machine()}, {"rows", rows}};
-    std::ofstream(out) << j.dump(2) << "\n";
+    bench::write_json(out, j);
     std::printf("wrote %s\n", out.c_str());
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    return bench::report_error(e);
   }
   return 0;
 }

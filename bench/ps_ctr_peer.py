@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """bench/ps_ctr_peer.py — the ctr model on MovieLens: ration vs a PyTorch peer, in one run.
 
-The peer is what a user would write in PyTorch 1.13: nn.EmbeddingBag per field (mean, sparse gradients,
-Adagrad on the embeddings), the same bottom/top MLPs (AdamW), the same pairwise-dot interaction, BCE with
-logits, the same time split, batch size, epochs and thread count. Both sides run once per seed (the
-seed sets initial values and shuffle order on each side), interleaved: ration seed 0, peer seed 0, ration
-seed 1, ...; the table gives each seed and the mean and standard deviation. --ps-lr / --epochs change
-both sides alike. Also reports a popularity baseline (each movie's smoothed training click rate).
+The peer is what a user would write in PyTorch 1.13 (bench/peer_nets.py's CTR, with the models every bench
+script shares): nn.EmbeddingBag per field (mean, sparse gradients, Adagrad on the embeddings), the same
+bottom/top MLPs (AdamW), the same pairwise-dot interaction, BCE with logits, the same time split, batch
+size, epochs and thread count. Both sides run once per seed (the seed sets initial values and shuffle
+order on each side), interleaved: ration seed 0, peer seed 0, ration seed 1, ...; the table gives each
+seed and the mean and standard deviation. --ps-lr / --epochs change both sides alike. Also reports a popularity baseline (each movie's smoothed training click rate).
 Prints a table and writes JSON.
 
 --init own (the default): each side draws its own initial values and batch order from the seed, as a
@@ -30,6 +30,8 @@ import time
 import numpy as np
 import torch
 import torch.nn as nn
+
+import peer_nets
 
 
 def load(path, train_fraction):
@@ -136,34 +138,6 @@ def tensors(rows, vocabs):
             torch.tensor(dense), torch.tensor(labels))
 
 
-class Peer(nn.Module):
-    def __init__(self, sizes, dim, bottom, top):
-        super().__init__()
-        self.tables = nn.ModuleList(nn.EmbeddingBag(s, dim, mode="mean", sparse=True) for s in sizes)
-        for t in self.tables:
-            nn.init.uniform_(t.weight, -0.01, 0.01)
-        layers, w = [], 1
-        for h in bottom + [dim]:
-            layers += [nn.Linear(w, h), nn.ReLU()]
-            w = h
-        self.bottom = nn.Sequential(*layers)
-        v = len(sizes) + 1
-        w = dim + v * (v - 1) // 2
-        layers = []
-        for h in top:
-            layers += [nn.Linear(w, h), nn.ReLU()]
-            w = h
-        layers.append(nn.Linear(w, 1))
-        self.top = nn.Sequential(*layers)
-        self.iu = torch.triu_indices(v, v, 1)
-
-    def forward(self, ids, offsets, dense):
-        x = self.bottom(dense)
-        t = torch.stack([x] + [tab(i, o) for tab, i, o in zip(self.tables, ids, offsets)], 1)
-        z = torch.bmm(t, t.transpose(1, 2))[:, self.iu[0], self.iu[1]]
-        return self.top(torch.cat([x, z], 1)).view(-1)
-
-
 def batch(ids, offsets, dense, labels, idx):
     out_ids, out_off = [], []
     for i, o in zip(ids, offsets):
@@ -196,7 +170,7 @@ def run_peer(train, test, cfg, seed, init="own"):
     vocabs = [Vocab() for _ in range(4)]
     tr = tensors(train, vocabs)
     te = tensors(test, vocabs)
-    model = Peer([max(1, len(v.ids)) for v in vocabs], cfg["dim"], cfg["bottom"], cfg["top"])
+    model = peer_nets.CTR([max(1, len(v.ids)) for v in vocabs], cfg["dim"], cfg["bottom"], cfg["top"])
     if init == "ration":
         start_from_ration(model, vocabs, seed, cfg["dim"], cfg["init_scale"])
     dense_params = list(model.bottom.parameters()) + list(model.top.parameters())
@@ -303,7 +277,7 @@ def main():
               f"{np.median([r['samples_per_s'] for r in runs]):10.0f}")
     print(f"{'popularity baseline':22s} {pop:9.4f}")
     diff = summary(ours, "auc")[0] - summary(peers, "auc")[0]
-    print(f"ration - PyTorch mean AUC: {diff:+.4f} (the issue's bound: >= -0.005)")
+    print(f"ration - PyTorch mean AUC: {diff:+.4f} (bound: >= -0.005)")
     with open(args.json, "w") as f:
         json.dump({"bench": "ps_ctr_movielens", "threads": args.threads, "settings": cfg, "seeds": args.seeds,
                    "first_seed": args.first_seed, "init": args.init,

@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "ration/data/ctr_data.h"
 #include "ration/data/ctr_synthetic.h"
 #include "ration/train/trainer.h"
@@ -96,8 +96,7 @@ int main(int argc, char** argv) {
                     {"planted_knowing_seen_auc", seen1}, {"planted_knowing_seen5_auc", seen5},
                     {"logloss", last["logloss"]}, {"eval", r["eval"]}, {"steps", r["steps"]}, {"ps", r["ps"]}});
   }
-  std::ofstream(out) << nlohmann::json{{"bench", "ps_ctr_synthetic"}, {"config", config}, {"runs", rows}}.dump(2)
-                     << "\n";
+  ration::bench::write_json(out, {{"bench", "ps_ctr_synthetic"}, {"config", config}, {"runs", rows}});
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

@@ -26,13 +26,13 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/data/ctr_synthetic.h"
 #include "ration/models/ctr.h"
 #include "ration/optim/adamw.h"
 #include "ration/ps/evict.h"
 #include "ration/ps/store.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using Clock = std::chrono::steady_clock;
@@ -40,7 +40,7 @@ using namespace ration;
 
 namespace {
 
-double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using bench::seconds_since;
 
 int64_t rss_bytes() {
   std::ifstream in("/proc/self/statm");
@@ -121,10 +121,10 @@ SelectTimes time_selection(ps::Table& t, int64_t step) {
     std::vector<Scored> a = base, b = base;
     auto t0 = Clock::now();
     std::sort(a.begin(), a.end(), keep_first);
-    sort_s.push_back(secs(t0));
+    sort_s.push_back(seconds_since(t0));
     t0 = Clock::now();
     std::nth_element(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(b.size() / 2), b.end(), keep_first);
-    nth_s.push_back(secs(t0));
+    nth_s.push_back(seconds_since(t0));
   }
   return {bench::median(sort_s), bench::median(nth_s)};
 }
@@ -436,20 +436,14 @@ int main(int argc, char** argv) {
     else if (a == "--readmit-after") g_auc.shared.readmit_after = std::stoll(next());
     else if (a == "--headroom") g_auc.shared.headroom = std::stod(next());
     else if (a == "--caps" || a == "--policies") {
-      std::stringstream list(next());
-      std::string item;
-      if (a == "--caps") g_auc.caps.clear(); else g_auc.policies.clear();
-      while (std::getline(list, item, ',')) {
-        if (a == "--caps") g_auc.caps.push_back(std::stod(item)); else g_auc.policies.push_back(item);
-      }
+      if (a == "--caps") g_auc.caps = bench::numbers<double>(next());
+      else g_auc.policies = bench::split(next(), ',');
     }
     else RATION_CHECK(false, "bench_ps_evict: unknown argument '", a, "'; valid: --quick --parts --json --svg --movielens --seeds --datasets --merge --grace --disabled-share --importance-decay --readmit-after --headroom --caps --policies");
   }
   if (!merge.empty()) {
     nlohmann::json out, curves;
-    std::stringstream list(merge);
-    std::string f;
-    while (std::getline(list, f, ',')) {
+    for (const std::string& f : bench::split(merge, ',')) {
       std::ifstream in(f);
       RATION_CHECK(in.good(), "bench_ps_evict --merge: cannot read '", f, "'");
       nlohmann::json j = nlohmann::json::parse(in);
@@ -459,7 +453,7 @@ int main(int argc, char** argv) {
     }
     out["auc"] = curves;
     write_svg(svg_path, curves);
-    std::ofstream(json_path) << out.dump(2) << "\n";
+    bench::write_json(json_path, out);
     std::printf("merged into %s and %s\n", json_path.c_str(), svg_path.c_str());
     return 0;
   }
@@ -483,7 +477,7 @@ int main(int argc, char** argv) {
     write_svg(svg_path, curves);
     std::printf("\nplot: %s\n", svg_path.c_str());
   }
-  std::ofstream(json_path) << out.dump(2) << "\n";
+  bench::write_json(json_path, out);
   std::printf("json: %s\n", json_path.c_str());
   return 0;
 }

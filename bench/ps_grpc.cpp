@@ -11,7 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,8 +24,7 @@
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+using ration::bench::ms_since;
 
 double percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -178,7 +177,7 @@ int main(int argc, char** argv) {
                 100.0 * (off - after) / off);
   }
   report["trainer"] = trainer;
-  std::ofstream(out) << report.dump(2) << "\n";
+  ration::bench::write_json(out, report);
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

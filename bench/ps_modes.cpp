@@ -13,11 +13,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -27,7 +24,6 @@
 
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 const std::string kBin = RATION_BINARY_DIR;
@@ -39,11 +35,9 @@ struct Mode {
 };
 
 json ration_run(const std::string& model, int n, int64_t steps, int64_t batch, const std::vector<std::string>& extra) {
-  std::ostringstream args;
-  args << "launch -n " << n << " --master-port 0 -- train " << kSrc << "/configs/" << model << ".toml --steps "
-       << steps << " --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=100000"
-       << " --set train.batch_size=" << batch << " --set train.eval_every=0 --set train.eval_batches=0";
-  return ration::bench::run_ration_report(kBin, args.str(), extra, "psmodes");
+  const std::string args = ration::bench::quiet_train_args(kSrc, model, n, steps, batch) +
+                           " --set train.eval_every=0 --set train.eval_batches=0";
+  return ration::bench::run_ration_report(kBin, args, extra, "psmodes");
 }
 
 using ration::bench::median;
@@ -146,8 +140,7 @@ int main(int argc, char** argv) {
     }
   }
   json result = {{"model", model}, {"n", n}, {"steps", steps}, {"batch", batch}, {"reps", reps}, {"runs", rows}};
-  if (fs::path(out_path).has_parent_path()) fs::create_directories(fs::path(out_path).parent_path());
-  std::ofstream(out_path) << result.dump(2) << "\n";
+  ration::bench::write_json(out_path, result);
   std::printf("\nwrote %s\n", out_path.c_str());
   return 0;
 }

@@ -9,15 +9,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "bench_util.h"
-#include "ration/core/check.h"
-#include "ration/ps/online_server.h"
+#include "ration/base/check.h"
+#include "ration/serving/online_server.h"
 
 using Clock = std::chrono::steady_clock;
 using namespace ration;
@@ -214,7 +213,7 @@ int main(int argc, char** argv) {
                  {"syncs", st.syncs()}};
   out["lookup_us"] = {{"quiet_p50", pct(quiet, 0.5)}, {"quiet_p99", pct(quiet, 0.99)},
                       {"busy_p50", pct(busy, 0.5)}, {"busy_p99", pct(busy, 0.99)}};
-  std::ofstream(json_path) << out.dump(2) << "\n";
+  bench::write_json(json_path, out);
   std::printf("json: %s\n", json_path.c_str());
   return 0;
 }

@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,7 +26,7 @@ using ration::ps::mix64;
 
 namespace {
 
-double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using ration::bench::seconds_since;
 
 // The peer: ids -> slot in a flat_hash_map, rows in one contiguous array; pull = memcpy, push = w -= lr g.
 struct RawTable {
@@ -76,7 +75,7 @@ double rows_per_sec(int threads, int batches, const std::vector<uint64_t>& ids, 
       for (int k = 0; k < batches; ++k) fn(t, draws[static_cast<size_t>(t)].data() + k * b, b);
     });
   for (auto& th : pool) th.join();
-  return static_cast<double>(threads) * batches * b / secs(t0);
+  return static_cast<double>(threads) * batches * b / seconds_since(t0);
 }
 
 }  // namespace
@@ -183,17 +182,17 @@ int main(int argc, char** argv) {
     std_map.clear();
     auto t0 = Clock::now();
     for (int64_t i = 0; i < n; ++i) absl_map.emplace(ids[static_cast<size_t>(i)], static_cast<uint32_t>(i));
-    absl_ins.push_back(static_cast<double>(n) / secs(t0));
+    absl_ins.push_back(static_cast<double>(n) / seconds_since(t0));
     t0 = Clock::now();
     for (int64_t i = 0; i < n; ++i) std_map.emplace(ids[static_cast<size_t>(i)], static_cast<uint32_t>(i));
-    std_ins.push_back(static_cast<double>(n) / secs(t0));
+    std_ins.push_back(static_cast<double>(n) / seconds_since(t0));
     uint64_t sum = 0;
     t0 = Clock::now();
     for (uint64_t p : probe) sum += absl_map.find(p)->second;
-    absl_get.push_back(static_cast<double>(probe.size()) / secs(t0));
+    absl_get.push_back(static_cast<double>(probe.size()) / seconds_since(t0));
     t0 = Clock::now();
     for (uint64_t p : probe) sum += std_map.find(p)->second;
-    std_get.push_back(static_cast<double>(probe.size()) / secs(t0));
+    std_get.push_back(static_cast<double>(probe.size()) / seconds_since(t0));
     if (sum == 42) std::printf(" ");
   }
   // Bytes: flat map = capacity * (slot + 1 control byte); node map = buckets * 8 + nodes * (next ptr + pair
@@ -216,7 +215,7 @@ int main(int argc, char** argv) {
         {"std_inserts_per_s", ration::bench::median(std_ins)},
         {"std_lookups_per_s", ration::bench::median(std_get)},
         {"std_bytes_per_entry", std_bytes / static_cast<double>(n)}}}};
-  std::ofstream(out) << report.dump(2) << "\n";
+  ration::bench::write_json(out, report);
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

@@ -11,17 +11,16 @@
 //                              [--out FILE.json] [CONFIG.toml] [--set k=v ...]
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/planner.h"
-#include "ration/train/step_runtime.h"
+#include "bench_setup.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
+#include "ration/plan/planner.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
@@ -38,25 +37,14 @@ struct Row {
   std::string status = "ok";
 };
 
-bool same_gradients(const train::StepStats& a, const train::StepStats& b) {
-  if (a.gradients.size() != b.gradients.size()) return false;
-  for (size_t i = 0; i < a.gradients.size(); ++i)
-    if (a.gradients[i].first != b.gradients[i].first || !at::equal(a.gradients[i].second, b.gradients[i].second))
-      return false;
-  return true;
-}
-
 Row run_one(const std::string& config, std::vector<std::string> overrides, int64_t T, double fraction, int steps,
             const std::string& strategy) {
   overrides.push_back("model.unroll=step");
   overrides.push_back("data.seq_len=" + std::to_string(T));
   overrides.push_back("data.val_fraction=0.5");  // both halves of the text hold a window of T = 4096
-  train::Setup setup = train::build_setup(train::load_config(config, overrides));
-  (void)train::read_run_settings(setup.config);
-  (void)train::read_budget_settings(setup.config);
-  models::Model& model = *setup.model;
-  model.train();
-  const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
+  bench::ModelBench mb = bench::load_model_bench(config, overrides);
+  models::Model& model = mb.model();
+  const data::Batch& batch = mb.batch;
   Row r;
   r.seq_len = T;
   train::StepRuntime planned, plain;
@@ -84,42 +72,22 @@ Row run_one(const std::string& config, std::vector<std::string> overrides, int64
   r.dropped = plan.dropped_groups;
   planned.use_plan(std::move(plan));
   const train::StepStats first = planned.measure_step(model, batch, train::StepOptions::collecting(11));
-  r.bitwise = same_gradients(first, ref);
+  r.bitwise = bench::same_gradients(first, ref);
   r.peak = first.peak_bytes;
   r.peak_above = first.peak_above_baseline();
   r.recomputed_nodes = first.recomputed_nodes;
   r.plain_peak_above = ref.peak_above_baseline();
-  // Interleaved timing: planned and plain steps alternate.
-  std::vector<double> ms, pms, cpu, pcpu, rec;
-  for (int s = 0; s < steps; ++s) {
-    train::StepOptions opt;
-    opt.seed = 100 + static_cast<uint64_t>(s);
-    opt.gradients = train::GradientsAfter::Cleared;
-    const train::StepStats a = planned.measure_step(model, batch, opt);
-    const train::StepStats b = plain.measure_step(model, batch, opt);
-    r.peak = std::max(r.peak, a.peak_bytes);
-    r.peak_above = std::max(r.peak_above, a.peak_above_baseline());
-    ms.push_back(a.ms);
-    pms.push_back(b.ms);
-    cpu.push_back(a.cpu_ms);
-    pcpu.push_back(b.cpu_ms);
-    rec.push_back(a.recompute_ms);
-  }
-  r.ms = median(ms);
-  r.plain_ms = median(pms);
-  r.cpu_ms = median(cpu);
-  r.plain_cpu_ms = median(pcpu);
-  r.recompute_ms = median(rec);
+  // Interleaved timing: planned and plain steps alternate (the collecting step above was the warm-up).
+  const bench::PairedSteps t = bench::paired_steps(model, batch, planned, plain, /*warmup=*/0, steps);
+  r.peak = std::max(r.peak, t.peak_bytes);
+  r.peak_above = std::max(r.peak_above, t.peak_above);
+  r.ms = median(t.ms);
+  r.plain_ms = median(t.plain_ms);
+  r.cpu_ms = median(t.cpu_ms);
+  r.plain_cpu_ms = median(t.plain_cpu_ms);
+  r.recompute_ms = median(t.recompute_ms);
   r.overhead = r.cpu_ms / r.plain_cpu_ms - 1.0;
   return r;
-}
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) out.push_back(std::stoll(item));
-  return out;
 }
 
 }  // namespace
@@ -135,7 +103,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
     else if (a == "--fraction" && i + 1 < argc) fraction = std::stod(argv[++i]);
-    else if (a == "--seq-len" && i + 1 < argc) lengths = parse_list(argv[++i]);
+    else if (a == "--seq-len" && i + 1 < argc) lengths = bench::numbers<int64_t>(argv[++i]);
     else if (a == "--strategy" && i + 1 < argc) strategy = argv[++i];
     else if (a == "--out" && i + 1 < argc) out = argv[++i];
     else if (a == "--set" && i + 1 < argc) overrides.push_back(argv[++i]);
@@ -180,7 +148,7 @@ int main(int argc, char** argv) {
                       {"fraction", fraction}, {"steps", steps}, {"rows", rows},
                       {"anchor", {{"source", "Gruslys et al. 2016"}, {"seq_len", 1000}, {"memory_saved", 0.95},
                                   {"time_overhead", 0.33}}}};
-  std::ofstream(out) << j.dump(2) << "\n";
+  bench::write_json(out, j);
   std::printf("wrote %s\n", out.c_str());
   return all_ok ? 0 : 1;
 }

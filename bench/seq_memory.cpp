@@ -11,17 +11,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "bench_util.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 #include <ATen/Parallel.h>
 
 #include "ration/models/families.h"
-#include "ration/seq/stream_executor.h"
+#include "ration/streaming/stream_executor.h"
 
 namespace {
 using namespace ration;
@@ -79,23 +79,21 @@ Row full_sequence(const std::string& name, const std::string& toml, int64_t T) {
   const double nats = at::cross_entropy_loss(logits[0].narrow(0, 0, T - 1).to(at::kDouble), ids[0].narrow(0, 1, T - 1),
                                              {}, at::Reduction::Sum)
                           .item<double>();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = bench::seconds_since(t0);
   const int64_t peak = memory::device_peak_bytes(memory::stats()) - base;
   return {name, "ration full sequence", T, peak, 0, secs, nats / std::log(2.0) / static_cast<double>(T - 1)};
 }
 
 Row peer(const std::string& name, const std::string& peer_model, int64_t T) {
-  const std::string cmd = std::string("/usr/bin/python3 ") + RATION_SOURCE_DIR + "/bench/seq_memory_peer.py --probe " +
+  const std::string cmd = bench::python_peer(RATION_SOURCE_DIR, "seq_memory_peer.py") + " --probe " +
                           RATION_PROBE_PATH + " --model " + peer_model + " --seq-len " + std::to_string(T);
-  FILE* f = popen(cmd.c_str(), "r");
-  RATION_CHECK(f != nullptr, "cannot run ", cmd);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  const int rc = pclose(f);
+  int rc = 0;
+  const std::string out = bench::run_command(cmd, &rc);
+  RATION_CHECK(rc != -1, "cannot run ", cmd);
   Row r{name, "pytorch full sequence", T, -1, 0, 0, 0};
-  if (rc != 0 || out.empty()) return r;  // could not reach this T (reported as such)
-  const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
+  const std::vector<nlohmann::json> lines = bench::json_lines(out);
+  if (rc != 0 || lines.empty()) return r;  // could not reach this T (reported as such)
+  const nlohmann::json& j = lines.back();
   r.peak_bytes = j["peak_bytes"].get<int64_t>();
   r.seconds = j["seconds"].get<double>();
   return r;
@@ -154,7 +152,7 @@ int main(int argc, char** argv) {
   for (const Row& r : rows)
     j.push_back({{"model", r.model}, {"mode", r.mode}, {"seq_len", r.seq_len}, {"peak_bytes", r.peak_bytes},
                  {"buffers_bytes", r.buffers_bytes}, {"seconds", r.seconds}, {"bits_per_byte", r.bits_per_byte}});
-  std::ofstream(out_path) << j.dump(2) << "\n";
+  bench::write_json(out_path, j);
   std::printf("wrote %s\n", out_path.c_str());
   return 0;
 }

@@ -30,21 +30,20 @@
 
 #include <ATen/Parallel.h>
 
-#include "bench_util.h"
-#include "ration/core/check.h"
+#include "bench_setup.h"
+#include "ration/base/check.h"
 #include "ration/core/trace.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/allocator.h"
 #include "ration/optim/adamw.h"
-#include "ration/train/budget.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/budget.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 
 using namespace ration;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+using bench::ms_since;
 
 struct Timed {
   double wall_ms = 0, cpu_ms = 0;
@@ -108,12 +107,10 @@ int main(int argc, char** argv) {
       else RATION_CHECK(false, "unknown argument '", a, "' (usage: bench_trace_overhead [--reps R] [--warmup W] "
                                "[--out FILE.json] [CONFIG.toml] [--set k=v ...])");
     }
-    train::Setup setup = train::build_setup(train::load_config(config, overrides));
-    (void)train::read_run_settings(setup.config);
-    (void)train::read_memory_settings(setup.config);
-    models::Model& model = *setup.model;
-    model.train();
-    const data::Batch batch = train::sample_batch(setup, setup.batch_size, 7);
+    const bench::ModelBench mb = bench::load_model_bench(config, overrides);
+    const train::Setup& setup = mb.setup;
+    models::Model& model = mb.model();
+    const data::Batch& batch = mb.batch;
     optim::AdamW opt(model.named_parameters(), optim::AdamWOptions{});
     train::StepRuntime runtime;
 
@@ -175,7 +172,7 @@ int main(int argc, char** argv) {
     nlohmann::json peer_result;
     if (peer && config == "configs/cnn.toml" && overrides.empty()) {
       const std::string peer_out = (std::filesystem::temp_directory_path() / "ration-trace-peer.json").string();
-      const std::string cmd = "/usr/bin/python3 " + std::string(RATION_SOURCE_DIR) + "/bench/trace_peer_torch.py --reps " +
+      const std::string cmd = bench::python_peer(RATION_SOURCE_DIR, "trace_peer_torch.py") + " --reps " +
                               std::to_string(reps) + " --warmup " + std::to_string(warmup) + " --batch " +
                               std::to_string(setup.batch_size) + " --threads " + std::to_string(at::get_num_threads()) +
                               " --out " + peer_out + " > /dev/null";
@@ -211,13 +208,10 @@ int main(int argc, char** argv) {
                         {"off_fraction_of_step", off_step_us / 1000.0 / step_ms},
                         {"threads", at::get_num_threads()},
                         {"peer_torch_profiler", peer_result}};
-    if (std::filesystem::path(out_path).has_parent_path())
-      std::filesystem::create_directories(std::filesystem::path(out_path).parent_path());
-    std::ofstream(out_path) << j.dump(2) << "\n";
+    bench::write_json(out_path, j);
     std::printf("wrote %s\n", out_path.c_str());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    return bench::report_error(e);
   }
   return 0;
 }

@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """trace_peer_torch.py — the PyTorch peer of bench_trace_overhead: what torch.profiler costs a step.
 
-Owns: the same training step as configs/cnn.toml's model (two conv 3x3 -> batch norm -> ReLU -> 2x2 max
-pool blocks of 32 and 64 channels, fc 128, dropout 0.25, 10 classes; AdamW; one fixed random batch of
-28x28 images) in PyTorch 1.13, timed with the profiler off and on (torch.profiler.profile with CPU
-activity and profile_memory=True, as a user recording a memory timeline would), alternating and swapping
-order every repetition after warm-up steps; the time to export one profiled step as a Chrome trace.
+Owns: the same training step as configs/cnn.toml's model (bench/peer_nets.py's CNN, the models every
+bench script shares: two conv 3x3 -> batch norm -> ReLU -> 2x2 max pool blocks of 32 and 64 channels, fc
+128, dropout 0.25, 10 classes; AdamW; one fixed random batch of 28x28 images) in PyTorch 1.13, timed with
+the profiler off and on (torch.profiler.profile with CPU activity and profile_memory=True, as a user
+recording a memory timeline would), alternating and swapping order every repetition after warm-up steps;
+the time to export one profiled step as a Chrome trace.
 Does not own ration's side (bench/trace_overhead.cpp runs this script and prints both).
 
 usage: trace_peer_torch.py [--reps R] [--warmup W] [--batch B] [--threads T] [--out FILE.json]
@@ -18,21 +19,8 @@ import tempfile
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-
-class CNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c1, self.b1 = nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32)
-        self.c2, self.b2 = nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64)
-        self.fc, self.drop, self.out = nn.Linear(64 * 7 * 7, 128), nn.Dropout(0.25), nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.b1(self.c1(x))), 2)
-        x = F.max_pool2d(F.relu(self.b2(self.c2(x))), 2)
-        return self.out(self.drop(F.relu(self.fc(torch.flatten(x, 1)))))
+import peer_nets
 
 
 def main():
@@ -45,12 +33,12 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = CNN()
+    model = peer_nets.CNN()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(a.batch, 1, 28, 28), torch.randint(0, 10, (a.batch,))
 
     def step():
-        loss = F.cross_entropy(model(x), y)
+        loss = peer_nets.loss(model, x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

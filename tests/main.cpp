@@ -1,7 +1,7 @@
 // Test entry point: installs the counting allocator before any tensor exists.
 #include <gtest/gtest.h>
 
-#include "ration/memory/allocator.h"
+#include "ration/base/allocator.h"
 
 int main(int argc, char** argv) {
   ration::memory::install_counting_allocator();

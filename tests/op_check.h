@@ -12,7 +12,7 @@
 
 #include "ration/core/node.h"
 #include "ration/core/value.h"
-#include "ration/memory/saved_value.h"
+#include "ration/core/saved_value.h"
 
 namespace ration::testing {
 

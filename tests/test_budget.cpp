@@ -10,16 +10,16 @@
 
 #include "test_util.h"
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/node.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/plan_context.h"
-#include "ration/memory/plan_graph.h"
-#include "ration/memory/plan_incremental.h"
-#include "ration/memory/planner.h"
+#include "ration/base/allocator.h"
+#include "ration/plan/context.h"
+#include "ration/plan/graph.h"
+#include "ration/plan/incremental.h"
+#include "ration/plan/planner.h"
 #include "ration/models/model.h"
-#include "ration/train/budget.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/budget.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration {
 namespace {
@@ -654,7 +654,7 @@ TEST(Planner, IncrementalPeakCopiesShareOnlyStaticData) {
   }
 }
 
-// The planner reads a profile once into a flat graph (plan_graph.h); every list and figure in it is the
+// The planner reads a profile once into a flat graph (plan/graph.h); every list and figure in it is the
 // profile's own, read the way the profile reads it (storage_of, the value and last-alive maps).
 TEST(Planner, GraphReadsTheProfileAsItIs) {
   for (const auto& c : cases()) {

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <functional>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/optim/adamw.h"
 #include "ration/train/checkpoint.h"
 

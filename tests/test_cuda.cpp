@@ -10,11 +10,11 @@
 
 #include "test_util.h"
 
-#include "ration/dist/world.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/offload.h"
+#include "ration/distributed/world.h"
+#include "ration/base/allocator.h"
+#include "ration/offload/engine.h"
 #include "ration/train/gradcheck.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 
 namespace ration {

@@ -12,7 +12,7 @@
 #include <numeric>
 #include <set>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/data/dataset.h"
 #include "ration/data/fashion_mnist.h"
 #include "ration/data/text.h"

@@ -1,7 +1,7 @@
 // test_data_parallel.cpp — the single-process parts of data parallelism: the 1-bit code and its error
 // bound (random and real gradients), exact byte counts, loader shards (shuffle and bootstrap), gradient
 // accumulation over dist.sync_every micro-batches, bucket layout, and the config fingerprint.
-// The multi-process parts (c10d, `ration train` at N ranks) are in tests/dist/dp_worker.cpp.
+// The multi-process parts (c10d, `ration train` at N ranks) are in tests/distributed/dp_worker.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,9 +10,9 @@
 #include <set>
 
 #include "ration/data/dataset.h"
-#include "ration/dist/comm_hook.h"
-#include "ration/dist/data_parallel.h"
-#include "ration/dist/reducer.h"
+#include "ration/distributed/comm_hook.h"
+#include "ration/distributed/data_parallel.h"
+#include "ration/distributed/reducer.h"
 #include "ration/ops/ops.h"
 #include "ration/optim/adamw.h"
 #include "ration/train/trainer.h"

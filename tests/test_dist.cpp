@@ -1,7 +1,7 @@
 // test_dist.cpp — dist/ checks that need no second process: World::init's environment errors, the
 // one-process world (init_single, and a real Gloo group of size 1 over a FileStore), and the tensor-parallel
 // ops on one rank against finite differences, nn::Linear and drop-all recompute. The multi-process checks
-// (n = 2, 4) are tests/dist/worker.cpp, launched by ctest through ration_dist_launch.
+// (n = 2, 4) are tests/distributed/worker.cpp, launched by ctest through ration_dist_launch.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -10,8 +10,8 @@
 #include <string>
 
 #include "op_check.h"
-#include "ration/dist/tensor_parallel.h"
-#include "ration/dist/world.h"
+#include "ration/distributed/tensor_parallel.h"
+#include "ration/distributed/world.h"
 #include "ration/nn/layers.h"
 #include "ration/ops/ops.h"
 #include "test_util.h"

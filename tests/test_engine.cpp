@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "op_check.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/ops.h"
 
 namespace ration::testing {

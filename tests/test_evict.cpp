@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ps/evict.h"
 #include "ration/ps/snapshot.h"
 #include "ration/ps/store.h"

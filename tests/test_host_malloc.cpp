@@ -1,4 +1,4 @@
-// Host malloc between steps (issue 14): memory::keep_freed_host_memory keeps freed heap for the next
+// Host malloc between steps (BENCHMARKS.md, "Host malloc"): memory::keep_freed_host_memory keeps freed heap for the next
 // allocation, so a step that frees and re-allocates the same large blocks does not page-fault them in
 // again; train.malloc_keep_freed is read and checked by train::build_setup.
 #include <gtest/gtest.h>
@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "ration/config/config.h"
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/host_malloc.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
+#include "ration/base/host_malloc.h"
 #include "ration/train/trainer.h"
 
 namespace ration {

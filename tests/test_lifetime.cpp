@@ -20,14 +20,14 @@
 
 #include "op_check.h"
 #include "ration/config/config.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/node.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/offload.h"
-#include "ration/memory/saved_value.h"
+#include "ration/base/allocator.h"
+#include "ration/offload/engine.h"
+#include "ration/core/saved_value.h"
 #include "ration/models/model.h"
 #include "ration/ops/ops.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration::testing {
 namespace {

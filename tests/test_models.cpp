@@ -17,7 +17,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/node.h"
 #include "ration/models/cnn.h"
 #include "ration/models/gpt.h"

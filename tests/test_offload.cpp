@@ -15,12 +15,12 @@
 #include "test_util.h"
 
 #include "ration/core/node.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/offload.h"
-#include "ration/memory/plan_simulator.h"
-#include "ration/train/step_runtime.h"
+#include "ration/base/allocator.h"
+#include "ration/offload/engine.h"
+#include "ration/plan/simulator.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/models/model.h"
-#include "ration/train/budget.h"
+#include "ration/runtime/budget.h"
 
 namespace ration {
 namespace {

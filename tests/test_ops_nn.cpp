@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "op_check.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/ops.h"
 
 namespace ration::testing {

@@ -12,8 +12,8 @@
 #include <cmath>
 #include <functional>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 #include "ration/optim/adamw.h"
 #include "ration/optim/clip.h"
 #include "ration/optim/schedule.h"

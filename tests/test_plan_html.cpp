@@ -1,4 +1,4 @@
-// test_plan_html.cpp — the memory picture (memory/plan_html.h) says what the plan says.
+// test_plan_html.cpp — the memory picture (plan/html.h) says what the plan says.
 // Owns: checks of the page's content against the StepProfile and Plan it was drawn from: one step per
 //       node boundary in each series, the budget line where the budget is, one table row per group with
 //       the plan's decision, bytes and deadline, nothing fetched from outside, names escaped, the
@@ -12,11 +12,11 @@
 #include "test_util.h"
 
 #include "ration/config/config.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/plan_html.h"
-#include "ration/memory/planner.h"
+#include "ration/base/allocator.h"
+#include "ration/plan/html.h"
+#include "ration/plan/planner.h"
 #include "ration/models/model.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration::testing {
 namespace {

@@ -1,18 +1,18 @@
 // test_ps_aggregation.cpp — the parameter server's partial and asynchronous aggregation rule
-// (dist/ps_aggregation.h), in one process: workers are threads (or calls in a chosen order), the server
+// (distributed/ps_aggregation.h), in one process: workers are threads (or calls in a chosen order), the server
 // model records every gradient it is asked to apply. Checks the backup-worker round (the first N-k
 // pushes, weighted exactly by their sample shares; the late push dropped and answered with the new
 // version), the staleness bound (a worker s pushes ahead waits; s = 0 is one sum per round in rank order),
-// failure wake-ups, and the [dist] key errors. The multi-process runs are in tests/dist/ps_modes_worker.cpp.
+// failure wake-ups, and the [dist] key errors. The multi-process runs are in tests/distributed/ps_modes_worker.cpp.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
 #include "ration/config/config.h"
-#include "ration/dist/data_parallel.h"
-#include "ration/dist/ps_aggregation.h"
-#include "dist/recording_server_model.h"
+#include "ration/distributed/data_parallel.h"
+#include "ration/distributed/ps_aggregation.h"
+#include "distributed/recording_server_model.h"
 
 namespace ration::dist {
 namespace {

@@ -12,11 +12,11 @@
 #include <filesystem>
 #include <thread>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/data/ctr_synthetic.h"
 #include "ration/models/ctr.h"
 #include "ration/optim/adamw.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 #include "test_ps_util.h"
 #include "test_util.h"
@@ -295,7 +295,7 @@ TEST(PsCtr, TrainingLearnsAndReportsAucAndPsFigures) {
 
 // One epoch over 40 000 synthetic samples whose ids recur often enough to be learned (fields of 500, 100
 // and 20 ids): the model's eval AUC comes within 0.02 of the planted model's own (measured: 0.8277 vs
-// 0.8346; BENCHMARKS.md, issue 16, for the full-size run and its data-limited ceiling).
+// 0.8346; BENCHMARKS.md, "ctr on synthetic clicks vs the planted model", for the full-size run and its data-limited ceiling).
 TEST(PsCtr, SyntheticAucComesWithinTwoHundredthsOfThePlantedModel) {
   TempDir dir("ps-ctr-planted");
   const std::string cfg = dir.write(

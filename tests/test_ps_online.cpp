@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "proto/ps.grpc.pb.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/data/ctr_synthetic.h"
 #include "ration/models/ctr.h"
 #include "ration/ps/client.h"
-#include "ration/ps/online_server.h"
+#include "ration/serving/online_server.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/trainer.h"
 #include "test_ps_util.h"

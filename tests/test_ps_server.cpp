@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ps/client.h"
 #include "ration/ps/server.h"
 #include "test_ps_util.h"

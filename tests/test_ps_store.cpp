@@ -11,7 +11,7 @@
 #include <fstream>
 #include <thread>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ps/snapshot.h"
 #include "ration/ps/store.h"
 

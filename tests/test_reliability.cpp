@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "ration/core/check.h"
-#include "ration/memory/offload.h"
-#include "ration/memory/tier.h"
+#include "ration/base/check.h"
+#include "ration/offload/engine.h"
+#include "ration/offload/tier.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/trainer.h"
 

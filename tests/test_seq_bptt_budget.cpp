@@ -3,11 +3,11 @@
 //   * model.unroll = "step" is the same model as "sequence": loss within 1e-6, gradients within 1e-5;
 //   * at T = 512, a plan for 10% of the unconstrained activation memory runs with a measured peak
 //     (counting allocator) within the budget and gradients bitwise equal to the unconstrained step.
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/planner.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
+#include "ration/plan/planner.h"
 #include "ration/models/model.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 #include "test_util.h"
 
 namespace ration::testing {

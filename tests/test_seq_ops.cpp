@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "op_check.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/nn/sequence_layers.h"
 #include "ration/ops/ops.h"
 #include "test_util.h"

@@ -12,12 +12,12 @@
 
 #include <sstream>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 #include "ration/models/gpt.h"
 #include "ration/models/model.h"
 #include "ration/models/tcn_lm.h"
-#include "ration/seq/stream_executor.h"
+#include "ration/streaming/stream_executor.h"
 #include "test_util.h"
 
 namespace ration::testing {

@@ -11,13 +11,13 @@
 #include <filesystem>
 #include <map>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/data/dataset.h"
 #include "ration/models/lstm_lm.h"
 #include "ration/ops/ops.h"
-#include "ration/seq/tbptt.h"
+#include "ration/streaming/tbptt.h"
 #include "ration/train/checkpoint.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
 #include "test_util.h"
 

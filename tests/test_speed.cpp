@@ -1,4 +1,4 @@
-// Speed work of issue 14 keeps results exact: the counting allocator's
+// The speed settings (BENCHMARKS.md, "Training step, CPU") keep results exact: the counting allocator's
 // lock-free counters give exact totals and peaks (device peak independent of host data allocated
 // mid-step), also with allocating threads; the loader's prefetch hands out the same batches in the same
 // order; train.threads sets ATen and OpenBLAS together; the per-op profile sees every op's backward.
@@ -11,12 +11,12 @@
 
 #include "ration/core/compute_threads.h"
 #include "ration/data/text.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/planner.h"
+#include "ration/base/allocator.h"
+#include "ration/plan/planner.h"
 #include "ration/models/model.h"
 #include "ration/config/config.h"
 #include "ration/train/op_profile.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration {
 namespace {

@@ -9,13 +9,13 @@
 #include "test_util.h"
 
 #include "ration/core/node.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/allocator.h"
 #include "ration/models/model.h"
 #include "ration/optim/clip.h"
 #include "ration/optim/sgd.h"
-#include "ration/train/budget.h"
+#include "ration/runtime/budget.h"
 #include "ration/config/config.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration {
 namespace {

@@ -21,10 +21,10 @@
 
 #include "ration/config/config.h"
 #include "ration/core/trace.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/allocator.h"
 #include "ration/models/model.h"
 #include "ration/ops/ops.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration::testing {
 namespace {

@@ -20,7 +20,7 @@
 #include "trace_parse.h"
 
 #include "ration/core/trace.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 #include "ration/train/step_trace.h"
 #include "ration/train/trainer.h"
 

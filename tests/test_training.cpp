@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/node.h"
 #include "ration/models/model.h"
 #include "ration/optim/adamw.h"

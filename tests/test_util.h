@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::testing {
 

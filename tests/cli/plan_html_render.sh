@@ -4,7 +4,7 @@
 # Owns: the end-to-end check of the memory picture: the page is self-contained (no external script,
 #       style sheet, image or URL), its script runs to its end without errors or console output, and
 #       the screenshot is a non-trivial image; from train, the page also draws the measured training
-#       step. Does not own the page (src/ration/memory/plan_html.cpp).
+#       step. Does not own the page (src/ration/plan/html.cpp).
 # usage: plan_html_render.sh RATION_CLI SOURCE_DIR [COPY_PNG_TO] [train]
 #   COPY_PNG_TO: also keep the screenshot there (docs/plan.png is made this way); "" for none.
 #   train: make the page with `ration train ... --html` (3 steps) instead of `ration plan ... --html`.

@@ -1,7 +1,7 @@
 // ps_command.cpp — `ration ps serve` (see ps_command.h).
 #include "ps_command.h"
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ps/client.h"
 
 namespace ration::cli {

@@ -1,13 +1,13 @@
 // ps_command.h — the `ration ps serve` subcommand: flags -> ps::ServeOptions (a training shard, with
 // eviction flags) or ps::OnlineOptions (--online: a serving mirror) -> serve until SIGTERM.
-// Owns: the flags and their parsing. Does not own: the servers (ps/server.h, ps/online_server.h).
+// Owns: the flags and their parsing. Does not own: the servers (ps/server.h, serving/online_server.h).
 #pragma once
 #include <CLI/CLI.hpp>
 
 #include <memory>
 #include <string>
 
-#include "ration/ps/online_server.h"
+#include "ration/serving/online_server.h"
 #include "ration/ps/server.h"
 
 namespace ration::cli {

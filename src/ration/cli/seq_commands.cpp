@@ -7,11 +7,11 @@
 #include <fstream>
 #include <iostream>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 #include "ration/seq/dependency.h"
-#include "ration/seq/stream_executor.h"
-#include "ration/train/budget.h"
+#include "ration/streaming/stream_executor.h"
+#include "ration/runtime/budget.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/trainer.h"
 

@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
-#include "ration/train/step_runtime.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration::cli {
 

@@ -3,7 +3,7 @@
 //       report's "trace" entry, and writing the trace (rank > 0 of a data-parallel run: FILE.rankR.json)
 //       and the memory picture (rank 0) once the run is over.
 // Does not own: the trace format (core/trace.h), which steps are traced and what is measured in them
-//       (train/step_trace.h), the page (memory/plan_html.h), the run (train/trainer.h).
+//       (train/step_trace.h), the page (plan/html.h), the run (train/trainer.h).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "ration/core/trace.h"
-#include "ration/memory/plan_html.h"
+#include "ration/plan/html.h"
 #include "ration/train/step_trace.h"
 #include "ration/train/trainer.h"
 

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 
 namespace ration {
 namespace {

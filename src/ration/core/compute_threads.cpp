@@ -4,7 +4,7 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration {
 namespace {

@@ -6,11 +6,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/node.h"
 #include "ration/core/trace.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/saved_value.h"
+#include "ration/base/allocator.h"
+#include "ration/core/saved_value.h"
 
 namespace ration {
 namespace {

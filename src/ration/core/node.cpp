@@ -1,4 +1,5 @@
 #include "ration/core/node.h"
+#include "ration/base/timing.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
@@ -9,9 +10,9 @@
 #include <mutex>
 #include <random>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/trace.h"
-#include "ration/memory/saved_value.h"
+#include "ration/core/saved_value.h"
 
 #ifdef RATION_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -62,10 +63,6 @@ Values wrap_outputs(std::vector<at::Tensor>& outs, int visible, bool torch_track
     result.emplace_back(std::move(impl));
   }
   return result;
-}
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // node.h — one recorded op in the graph, and apply_op(), the single way ops enter it.
 // Owns: Node (forward closure for recompute, backward closure, edges, saved references, RNG seed,
 //       measured forward time, module scope), OpSpec, ForwardCtx, BackwardCtx.
-// Does not own: residency of saved tensors (memory/saved_value.h decides keep/drop/offload).
+// Does not own: residency of saved tensors (core/saved_value.h decides keep/drop/offload).
 //
 // An op is defined in one place (ops/*.cpp) as: a forward closure inputs -> outputs, a backward closure
 // grad_outputs -> grad_inputs, and OpSpec listing which inputs/outputs backward reads. Outputs past

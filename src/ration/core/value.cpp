@@ -2,9 +2,9 @@
 
 #include <torch/csrc/autograd/autograd.h>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/engine.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/allocator.h"
 
 namespace ration {
 namespace {

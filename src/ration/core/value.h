@@ -1,7 +1,7 @@
 // value.h — a tensor in ration's autograd graph.
 // Owns: Value (a cheap shared handle), ValueImpl (data, grad_fn edge, leaf grad and hooks),
 //       grad mode (NoGradGuard) and the oracle switch that hands differentiation to torch::autograd.
-// Does not own: what is saved for backward (memory/saved_value.h) or how nodes run (core/node.h).
+// Does not own: what is saved for backward (core/saved_value.h) or how nodes run (core/node.h).
 //
 // Model: define-by-run. Every op that needs a gradient creates a Node (core/node.h) whose outputs are
 // Values pointing back at it (grad_fn, output_nr). Leaves have no grad_fn; parameters are leaves with

@@ -1,7 +1,7 @@
 // ctr_data.cpp — config -> click-through datasets (see ctr_data.h).
 #include "ration/data/ctr_data.h"
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/data/ctr_movielens.h"
 #include "ration/data/ctr_synthetic.h"
 

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::data {
 namespace {

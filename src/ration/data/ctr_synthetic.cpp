@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::data {
 namespace {

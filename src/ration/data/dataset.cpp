@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::data {
 namespace {

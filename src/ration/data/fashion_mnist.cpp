@@ -7,8 +7,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 
 namespace ration::data {
 namespace {

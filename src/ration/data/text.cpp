@@ -7,8 +7,8 @@
 #include <fstream>
 #include <iterator>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 
 namespace ration::data {
 

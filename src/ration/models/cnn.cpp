@@ -1,7 +1,7 @@
 // cnn.cpp — the "cnn" family (see cnn.h): config reading, conv blocks, classifier head, forward.
 #include "ration/models/cnn.h"
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/ops.h"
 
 namespace ration::models {

@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <future>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/models/families.h"
 #include "ration/ps/server.h"
-#include "ration/train/step_runtime.h"
+#include "ration/step/hooks.h"
 
 namespace ration::models {
 
@@ -104,7 +104,7 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
   client_ = std::make_shared<ps::PsClient>(o.client);
   if (!client_->embedded()) client_->check_health();
   // "auto" re-pulls after the push, embedded or remote: measured on an idle machine, it beat re-pulling on
-  // collection in both cases (BENCHMARKS.md, issue 16, quiet re-run of bench_ps_grpc).
+  // collection in both cases (BENCHMARKS.md, "gRPC loopback and the trainer's prefetch").
   if (options.repull == RepullTiming::Auto) options.repull = RepullTiming::AfterPush;
   if (o.evict.active()) {
     // The cap is the total over the embedded shards: each holds about 1/N of every table's ids.

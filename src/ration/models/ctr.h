@@ -9,7 +9,7 @@
 //       pushes their sparse gradients after backward (the optimiser runs on the store); snapshot/restore
 //       with checkpoints.
 // Does not own: the store or the servers (ps/), the data (data/ctr_*.h), the dense optimiser (trainer),
-//       the step (train/step_runtime.h: it calls step_hooks()).
+//       the step (runtime/step_runtime.h: it calls step_hooks()).
 // Config: model.embedding_dim (16), model.bottom ([64]) — a last layer of width D is appended —,
 //   model.top ([64, 32]), model.bag_mode ("sum"|"mean"), model.num_fields / model.num_dense (published
 //   by the data side); [ps]: endpoints ("" = embedded), shards (1), optimizer ("adagrad"), lr (0.05),

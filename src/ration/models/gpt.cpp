@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/nn/sequence_layers.h"
 #include "ration/ops/ops.h"
 

@@ -1,7 +1,7 @@
 // lstm_lm.cpp — the "lstm_lm" family (see lstm_lm.h): config reading, layers, forward.
 #include "ration/models/lstm_lm.h"
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/data/batch.h"
 #include "ration/nn/sequence_layers.h"
 #include "ration/ops/ops.h"

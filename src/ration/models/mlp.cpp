@@ -1,7 +1,7 @@
 // mlp.cpp — the "mlp" family (see mlp.h): config reading, layers, forward.
 #include "ration/models/mlp.h"
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/ops.h"
 
 namespace ration::models {

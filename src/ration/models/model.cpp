@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/models/cnn.h"
 #include "ration/models/ctr.h"
 #include "ration/models/families.h"
@@ -109,7 +109,7 @@ std::unique_ptr<Model> build_model(Config& cfg) {
   RATION_CHECK(cfg.has("model.type"), cfg.origin(), ": no model.type; hint: add a [model] section with type = ",
                "\"mlp\", \"cnn\", \"gpt\", \"lstm_lm\", \"tcn_lm\" or \"ctr\" (or --set model.type=gpt)");
   const std::string type = cfg.get_string("model.type", "mlp");
-  // Sizes are checked against the machine as the parameters are allocated (memory/allocator.h); the
+  // Sizes are checked against the machine as the parameters are allocated (base/allocator.h); the
   // error then names this config.
   auto named = [&](auto&& build) -> std::unique_ptr<Model> {
     try {

@@ -1,7 +1,7 @@
 // tcn_lm.cpp — the "tcn_lm" family (see tcn_lm.h): config reading, layers, full and streamed forward.
 #include "ration/models/tcn_lm.h"
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/ops.h"
 
 namespace ration::models {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/ops.h"
 
 namespace ration::nn {

@@ -4,8 +4,8 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 
 namespace ration::nn {
 namespace {

@@ -5,7 +5,7 @@
 //       (GRU or LSTM in both directions, type 3), and the streaming forms lstm_chunk / attention_chunk
 //       that continue a sequence from a ring buffer.
 // Does not own: the maths of any op (ops/), the buffers' sizes (seq/dependency.h) or the chunk loop
-//       (seq/stream_executor.h).
+//       (streaming/stream_executor.h).
 #pragma once
 #include <memory>
 #include <string>

@@ -1,7 +1,7 @@
 // activation.cpp — relu, gelu, tanh, sigmoid, softmax, log_softmax.
 // Save the minimum: relu/tanh/sigmoid/softmax/log_softmax keep their output (their ATen backward
 // kernels are written in terms of it), gelu keeps its input (gelu_backward needs x).
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
 

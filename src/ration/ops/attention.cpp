@@ -24,7 +24,7 @@
 #include <cmath>
 #include <limits>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
 

@@ -4,7 +4,7 @@
 //   max_pool2d  only the argmax indices (internal output 1, int64, shape of y). The backward kernel reads
 //               the input for its shape and memory format only, so it gets a stride-0 stand-in, not x.
 //   avg_pool2d  nothing: its backward needs only the input's shape.
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
 

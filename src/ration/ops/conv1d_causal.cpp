@@ -13,7 +13,7 @@
 // What backward keeps: x and w (convolution_backward needs both) and `past` when given (L steps at most).
 // Backward rebuilds xp from them with the same ops as forward, runs ATen's convolution_backward over xp,
 // and returns dx = dxp[..., L:] (the gradient for `past` is not formed: it stops at the chunk boundary).
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
 

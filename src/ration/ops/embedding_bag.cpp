@@ -10,7 +10,7 @@
 // gradient is densified so the producer's backward sees an ordinary tensor.
 // What backward keeps: ids, offsets and per_sample_weights (inputs); the table only when the weights
 // need a gradient (d out[b] / d w_i = row[id_i]).
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
 

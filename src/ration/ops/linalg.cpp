@@ -1,7 +1,7 @@
 // linalg.cpp — matmul, bmm, linear.
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::ops {
 using namespace detail;

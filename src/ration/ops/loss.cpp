@@ -1,5 +1,5 @@
 // loss.cpp — cross_entropy (log_softmax + nll with ignore_index, mean) and mse_loss (mean).
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
 

@@ -15,7 +15,7 @@
 // outputs (their gradient is zero and ignored) that batch_norm() folds into the real buffers:
 //   running = (1 - momentum) * running + momentum * batch_stat.
 // This matches at::batch_norm's running stats up to the rounding of that one update (a few ulps).
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 #include <ATen/core/grad_mode.h>
 #include "ration/ops/op_util.h"

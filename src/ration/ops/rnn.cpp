@@ -15,7 +15,7 @@
 //
 // Gradients for the biases are the row sums of the pre-activation gradients; b_ih and b_hh share them
 // for LSTM, and differ only in the n chunk for GRU (r * dn vs dn).
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
 

@@ -1,7 +1,7 @@
 // shape.cpp — reshape/view/flatten, transpose/permute, cat/split/slice. No saved tensors: every
 // backward here needs only the input shapes (node input_meta) and the op's own arguments.
 // transpose/permute/split/slice return views of their input, as in ATen.
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
 

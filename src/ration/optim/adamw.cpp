@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::optim {
 

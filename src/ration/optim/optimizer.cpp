@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <set>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 
 namespace ration::optim {
 namespace {

@@ -1,7 +1,7 @@
 // sgd.cpp — the SGD update (see sgd.h for the rule; the op sequence mirrors torch.optim.SGD's).
 #include "ration/optim/sgd.h"
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::optim {
 

@@ -1,5 +1,6 @@
 // client.cpp — PsClient and the two shard channels (see client.h).
 #include "ration/ps/client.h"
+#include "ration/base/timing.h"
 
 #include <absl/container/flat_hash_map.h>
 #include <grpcpp/grpcpp.h>
@@ -13,7 +14,7 @@
 #include <thread>
 
 #include "proto/ps.grpc.pb.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/trace.h"
 #include "ration/ps/partition.h"
 
@@ -34,7 +35,6 @@ std::vector<std::string> split_endpoints(const std::string& list) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // The embedded shard: the same ShardCore the server runs, called directly.
 class LocalChannel final : public ShardChannel {

@@ -7,7 +7,7 @@
 #include <map>
 #include <vector>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::ps {
 

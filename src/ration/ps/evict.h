@@ -28,13 +28,14 @@ struct EvictOptions {
   double threshold = 0;         // > 0: each round also disables rows scoring below it
   int64_t readmit_after = 2;    // pushes a disabled id must see before it gets a row again
   // Per-step decay γ of the importance (docs/METHODS.md, "Importance"): 0.95 (a time constant of ~20
-  // steps) was the best single value over the synthetic drifting clicks and MovieLens (BENCHMARKS.md).
+  // steps) was the best single value over the synthetic drifting clicks and MovieLens.
   double importance_decay = 0.95;
   double headroom = 0.9;        // a capped round cuts to this fraction of max_bytes (room for new ids)
   // Grace period, the same for every policy: a row pushed first fewer than this many steps ago (or
   // never pushed) ranks above every older row, so it is disabled only when the older rows alone cannot
   // meet the cap; among themselves young rows are ordered by the policy's score. 0 (default): off — on
-  // the drifting-click and MovieLens benches it lowered every policy's AUC (BENCHMARKS.md). Whatever the
+  // the drifting-click and MovieLens benches it lowered every policy's AUC (docs/METHODS.md, "Disabling and
+  // re-admission"). Whatever the
   // grace, a row not pushed yet (pulled for the step in progress, whose push is still to come) ranks as
   // young: a round never takes a row from under the step that just pulled it.
   int64_t grace_steps = 0;

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "proto/ps.grpc.pb.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ps/partition.h"
 
 namespace ration::ps {

@@ -8,7 +8,7 @@
 //       one atomic batch per delta with the version; Lookup; counters), sync_source (pull every table's
 //       delta from one source, falling back to a full copy when needed).
 // Does not own: producing deltas (ps/shard.h, ps/store.h), the serving RPCs and the sync timer
-//       (ps/online_server.h), the dense model (models/ctr.h).
+//       (serving/online_server.h), the dense model (models/ctr.h).
 // Method: docs/METHODS.md, "Sparse embeddings on parameter servers", "Online parameter server".
 #pragma once
 #include <grpcpp/support/status.h>

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "proto/ps.grpc.pb.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::ps {
 

@@ -3,7 +3,7 @@
 //       and/or TLS), the gRPC service (authorisation of every call by a bearer token in call metadata,
 //       compared in constant time, failures counted), TLS server credentials, graceful shutdown; the
 //       who-may-call rules every ps server shares (ServeSecurity: check_serve_security,
-//       server_credentials, call_authorized — the online server, ps/online_server.h, uses them too).
+//       server_credentials, call_authorized — the online server, serving/online_server.h, uses them too).
 // Does not own: request validation or storage (ps/shard.h), the client (ps/client.h).
 #pragma once
 #include <cstdint>

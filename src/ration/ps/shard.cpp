@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ps/snapshot.h"
 
 namespace ration::ps {
@@ -247,7 +247,7 @@ int64_t ShardCore::restore_latest() {
 
 }  // namespace ration::ps
 
-// ---- deltas and eviction (issue: online mirrors, disabling) --------------------------------------------
+// ---- deltas and eviction (docs/METHODS.md, "Online parameter server") --------------------------------------------
 namespace ration::ps {
 
 void ShardCore::set_eviction(const EvictOptions& options) {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "proto/ps.pb.h"
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/ps/shard.h"
 
 namespace ration::ps {

@@ -11,7 +11,7 @@
 #include <new>
 #include <random>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::ps {
 
@@ -320,8 +320,8 @@ void Table::pull(const uint64_t* ids, int64_t n, float* out, MissingRow missing)
   const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
   for_each_stripe_group(ids, n, StripeOrder::Rotated, [&](Stripe& st, const uint32_t* pos, int64_t m) {
     // The index probe of id j + kProbeAhead is prefetched while id j is looked up and copied. (Prefetching
-    // the records too, and copying each 16 ids after its lookup, measured slower: see BENCHMARKS.md, "Store,
-    // fifth pass".)
+    // the records too, and copying each 16 ids after its lookup, measured slower; docs/METHODS.md, "Store
+    // layout and batch access".)
     for (int64_t j = 0; j < m; ++j) {
       if (j + kProbeAhead < m) st.index.prefetch(ids[pos[j + kProbeAhead]]);
       const uint64_t id = ids[pos[j]];

@@ -5,8 +5,8 @@
 
 #include <cstdio>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 
 namespace ration::seq {
 

@@ -3,7 +3,7 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/value.h"
 
 namespace ration::seq {

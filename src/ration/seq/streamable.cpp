@@ -1,7 +1,7 @@
 // streamable.cpp — StreamBuffers (see streamable.h).
 #include "ration/seq/streamable.h"
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 
 namespace ration::seq {
 

@@ -3,7 +3,7 @@
 // Owns: the Streamable interface (declare the layers' temporal dependencies; run one chunk against the
 //       buffers) and StreamBuffers, the set of per-layer ring buffers for one stream, sized from the
 //       declarations.
-// Does not own: the chunk loop, scoring or sampling (seq/stream_executor.h), or any model's maths.
+// Does not own: the chunk loop, scoring or sampling (streaming/stream_executor.h), or any model's maths.
 #pragma once
 #include <map>
 #include <memory>

@@ -18,7 +18,7 @@
 #include <set>
 #include <sstream>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/train/archive_crc.h"
 
 namespace ration::train {

@@ -8,7 +8,7 @@
 
 #include "ration/data/batch.h"
 #include "ration/models/model.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration {
 class Trace;

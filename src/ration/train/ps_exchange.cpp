@@ -4,7 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <algorithm>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/optim/clip.h"
 
 namespace ration::train {

@@ -6,8 +6,8 @@
 //       weighted gradient, receive the global parameters and copy them into the model; at the end, wait
 //       for the workers and leave the final global model in the model; checkpoint snapshots and the
 //       report's counts.
-// Does not own: which pushes a version aggregates and when a worker may go on (dist/ps_aggregation.h),
-//       the weighted local gradient (dist/reducer.h), the loop, data and evaluation (trainer.cpp).
+// Does not own: which pushes a version aggregates and when a worker may go on (distributed/ps_aggregation.h),
+//       the weighted local gradient (distributed/reducer.h), the loop, data and evaluation (trainer.cpp).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "ration/dist/ps_aggregation.h"
-#include "ration/dist/world.h"
+#include "ration/distributed/ps_aggregation.h"
+#include "ration/distributed/world.h"
 #include "ration/optim/optimizer.h"
 #include "ration/optim/schedule.h"
 #include "ration/train/trainer.h"

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "ration/core/check.h"
-#include "ration/memory/allocator.h"
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
 
 namespace ration::train {
 

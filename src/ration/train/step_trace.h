@@ -5,7 +5,7 @@
 //       forward and backward phases on the "step" track, samples memory at each step's begin and end, and
 //       keeps every traced step's measured memory curve: TracedStep).
 // Does not own: the trace itself and the spans inside a step (core/trace.h and the trace points of the
-//       layers), the step (train/step_runtime.h), the command-line flags and the files (cli/main.cpp).
+//       layers), the step (runtime/step_runtime.h), the command-line flags and the files (cli/main.cpp).
 //
 // The memory counter's maximum over a traced step is that step's measured peak (StepStats::peak_bytes,
 // what the report's memory.step_peak_bytes lists): the interval peak restarts when the step's trace is
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "ration/core/trace.h"
-#include "ration/train/step_runtime.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration::train {
 

@@ -1,4 +1,5 @@
 #include "ration/train/trainer.h"
+#include "ration/base/timing.h"
 
 #include <ATen/Parallel.h>
 
@@ -12,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "ration/core/check.h"
+#include "ration/base/check.h"
 #include "ration/core/compute_threads.h"
 #include "ration/train/op_profile.h"
 #include "ration/core/node.h"
@@ -21,23 +22,23 @@
 #include "ration/data/fashion_mnist.h"
 #include "ration/data/text.h"
 #include "ration/models/families.h"
-#include "ration/dist/data_parallel.h"
-#include "ration/dist/liveness.h"
-#include "ration/dist/reducer.h"
-#include "ration/memory/allocator.h"
-#include "ration/memory/host_malloc.h"
+#include "ration/distributed/data_parallel.h"
+#include "ration/distributed/liveness.h"
+#include "ration/distributed/reducer.h"
+#include "ration/base/allocator.h"
+#include "ration/base/host_malloc.h"
 #include "ration/optim/adamw.h"
 #include "ration/optim/clip.h"
 #include "ration/optim/schedule.h"
 #include "ration/optim/sgd.h"
-#include "ration/memory/plan_report.h"
-#include "ration/train/budget.h"
+#include "ration/plan/report.h"
+#include "ration/runtime/budget.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/progress.h"
 #include "ration/train/ps_exchange.h"
 #include "ration/train/signals.h"
-#include "ration/seq/tbptt.h"
-#include "ration/train/step_runtime.h"
+#include "ration/streaming/tbptt.h"
+#include "ration/runtime/step_runtime.h"
 
 namespace ration::train {
 namespace {
@@ -56,13 +57,6 @@ std::vector<std::string> split_list(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 nlohmann::json memory_json(const memory::Stats& s) {
@@ -226,7 +220,7 @@ Setup build_setup(Config config) {
   RATION_CHECK(threads > 0, cfg.origin(), ": train.threads must be >= 1");
   set_compute_threads(static_cast<int>(threads));  // ATen and OpenBLAS together
   // Freed host memory glibc keeps for the next step instead of trimming it and faulting it in again
-  // (memory/host_malloc.h); default 1 GiB; 0 leaves glibc's own thresholds.
+  // (base/host_malloc.h); default 1 GiB; 0 leaves glibc's own thresholds.
   const int64_t keep_freed = cfg.get_bytes("train.malloc_keep_freed", int64_t{1} << 30);
   if (keep_freed > 0) memory::keep_freed_host_memory(keep_freed);
   at::manual_seed(s.seed);
@@ -438,7 +432,7 @@ class TrainingRun {
     schedule_ = std::make_unique<optim::WarmupCosine>(run_.lr, run_.schedule == "constant" ? run_.lr : run_.min_lr,
                                                       std::min(run_.warmup_steps, total_steps_), total_steps_);
     fingerprint_ = c.fingerprint(kWeightNeutralKeys) + "-" + std::to_string(total_steps_);
-    if (run_.tbptt > 0) {  // each step: one sequence batch, run chunk by chunk (seq/tbptt.h)
+    if (run_.tbptt > 0) {  // each step: one sequence batch, run chunk by chunk (streaming/tbptt.h)
       seq::check_tbptt(model_, run_.tbptt, c.origin());
       RATION_CHECK(!runtime_.settings().budget.budget_bytes, c.origin(), ": train.tbptt and a memory budget do ",
                    "not combine yet (the plan is made for the full-sequence step); remove one of them");

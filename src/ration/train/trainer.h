@@ -3,7 +3,7 @@
 // Owns: the training loop (TrainingRun in trainer.cpp: steps, budget correction, evaluation,
 //       checkpoints) and its report. Does not own: the model (models/), the data (data/), the update rule
 //       (optim/), the on-disk checkpoint layout (train/checkpoint.h), or one step's execution and memory
-//       runtime (train/step_runtime.h).
+//       runtime (runtime/step_runtime.h).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "ration/data/dataset.h"
-#include "ration/dist/world.h"
-#include "ration/memory/offload.h"
+#include "ration/distributed/world.h"
+#include "ration/offload/engine.h"
 #include "ration/models/model.h"
 #include "ration/optim/optimizer.h"
 #include "ration/config/config.h"
@@ -87,7 +87,7 @@ Setup build_setup(Config config);
 data::Batch sample_batch(const Setup& setup, int64_t batch_size, uint64_t seed);
 
 // Runs training; returns the report (also written to options.report_path when set, by rank 0 only).
-// With WORLD_SIZE > 1 each rank trains on its shard and gradients are synchronised (dist/reducer.h); a
+// With WORLD_SIZE > 1 each rank trains on its shard and gradients are synchronised (distributed/reducer.h); a
 // lost peer makes every rank throw ration::Error naming it.
 nlohmann::json run_training(const TrainOptions& options);
 

@@ -1,0 +1,181 @@
+// data_parallel.cpp — [dist] settings, joining the world, config agreement, broadcast, global sums.
+#include "ration/distributed/data_parallel.h"
+
+#include <ATen/core/grad_mode.h>
+#include <cstdlib>
+#include <sstream>
+
+#include "ration/base/check.h"
+
+namespace ration::dist {
+
+namespace {
+
+// ---- partial and asynchronous aggregation (distributed/ps_aggregation.h) and the slow-rank test aid ----------
+void read_partial_aggregation(Config& cfg, DataParallelSettings& s) {
+  s.ps.backup_workers = cfg.get_int("dist.backup_workers", 0);
+  RATION_CHECK(s.ps.backup_workers >= 0, cfg.origin(), ": dist.backup_workers must be an integer >= 0 (k: each "
+               "round aggregates the first N - k pushes), got ", s.ps.backup_workers);
+  const bool async = cfg.get_choice("dist.sync", "sync", {"sync", "async"}) == "async";
+  s.ps.max_staleness = cfg.get_int("dist.max_staleness", 1);
+  RATION_CHECK(s.ps.max_staleness >= 0, cfg.origin(), ": dist.max_staleness must be an integer >= 0 (pushes a "
+               "worker may run ahead of the slowest; 0 is synchronous), got ", s.ps.max_staleness);
+  RATION_CHECK(!(async && s.ps.backup_workers > 0), cfg.origin(), ": dist.sync = \"async\" and dist.backup_workers = ",
+               s.ps.backup_workers, " do not combine (backup workers close synchronous rounds; asynchronous pushes have "
+               "none); set one of them");
+  s.ps.mode = async ? PsAggregation::BoundedAsync
+                    : s.ps.backup_workers > 0 ? PsAggregation::BackupWorkers : PsAggregation::Synchronous;
+  RATION_CHECK(s.ps.mode == PsAggregation::Synchronous || s.reducer.topology == Topology::ParameterServer, cfg.origin(),
+               ": ", async ? "dist.sync = \"async\"" : "dist.backup_workers > 0", " needs dist.topology = \"ps\" (the "
+               "server is where a late gradient can be dropped or a push applied on its own; \"allreduce\" and "
+               "\"gossip\" sum every rank in every collective), got dist.topology = \"",
+               to_string(s.reducer.topology), "\"");
+  s.reducer.ps_aggregation = s.ps.mode;
+  s.reducer.aggregate = parse_aggregate(cfg.get_string("dist.aggregate", "gradients"), cfg.origin());
+  if (s.reducer.aggregate == Aggregate::Parameters) {
+    RATION_CHECK(s.reducer.topology == Topology::AllReduce && s.compress == "none" &&
+                     s.ps.mode == PsAggregation::Synchronous,
+                 cfg.origin(), ": dist.aggregate = \"parameters\" (model averaging) all-reduces fp32 parameters; it "
+                 "needs dist.topology = \"allreduce\", dist.compress = \"none\" and no backup workers or async, got "
+                 "dist.topology = \"", to_string(s.reducer.topology), "\", dist.compress = \"", s.compress, "\"");
+    s.reducer.average_every = s.reducer.sync_every;  // K: local steps between averages, one micro-batch each
+    s.reducer.sync_every = 1;
+  }
+  s.debug_delay_ms = cfg.get_int("dist.debug_delay_ms", 0);
+  s.debug_delay_rank = cfg.get_int("dist.debug_delay_rank", -1);
+  RATION_CHECK(s.debug_delay_ms >= 0 && s.debug_delay_rank >= -1, cfg.origin(), ": dist.debug_delay_ms must be an "
+               "integer >= 0 and dist.debug_delay_rank an integer >= -1 (test aid: that rank sleeps this long per "
+               "step), got ", s.debug_delay_ms, " and ", s.debug_delay_rank);
+}
+
+}  // namespace
+
+DataParallelSettings read_data_parallel_settings(Config& cfg) {
+  DataParallelSettings s;
+  s.reducer.bucket_bytes = cfg.get_bytes("dist.bucket_bytes", s.reducer.bucket_bytes);
+  s.reducer.first_bucket_bytes = cfg.get_bytes("dist.first_bucket_bytes", s.reducer.first_bucket_bytes);
+  RATION_CHECK(s.reducer.bucket_bytes > 0 && s.reducer.first_bucket_bytes > 0, cfg.origin(),
+               ": dist.bucket_bytes and dist.first_bucket_bytes must be positive sizes such as 25MiB");
+  s.reducer.sync_every = cfg.get_int("dist.sync_every", s.reducer.sync_every);
+  RATION_CHECK(s.reducer.sync_every >= 1, cfg.origin(), ": dist.sync_every must be an integer >= 1, got ",
+               s.reducer.sync_every);
+  s.compress = cfg.get_choice("dist.compress", s.compress, {"none", "fp16", "onebit"});
+  s.onebit.feedback = cfg.get_bool("dist.error_feedback", true) ? ErrorFeedback::On : ErrorFeedback::Off;
+  s.onebit.block = cfg.get_int("dist.onebit_block", s.onebit.block);
+  RATION_CHECK(s.onebit.block >= 0, cfg.origin(),
+               ": dist.onebit_block must be an integer >= 0 (elements per scale; 0: one per parameter), got ",
+               s.onebit.block);
+  s.onebit.lambda = cfg.get_double("dist.onebit_lambda", s.onebit.lambda);
+  RATION_CHECK(s.onebit.lambda >= 0 && s.onebit.lambda < 1, cfg.origin(),
+               ": dist.onebit_lambda must be a number in [0, 1) (0: the mean-|v| scale), got ", s.onebit.lambda);
+  // Default: the learning-rate warm-up (optim.warmup_steps), the steps whose compression costs accuracy
+  // (docs/DISTRIBUTED.md, "fp32 warm-up").
+  s.onebit.warmup_steps = cfg.get_int("dist.compress_warmup", cfg.get_int("optim.warmup_steps", 0));
+  RATION_CHECK(s.onebit.warmup_steps >= 0, cfg.origin(),
+               ": dist.compress_warmup must be an integer >= 0 (optimiser steps in fp32 before onebit), got ",
+               s.onebit.warmup_steps);
+  const std::string moment = cfg.get_choice("dist.onebit_second_moment", "track", {"track", "freeze"});
+  s.onebit.second_moment = moment == "freeze" ? SecondMoment::Freeze : SecondMoment::Track;
+  RATION_CHECK(s.onebit.second_moment == SecondMoment::Track || s.onebit.warmup_steps > 0, cfg.origin(),
+               ": dist.onebit_second_moment = \"freeze\" keeps AdamW's second moment from the last fp32 step; it "
+               "needs dist.compress_warmup >= 1, got ", s.onebit.warmup_steps);
+  const std::string space = cfg.get_choice("dist.onebit_space", "gradient", {"gradient", "update"});
+  s.onebit.space = space == "update" ? CodeSpace::Update : CodeSpace::Gradient;
+  s.reducer.topology = parse_topology(cfg.get_string("dist.topology", "allreduce"), cfg.origin());
+  RATION_CHECK(s.reducer.topology == Topology::AllReduce || s.compress == "none", cfg.origin(),
+               ": dist.topology = \"", to_string(s.reducer.topology), "\" sends fp32 gradients and parameters point "
+               "to point; dist.compress must be \"none\" with it (compression applies to dist.topology = "
+               "\"allreduce\" only), got \"", s.compress, "\"");
+  s.timeout_s = cfg.get_int("dist.timeout_s", s.timeout_s);
+  RATION_CHECK(s.timeout_s >= 1, cfg.origin(), ": dist.timeout_s must be a whole number of seconds >= 1, got ",
+               s.timeout_s);
+  read_partial_aggregation(cfg, s);
+  return s;
+}
+
+bool environment_names_a_world() { return std::getenv("WORLD_SIZE") != nullptr; }
+
+World join_world(const DataParallelSettings& settings) {
+  if (!environment_names_a_world()) return World::init_single();
+  WorldOptions options;
+  options.timeout = std::chrono::seconds(settings.timeout_s);
+  return World::init(options);
+}
+
+uint64_t config_fingerprint(const std::map<std::string, std::string>& effective) {
+  static const char* const kPerHost[] = {"train.threads", "data.dir", "data.files", "train.checkpoint_dir"};
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  auto mix = [&](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+    h = (h ^ 0xff) * 0x100000001b3ull;
+  };
+  for (const auto& [k, v] : effective) {
+    bool per_host = k.rfind("offload.", 0) == 0 || k.rfind("memory.", 0) == 0;
+    for (const char* p : kPerHost) per_host = per_host || k == p;
+    if (per_host) continue;
+    mix(k);
+    mix(v);
+  }
+  return h;
+}
+
+void check_same_config(const World& world, const std::map<std::string, std::string>& effective,
+                       const std::string& origin) {
+  if (world.size() <= 1) return;
+  const uint64_t mine = config_fingerprint(effective);
+  at::Tensor t = at::empty({1}, at::kLong);
+  t.data_ptr<int64_t>()[0] = static_cast<int64_t>(mine);
+  const at::Tensor all = world.all_gather(t);  // (size) int64
+  std::ostringstream differing;
+  int count = 0;
+  for (int r = 1; r < world.size(); ++r) {
+    if (all[r].item<int64_t>() != all[0].item<int64_t>()) differing << (count++ ? ", " : "") << r;
+  }
+  RATION_CHECK(count == 0, origin, ": the configuration of rank", count > 1 ? "s " : " ", differing.str(),
+               " differs from rank 0's (fingerprints of the effective configuration, --set overrides "
+               "included, differ); every rank must train the same model with the same keys (per-host keys "
+               "train.threads, data.dir, data.files, train.checkpoint_dir, memory.* and offload.* may differ)");
+}
+
+void broadcast_from_rank0(const World& world, const std::vector<std::pair<std::string, Value>>& params,
+                          const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+  if (world.size() <= 1) return;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    at::Tensor t = p.tensor();
+    world.broadcast(t, 0);
+  }
+  for (const auto& [name, b] : buffers) {
+    at::Tensor t = b;
+    world.broadcast(t, 0);
+  }
+}
+
+std::vector<double> all_reduce_doubles(const World& world, const std::vector<double>& values) {
+  if (world.size() <= 1 || values.empty()) return values;
+  at::Tensor t = at::empty({static_cast<int64_t>(values.size())}, at::kDouble);
+  for (size_t i = 0; i < values.size(); ++i) t.data_ptr<double>()[i] = values[i];
+  world.all_reduce_sum(t);
+  return {t.data_ptr<double>(), t.data_ptr<double>() + values.size()};
+}
+
+std::vector<float> all_gather_floats(const World& world, const std::vector<float>& values) {
+  if (world.size() <= 1) return values;
+  at::Tensor n = at::empty({1}, at::kLong);
+  n.data_ptr<int64_t>()[0] = static_cast<int64_t>(values.size());
+  const at::Tensor lengths = world.all_gather(n);  // (size) int64
+  const int64_t longest = lengths.max().item<int64_t>();
+  std::vector<float> out;
+  if (longest == 0) return out;
+  at::Tensor mine = at::zeros({longest}, at::kFloat);  // (longest) this rank's values, zero-padded
+  if (!values.empty()) std::copy(values.begin(), values.end(), mine.data_ptr<float>());
+  const at::Tensor all = world.all_gather(mine);  // (size * longest)
+  const float* p = all.data_ptr<float>();
+  for (int r = 0; r < world.size(); ++r) {
+    const int64_t len = lengths.data_ptr<int64_t>()[r];
+    out.insert(out.end(), p + r * longest, p + r * longest + len);
+  }
+  return out;
+}
+
+}  // namespace ration::dist

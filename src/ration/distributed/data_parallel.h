@@ -1,0 +1,83 @@
+// data_parallel.h — what `ration train` needs to run as one rank of a data-parallel job: the [dist]
+// config keys, joining the world from the launcher's environment, the start-up agreement (same config
+// everywhere, rank 0's parameters everywhere) and global sums and gathers of per-rank figures
+// (evaluation, loss, AUC scores).
+// Owns: DataParallelSettings and their validation, the config fingerprint, parameter broadcast,
+//       all_reduce_doubles, all_gather_floats. Does not own: gradient synchronisation (distributed/reducer.h),
+//       the data shard (data/dataset.h), the training loop (train/trainer.cpp).
+//
+// [dist] keys (all optional; they matter only when WORLD_SIZE > 1, except sync_every):
+//   bucket_bytes        size, default 25MiB       cap of each gradient bucket (the first: first_bucket_bytes)
+//   first_bucket_bytes  size, default 1MiB
+//   sync_every          integer >= 1, default 1   backward passes (micro-batches) per synchronisation
+//   topology            "allreduce" | "ps" | "gossip" (default "allreduce"; distributed/topology.h)
+//   compress            "none" | "fp16" | "onebit" (default "none"; with topology "allreduce" only)
+//   error_feedback      bool, default true        onebit: keep the residual per bucket
+//   onebit_block        integer >= 0, default 1024 onebit: elements per scale (0: one per parameter)
+//   onebit_lambda       number in [0, 1), 0.95    onebit: lambda_0 of the L2 scale (0: mean-|v| scale)
+//   compress_warmup     integer >= 0, default optim.warmup_steps   onebit: optimiser steps reduced in fp32 first
+//   onebit_second_moment "track" | "freeze"      onebit: AdamW's v after the warm-up (freeze: as at its end)
+//   onebit_space        "gradient" | "update"     onebit: code g + e, or (g + e) / AdamW's denominator
+//   timeout_s           integer >= 1, default 60  rendezvous and every collective; a lost rank is named
+//                                                 within about this long
+//   backup_workers      integer >= 0, default 0   topology "ps": each round aggregates the first N-k pushes
+//   sync                "sync" | "async"          topology "ps": "async" applies each push as it arrives
+//   max_staleness       integer >= 0, default 1   async: a worker runs at most this many pushes ahead
+//   aggregate           "gradients" | "parameters"  "parameters": local steps, parameters averaged every
+//                                                 sync_every steps (model averaging; allreduce only)
+//   debug_delay_ms      integer >= 0, default 0   test aid: rank debug_delay_rank sleeps this long per step
+//   debug_delay_rank    integer, default -1       (-1: none)
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ration/core/value.h"
+#include "ration/distributed/comm_hook.h"
+#include "ration/distributed/ps_aggregation.h"
+#include "ration/distributed/reducer.h"
+#include "ration/distributed/world.h"
+#include "ration/config/config.h"
+
+namespace ration::dist {
+
+struct DataParallelSettings {
+  ReducerOptions reducer;
+  std::string compress = "none";
+  OneBitOptions onebit;  // error_feedback, onebit_block, compress_warmup
+  int64_t timeout_s = 60;
+  PsAggregationOptions ps;        // backup_workers, sync, max_staleness (distributed/ps_aggregation.h)
+  int64_t debug_delay_ms = 0;     // test aid: one rank made slow, deterministically
+  int64_t debug_delay_rank = -1;
+};
+DataParallelSettings read_data_parallel_settings(Config& cfg);
+
+// True when the environment names a world (WORLD_SIZE is set), as torchrun and `ration launch` do.
+bool environment_names_a_world();
+// The world from the environment (timeout from the settings unless RATION_DIST_TIMEOUT_S is set), or a
+// one-process world when WORLD_SIZE is not set.
+World join_world(const DataParallelSettings& settings);
+
+// A 64-bit fingerprint of the effective configuration, leaving out keys that may differ per host
+// (train.threads, data.dir, data.files, train.checkpoint_dir, offload.*, memory.*).
+uint64_t config_fingerprint(const std::map<std::string, std::string>& effective);
+// All-gathers the fingerprint; throws ration::Error naming the ranks whose configuration differs from
+// rank 0's (same on every rank, so every rank stops).
+void check_same_config(const World& world, const std::map<std::string, std::string>& effective,
+                       const std::string& origin);
+
+// Every rank's parameters and buffers become rank 0's (in order; shapes must match).
+void broadcast_from_rank0(const World& world, const std::vector<std::pair<std::string, Value>>& params,
+                          const std::vector<std::pair<std::string, at::Tensor>>& buffers);
+
+// Element-wise sums over ranks of a few doubles (float64 all-reduce; identity on one process).
+std::vector<double> all_reduce_doubles(const World& world, const std::vector<double>& values);
+
+// Every rank's `values` (of any length, possibly 0), concatenated in rank order, on every rank (two
+// all-gathers: the lengths, then the values padded to the longest). Global metrics that are not sums
+// (AUC) are computed from these.
+std::vector<float> all_gather_floats(const World& world, const std::vector<float>& values);
+
+}  // namespace ration::dist

@@ -1,0 +1,58 @@
+// topology.h — who exchanges with whom in data-parallel training: all-reduce (every rank gets the global
+// gradient sum), a centralised parameter server (rank 0 sums the gradients, steps, and sends the
+// parameters back) or gossip (each rank steps on its own gradient, then averages its parameters with its
+// ring neighbours). See docs/DISTRIBUTED.md, "Topologies", and docs/METHODS.md.
+// Owns: the Topology and Aggregate names, the server's gradient gather-and-sum, the server's parameter
+//       send, the gossip neighbour average, the weighted parameter average (model averaging), and the
+//       exact bytes each of them hands to c10d.
+// Does not own: bucketing, weighting and when a bucket leaves (distributed/reducer.h), how an all-reduce bucket
+//       is coded (distributed/comm_hook.h), the optimiser.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "ration/distributed/comm_hook.h"
+#include "ration/distributed/world.h"
+
+namespace ration::dist {
+
+enum class Topology { AllReduce, ParameterServer, Gossip };
+const char* to_string(Topology t);
+// "allreduce" | "ps" | "gossip"; anything else: ration::Error naming `origin`, dist.topology and the choices.
+Topology parse_topology(const std::string& text, const std::string& origin);
+
+// The rank that serves the parameters in Topology::ParameterServer (it trains too).
+constexpr int kServerRank = 0;
+
+// Parameter server, one gradient bucket: every worker sends its weighted `flat` to the server, which
+// receives them and adds them to its own in rank order (flat becomes the global sum on the server;
+// a worker's flat is left as it was). Traffic: a worker sends flat's bytes, the server sends none.
+Traffic reduce_to_server(const World& world, int bucket, at::Tensor& flat);
+
+// Parameter server, after the server's optimiser step: the server sends its parameters (packed into one
+// buffer) to every worker, which overwrites its own. Traffic: the server sends (N-1) x the parameters'
+// bytes, a worker none.
+Traffic send_parameters_from_server(const World& world, const std::vector<at::Tensor>& params);
+
+// What the ranks combine (dist.aggregate): their gradients before every optimiser step (full or partial
+// aggregation), or their parameters every K steps after local steps (model averaging, local SGD: the
+// ensemble-style aggregation of docs/METHODS.md, "Distributed training").
+enum class Aggregate { Gradients, Parameters };
+const char* to_string(Aggregate a);
+// "gradients" | "parameters"; anything else: ration::Error naming `origin`, dist.aggregate and the choices.
+Aggregate parse_aggregate(const std::string& text, const std::string& origin);
+
+// Model averaging: every rank's parameters become the weighted mean over ranks, sum_r w_r p_r / sum_r w_r
+// (one all-reduce of the weighted parameters and the weight; `weight` is this rank's share of the samples
+// since the last average). Traffic: the parameters' bytes plus one float, all-reduced.
+Traffic average_parameters(const World& world, const std::vector<at::Tensor>& params, double weight);
+
+// Gossip, after every rank's own optimiser step: each rank's parameters become the mean of its own and
+// its ring neighbours' (rank-1 and rank+1 mod N: weights 1/3 each for N >= 3; for N = 2 the one
+// neighbour, weights 1/2, which is the all-ranks average). Traffic: 2 x the parameters' bytes for
+// N >= 3, 1 x for N = 2.
+Traffic average_with_ring_neighbours(const World& world, const std::vector<at::Tensor>& params);
+
+}  // namespace ration::dist

@@ -1,0 +1,350 @@
+// plan/strategies.cpp — the planner's strategies, one function each over a PlanContext, and the one
+// table that names them (parsing, printing, the config check and help texts all read it).
+// Owns: every strategy's rule for choosing decisions, and the strategy table.
+// Does not own: predictions, the knapsack order and the descent (plan/context.h), user overrides and the
+//       final plan (planner.cpp).
+#include "ration/plan/strategies.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
+
+namespace ration::memory {
+namespace {
+
+// The joint plan's clean-up passes: one offload is switched to recompute per pass where its marginal
+// stall on the shared copy queues exceeds its recompute cost. Each pass re-simulates every offload, so
+// the passes are capped; by the third the queues have settled on every model measured (later passes
+// changed nothing).
+constexpr int kOffloadRepairPasses = 3;
+
+// Knapsack: greedy descent in cost-per-byte order (measured recompute time) to the budget, falling back
+// to a memory-ordered descent where that one stops above it; then keep back as much as still fits (most
+// expensive first), then trade offloads whose queueing stall costs more than recomputing; on a chain, if
+// the greedy plan does not fit, the binomial schedule that fits with the fewest re-runs. A budget below
+// the floor is refused before any of this, so that measured times never decide whether a budget is met.
+Choice knapsack(PlanContext& ctx) {
+  ctx.check_budget_reachable();
+  Choice c = ctx.all_kept();
+  std::vector<Decision>& d = c.decisions;
+  std::optional<IncrementalPeak> reached_peak;  // the descent's incremental peak, reused below
+  if (ctx.descend(d, ctx.budget(), ctx.knapsack_order(), &reached_peak) > ctx.budget()) {
+    // The time-ordered descent got stuck above the budget; where a memory-ordered one reaches it, take
+    // that, so whether a budget is met never depends on measured times.
+    if (std::optional<Choice> reached = ctx.reach_budget_by_memory_order()) {
+      c = std::move(*reached);
+      reached_peak.reset();
+    }
+  }
+  const std::vector<size_t>& order = ctx.knapsack_order();
+  if (ctx.keep_or_recompute(d)) {
+    if (!reached_peak) reached_peak.emplace(ctx.incremental(d));
+    IncrementalPeak& inc = *reached_peak;
+    // Only "over the budget or not" matters: evaluations may stop once they pass it.
+    const int64_t over = ctx.budget() == IncrementalPeak::kExact ? IncrementalPeak::kExact : ctx.budget() + 1;
+    for (size_t r = order.size(); r-- > 0;) {
+      const size_t i = order[r];
+      if (d[i] == Decision::Keep || inc.peak_if(i, Decision::Keep, over) > ctx.budget()) continue;
+      inc.set(i, Decision::Keep);
+      d[i] = Decision::Keep;
+    }
+  } else {
+    for (size_t r = order.size(); r-- > 0;) {
+      const size_t i = order[r];
+      if (d[i] == Decision::Keep) continue;
+      const Decision released = d[i];
+      d[i] = Decision::Keep;
+      if (!ctx.fits(c)) d[i] = released;
+    }
+  }
+  if (ctx.options().offload) {
+    for (int pass = 0; pass < kOffloadRepairPasses; ++pass) {
+      bool changed = false;
+      const double stall = ctx.predict(d).offload_stall_ms;
+      for (size_t i = 0; i < d.size(); ++i) {
+        if (d[i] != Decision::Offload) continue;
+        d[i] = Decision::Recompute;
+        // The stall needs the copy queues only; memory is simulated for a trade worth making.
+        if (stall - ctx.offload_stall(d) > ctx.groups()[i].recompute_ms && ctx.fits(d)) {
+          changed = true;
+          break;
+        }
+        d[i] = Decision::Offload;
+      }
+      if (!changed) break;
+    }
+  }
+  // Below what storing every rebuilt value can reach, a chain takes the binomial schedule (which
+  // recomputes without storing); above it the greedy plan is already the fewest re-runs on a chain
+  // (every value not resident when backward starts is rebuilt at least once).
+  if (!ctx.fits(c)) {
+    if (const ChainCandidate* best = best_chain_fit(ctx.chain_candidates(), ctx.budget()))
+      c = {best->decisions, best->store_from, best->slots};
+  }
+  return c;
+}
+
+// Optimal chain: the binomial schedule with the fewest re-runs that fits (chain-shaped models only).
+Choice optimal_chain(PlanContext& ctx) {
+  RATION_CHECK(ctx.why_not_chain().empty(), "strategy 'optimal-chain' needs a chain-shaped model (every node reading only "
+               "the output of the node recorded just before it); this one is not: ", ctx.why_not_chain(),
+               ". Use --plan knapsack.");
+  const std::vector<ChainCandidate>& candidates = ctx.chain_candidates();
+  const ChainCandidate* best = best_chain_fit(candidates, ctx.budget());
+  int64_t lowest = ctx.unconstrained_peak();
+  for (const auto& cp : candidates) lowest = std::min(lowest, cp.prediction.peak_bytes);
+  RATION_CHECK(best != nullptr, "strategy 'optimal-chain' cannot meet the budget of ", format_bytes(ctx.budget()),
+               ": its lowest schedule needs ", format_bytes(lowest), ". Raise the budget.");
+  return {best->decisions, best->store_from, best->slots};
+}
+
+// Ordered: recompute groups in forward order until the prediction fits.
+Choice ordered(PlanContext& ctx) {
+  Choice c = ctx.all_kept();
+  IncrementalPeak inc = ctx.incremental(c.decisions);
+  for (size_t i = 0; i < c.decisions.size() && inc.peak() > ctx.budget(); ++i) {
+    inc.set(i, Decision::Recompute);
+    c.decisions[i] = Decision::Recompute;
+  }
+  return c;
+}
+
+// The kept groups per set at each target (the largest-remainder rule of ordered-sets): set k keeps
+// floor(target · s_k / n) of its s_k groups, and the target's remaining groups go one each to the sets
+// with the largest remainders, ties to the earlier set. Sets of equal size have equal shares and equal
+// remainders, so the rule is evaluated per size class (O(classes) per target, not O(sets · log sets)),
+// and a target lists only the sets whose share changed from the previous target's.
+class SetShares {
+ public:
+  SetShares(const std::vector<std::vector<size_t>>& sets, size_t n) : n_(std::max<size_t>(n, 1)) {
+    std::map<size_t, size_t> class_of_size;
+    for (size_t k = 0; k < sets.size(); ++k) {
+      const auto [it, added] = class_of_size.emplace(sets[k].size(), classes_.size());
+      if (added) classes_.push_back(Class{sets[k].size(), {}, static_cast<int64_t>(sets[k].size()), 0, 0, 0, 0});
+      classes_[it->second].members.push_back(k);  // k ascends
+    }
+  }
+  // The shares at `target` (targets descend from n by one): `changed` gets (set, new share), ascending
+  // by set, for every set whose share differs from the previous target's.
+  void at(int64_t target, std::vector<std::pair<size_t, int64_t>>& changed) {
+    changed.clear();
+    int64_t rest = target;
+    for (Class& c : classes_) {
+      const double exact = static_cast<double>(target) * static_cast<double>(c.size) / static_cast<double>(n_);
+      c.new_floor = static_cast<int64_t>(std::floor(exact));
+      c.rem = exact - std::floor(exact);
+      c.new_extra = 0;
+      rest -= c.new_floor * static_cast<int64_t>(c.members.size());
+    }
+    order_.resize(classes_.size());
+    for (size_t c = 0; c < order_.size(); ++c) order_[c] = c;
+    std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
+      return classes_[a].rem > classes_[b].rem || (classes_[a].rem == classes_[b].rem && a < b);
+    });
+    for (size_t i = 0; i < order_.size() && rest > 0;) {
+      size_t j = i, members = 0;  // classes order_[i, j) tie on the remainder
+      for (; j < order_.size() && classes_[order_[j]].rem == classes_[order_[i]].rem; ++j)
+        members += classes_[order_[j]].members.size();
+      if (rest >= static_cast<int64_t>(members)) {
+        for (size_t t = i; t < j; ++t) classes_[order_[t]].new_extra = static_cast<int64_t>(classes_[order_[t]].members.size());
+        rest -= static_cast<int64_t>(members);
+      } else {
+        // The `rest` earliest sets of the tied classes: those below the smallest bound that has `rest`
+        // of them below it.
+        auto below = [&](size_t bound, size_t c) {
+          const auto& m = classes_[c].members;
+          return static_cast<int64_t>(std::lower_bound(m.begin(), m.end(), bound) - m.begin());
+        };
+        size_t lo = 0, hi = 0;
+        for (size_t t = i; t < j; ++t) hi = std::max(hi, classes_[order_[t]].members.back() + 1);
+        while (lo < hi) {
+          const size_t mid = lo + (hi - lo) / 2;
+          int64_t count = 0;
+          for (size_t t = i; t < j; ++t) count += below(mid, order_[t]);
+          if (count >= rest) hi = mid;
+          else lo = mid + 1;
+        }
+        for (size_t t = i; t < j; ++t) classes_[order_[t]].new_extra = below(lo, order_[t]);
+        rest = 0;
+      }
+      i = j;
+    }
+    for (Class& c : classes_) {
+      // A member's share is floor + (its position < extra): with the floor unchanged only the members
+      // between the two boundaries change.
+      const int64_t from = c.new_floor == c.floor ? std::min(c.extra, c.new_extra) : 0;
+      const int64_t to = c.new_floor == c.floor ? std::max(c.extra, c.new_extra) : static_cast<int64_t>(c.members.size());
+      for (int64_t m = from; m < to; ++m) {
+        const int64_t was = c.floor + (m < c.extra ? 1 : 0), share = c.new_floor + (m < c.new_extra ? 1 : 0);
+        if (share != was) changed.emplace_back(c.members[static_cast<size_t>(m)], share);
+      }
+      c.floor = c.new_floor;
+      c.extra = c.new_extra;
+    }
+    std::sort(changed.begin(), changed.end());
+  }
+
+ private:
+  struct Class {
+    size_t size;                  // groups per set
+    std::vector<size_t> members;  // its sets, ascending
+    int64_t floor, extra;         // the previous target's shares: floor + (position < extra)
+    int64_t new_floor, new_extra;
+    double rem;
+  };
+  size_t n_;
+  std::vector<Class> classes_;
+  std::vector<size_t> order_;
+};
+
+// Ordered sets: the largest number of kept groups G that fits, split across node sets in proportion to
+// their sizes (largest remainders); within each set, groups are recomputed in forward order until its
+// share is met. Going from G to G − 1 moves a few sets' shares by one, so only the groups whose
+// decision changes are re-priced (incremental peak) instead of simulating the whole step per G.
+Choice ordered_sets(PlanContext& ctx) {
+  Choice c = ctx.all_kept();
+  const size_t n = ctx.size();
+  std::unordered_map<std::string, size_t> set_index;
+  std::vector<std::vector<size_t>> sets;  // in order of first appearance
+  for (size_t i = 0; i < n; ++i) {
+    const auto [it, added] = set_index.emplace(ctx.groups()[i].node_set, sets.size());
+    if (added) sets.emplace_back();
+    sets[it->second].push_back(i);
+  }
+  IncrementalPeak inc = ctx.incremental(c.decisions);
+  SetShares shares(sets, n);
+  std::vector<std::pair<size_t, int64_t>> changed;
+  for (int64_t target = static_cast<int64_t>(n); target >= 0; --target) {
+    shares.at(target, changed);
+    for (const auto& [k, keep] : changed) {
+      const auto& idx = sets[k];
+      const int64_t to_recompute = static_cast<int64_t>(idx.size()) - keep;
+      for (size_t m = 0; m < idx.size(); ++m) {
+        const Decision want = static_cast<int64_t>(m) >= to_recompute ? Decision::Keep : Decision::Recompute;
+        if (c.decisions[idx[m]] == want) continue;
+        c.decisions[idx[m]] = want;
+        inc.set(idx[m], want);
+      }
+    }
+    if (inc.peak() <= ctx.budget()) break;
+  }
+  return c;
+}
+
+// Checkpointing as PyTorch users do it: the blocks are the numbered node sets ("blocks.3"), or, in a
+// model without any, every top-level module.
+// (In order of first appearance; a set of the names seen keeps this linear in the number of groups.)
+std::vector<std::string> blocks_of(const std::vector<Group>& groups) {
+  std::vector<std::string> blocks;
+  std::unordered_set<std::string> seen;
+  for (const auto& g : groups) {
+    const auto dot = g.node_set.find('.');
+    if (dot != std::string::npos && seen.insert(g.node_set).second) blocks.push_back(g.node_set);
+  }
+  if (blocks.empty()) {
+    for (const auto& g : groups)
+      if (g.node_set != "(top)" && seen.insert(g.node_set).second) blocks.push_back(g.node_set);
+  }
+  return blocks;
+}
+
+// Inside blocks keep only the block's outputs (groups read by a node outside the block) of every k-th
+// block; everything else in blocks is recomputed; groups outside blocks are kept.
+Choice keep_outputs_of_every_kth_block(PlanContext& ctx, const std::vector<std::string>& blocks, int64_t k) {
+  Choice c = ctx.all_kept();
+  const std::vector<Group>& groups = ctx.groups();
+  const PlanGraph& g = ctx.graph();
+  std::vector<int64_t> group_of_storage(g.storages, -1);
+  for (size_t i = 0; i < groups.size(); ++i) group_of_storage[static_cast<size_t>(groups[i].storage)] = static_cast<int64_t>(i);
+  std::vector<char> used_outside(groups.size(), 0);
+  for (size_t o = 0; o < g.nodes; ++o) {
+    std::optional<std::string> set;  // the node's set, named once it reads a group
+    for (const auto& in : g.inputs[o]) {
+      const int64_t st = g.storage_of(in);
+      if (st < 0 || group_of_storage[static_cast<size_t>(st)] < 0) continue;
+      const auto gi = static_cast<size_t>(group_of_storage[static_cast<size_t>(st)]);
+      if (!set) set = node_set_of(g.profile.nodes[o].scope);
+      if (groups[gi].node_set != *set) used_outside[gi] = 1;
+    }
+  }
+  std::unordered_map<std::string, int64_t> block_index;  // block name -> its index in `blocks`
+  for (size_t b = 0; b < blocks.size(); ++b) block_index.emplace(blocks[b], static_cast<int64_t>(b));
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto it = block_index.find(groups[i].node_set);
+    if (it == block_index.end()) continue;
+    const int64_t index = it->second;
+    c.decisions[i] = used_outside[i] && ((index + 1) % k == 0) ? Decision::Keep : Decision::Recompute;
+  }
+  return c;
+}
+
+// Uniform: every k-th block (memory.checkpoint_every).
+Choice uniform(PlanContext& ctx) {
+  return keep_outputs_of_every_kth_block(ctx, blocks_of(ctx.groups()), std::max<int64_t>(1, ctx.options().checkpoint_every));
+}
+
+// Sqrt: every ceil(sqrt(blocks))-th block (Chen et al.'s sqrt(n) checkpointing).
+Choice sqrt_blocks(PlanContext& ctx) {
+  const std::vector<std::string> blocks = blocks_of(ctx.groups());
+  const auto k = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(blocks.size()))));
+  return keep_outputs_of_every_kth_block(ctx, blocks, std::max<int64_t>(1, k));
+}
+
+struct StrategyEntry {
+  Strategy id;
+  const char* name;
+  Choice (*run)(PlanContext&);
+};
+
+// The one table of strategies; the first is the default.
+const StrategyEntry kStrategies[] = {
+    {Strategy::Knapsack, "knapsack", knapsack},
+    {Strategy::Ordered, "ordered", ordered},
+    {Strategy::OrderedSets, "ordered-sets", ordered_sets},
+    {Strategy::Uniform, "uniform", uniform},
+    {Strategy::Sqrt, "sqrt", sqrt_blocks},
+    {Strategy::OptimalChain, "optimal-chain", optimal_chain},
+};
+
+const StrategyEntry& entry(Strategy s) {
+  for (const auto& e : kStrategies)
+    if (e.id == s) return e;
+  RATION_ASSERT(false, "strategy missing from the strategy table");
+}
+
+}  // namespace
+
+const std::vector<std::string>& strategy_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& e : kStrategies) v.emplace_back(e.name);
+    return v;
+  }();
+  return names;
+}
+
+std::string strategy_name_list() {
+  const auto& names = strategy_names();
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
+Strategy parse_strategy(const std::string& name) {
+  for (const auto& e : kStrategies)
+    if (name == e.name) return e.id;
+  RATION_CHECK(false, "unknown plan strategy '", name, "' (expected ", strategy_name_list(), ")");
+}
+
+const char* to_string(Strategy s) { return entry(s).name; }
+
+Choice run_strategy(PlanContext& ctx) { return entry(ctx.options().strategy).run(ctx); }
+
+}  // namespace ration::memory

@@ -1,0 +1,150 @@
+// stream_executor.cpp — see stream_executor.h.
+#include "ration/streaming/stream_executor.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "ration/base/check.h"
+#include "ration/base/allocator.h"
+#include "ration/ops/ops.h"
+
+namespace ration::seq {
+
+namespace {
+Streamable& streamable_of(models::Model& model) {
+  auto* s = dynamic_cast<Streamable*>(&model);
+  RATION_CHECK(s != nullptr, "model.type '", model.family(), "' does not run over sequences; streaming needs ",
+               "lstm_lm, tcn_lm or gpt with model.attention_window");
+  return *s;
+}
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+StreamExecutor::StreamExecutor(models::Model& model, int64_t chunk, int64_t batch)
+    : model_(model), streamable_(streamable_of(model)), chunk_(chunk) {
+  RATION_CHECK(chunk >= 1, "chunk size must be >= 1 (--chunk C); got ", chunk);
+  layers_ = streamable_.sequence_layers();
+  require_streamable(layers_, model.family());
+  buffers_ = std::make_unique<StreamBuffers>(layers_, batch, model.parameter_options());
+}
+
+Value StreamExecutor::feed_chunk(const Value& tokens) {
+  RATION_CHECK(tokens.dim() == 2 && tokens.size(0) == buffers_->batch() && tokens.size(1) >= 1 &&
+                   tokens.size(1) <= chunk_,
+               "stream chunk must be tokens (B=", buffers_->batch(), ", 1..", chunk_, "); got ", tokens.sizes());
+  Value logits = streamable_.stream_logits(tokens, *buffers_);
+  buffers_->position += tokens.size(1);
+  return logits;
+}
+
+at::Tensor StreamExecutor::feed(const at::Tensor& tokens) {
+  RATION_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong, "stream input must be int64 tokens (B, n); got ",
+               tokens.scalar_type(), " ", tokens.sizes());
+  std::vector<at::Tensor> out;
+  for (int64_t s = 0; s < tokens.size(1); s += chunk_) {
+    const int64_t n = std::min(chunk_, tokens.size(1) - s);
+    out.push_back(feed_chunk(Value(tokens.narrow(1, s, n).contiguous())).tensor());
+  }
+  return at::cat(out, 1);
+}
+
+StreamScore score_bytes(StreamExecutor& executor, std::istream& in, const std::string& what) {
+  NoGradGuard no_grad;
+  RATION_CHECK(executor.buffers().batch() == 1, "score_bytes streams one sequence (batch 1)");
+  memory::reset_peak();
+  const auto t0 = std::chrono::steady_clock::now();
+  StreamScore score;
+  const int64_t C = executor.chunk();
+  std::vector<char> block(static_cast<size_t>(C));
+  char first = 0;
+  RATION_CHECK(in.get(first), what, ": empty input; bits per byte needs at least 2 bytes");
+  int64_t prev = static_cast<unsigned char>(first);
+  double nats = 0;
+  while (in) {
+    in.read(block.data(), C);
+    const int64_t m = in.gcount();
+    if (m == 0) break;
+    at::Tensor seq = at::empty({m + 1}, at::kLong);  // [prev, block...]
+    auto* p = seq.data_ptr<int64_t>();
+    p[0] = prev;
+    for (int64_t i = 0; i < m; ++i) p[i + 1] = static_cast<unsigned char>(block[static_cast<size_t>(i)]);
+    const at::Tensor inputs = seq.narrow(0, 0, m).reshape({1, m});
+    const at::Tensor targets = seq.narrow(0, 1, m);
+    const at::Tensor logits = executor.feed_chunk(Value(inputs)).tensor().reshape({m, -1});  // (m, V)
+    nats += at::cross_entropy_loss(logits.to(at::kDouble), targets, {}, at::Reduction::Sum).item<double>();
+    score.tokens += m;
+    prev = p[m];
+  }
+  RATION_CHECK(score.tokens > 0, what, ": one byte only; bits per byte needs at least 2 bytes");
+  score.bits_per_byte = nats / std::log(2.0) / static_cast<double>(score.tokens);
+  score.seconds = seconds_since(t0);
+  score.memory.peak_bytes = memory::device_peak_bytes(memory::stats());
+  score.memory.buffers_bytes = executor.buffers().bytes();
+  return score;
+}
+
+Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t n_tokens, double temperature,
+                   uint64_t seed) {
+  NoGradGuard no_grad;
+  RATION_CHECK(!prompt.empty(), "--prompt must not be empty (generation continues a text)");
+  RATION_CHECK(n_tokens >= 0, "--tokens must be >= 0; got ", n_tokens);
+  RATION_CHECK(temperature >= 0, "--temperature must be >= 0 (0 = argmax); got ", temperature);
+  memory::reset_peak();
+  const auto t0 = std::chrono::steady_clock::now();
+  at::Tensor ids = at::empty({1, static_cast<int64_t>(prompt.size())}, at::kLong);
+  for (size_t i = 0; i < prompt.size(); ++i) ids[0][static_cast<int64_t>(i)] = static_cast<unsigned char>(prompt[i]);
+  at::Tensor last;
+  // The prompt in chunks; only the last step's logits are kept.
+  for (int64_t s = 0; s < ids.size(1); s += executor.chunk()) {
+    const int64_t n = std::min(executor.chunk(), ids.size(1) - s);
+    last = executor.feed_chunk(Value(ids.narrow(1, s, n).contiguous())).tensor().select(1, n - 1);  // (1, V)
+  }
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  Generated out;
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    at::Tensor next;
+    if (temperature == 0) next = last.argmax(-1);  // (1)
+    else next = at::multinomial(at::softmax(last.to(at::kDouble).div(temperature), -1), 1, false, gen).reshape({1});
+    const int64_t token = next.item<int64_t>();
+    out.text.push_back(static_cast<char>(token));
+    last = executor.feed_chunk(Value(next.reshape({1, 1}).to(at::kLong))).tensor().select(1, 0);
+  }
+  out.tokens = n_tokens;
+  out.seconds = seconds_since(t0);
+  out.memory.peak_bytes = memory::device_peak_bytes(memory::stats());
+  out.memory.buffers_bytes = executor.buffers().bytes();
+  return out;
+}
+
+Value chunk_loss(StreamExecutor& executor, const at::Tensor& inputs, const at::Tensor& targets, int64_t start,
+                 int64_t n) {
+  const int64_t T = inputs.size(1);
+  Value logits = executor.feed_chunk(Value(inputs.narrow(1, start, n).contiguous()));  // (B, n, V)
+  Value flat = ops::reshape(logits, {-1, logits.size(-1)});                             // (B n, V)
+  Value loss = ops::cross_entropy(flat, Value(targets.narrow(1, start, n).reshape({-1})));
+  if (n == T) return loss;
+  // Chunk mean -> share of the whole sequence's mean.
+  return ops::mul_scalar(loss, static_cast<double>(n) / static_cast<double>(T));
+}
+
+double truncated_bptt(StreamExecutor& executor, const at::Tensor& inputs, const at::Tensor& targets) {
+  RATION_CHECK(inputs.dim() == 2 && inputs.scalar_type() == at::kLong && targets.sizes() == inputs.sizes() &&
+                   targets.scalar_type() == at::kLong,
+               "truncated_bptt expects int64 inputs and targets (B, T) of one shape; got ", inputs.sizes(), " and ",
+               targets.sizes());
+  const int64_t T = inputs.size(1), C = executor.chunk();
+  double loss_sum = 0;
+  for (int64_t s = 0; s < T; s += C) {
+    Value loss = chunk_loss(executor, inputs, targets, s, std::min(C, T - s));
+    loss_sum += loss.item();
+    loss.backward();
+  }
+  return loss_sum;
+}
+
+}  // namespace ration::seq
