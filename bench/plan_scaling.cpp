@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
       d.profile_ms = bench::ms_since(t0);
       memory::PlanOptions loose;
       loose.budget_bytes = int64_t{1} << 50;
-      loose.extra_fixed_bytes = train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, *setup.model);
+      loose.extra_fixed_bytes = train::build_optimizer(run, setup.model->named_parameters())->unseen_state_bytes();
       d.loose = memory::make_plan(d.profile, loose);  // the budgets' range (and a warm-up)
       const int64_t lo = d.loose.minimum_peak_bytes, hi = d.loose.unconstrained_peak_bytes;
       for (const Column& col : columns) {

@@ -34,7 +34,7 @@ class Tracing : public train::RunObserver {
   void before_steps(train::StepRuntime& runtime, int64_t, int64_t) override {
     tracer = std::make_unique<train::StepTracer>(trace_, range_);
     runtime.add_hook(tracer.get());
-    if (const auto& b = runtime.settings().budget.budget_bytes) trace_.set_budget(*b);
+    if (runtime.settings().budget.has_budget()) trace_.set_budget(runtime.settings().budget.budget_bytes());
   }
   std::unique_ptr<train::StepTracer> tracer;
 

@@ -21,7 +21,6 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message, const std::string& location = "");
   // The message and hint, without the source location.
   const std::string& message() const { return message_; }
-  const std::string& location() const { return location_; }
 
  private:
   std::string message_;

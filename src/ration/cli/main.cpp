@@ -137,8 +137,9 @@ Prepared prepare(const std::string& config_path, const std::vector<std::string>&
   model.train();
   p.batch = train::sample_batch(p.setup, batch_size > 0 ? batch_size : p.setup.batch_size, p.setup.seed);
   p.runtime = std::make_unique<train::StepRuntime>(std::move(memory));
-  p.runtime->prepare(model, p.batch, p.setup.seed + 1,
-                     train::unseen_optimizer_bytes(run.optimizer, run.momentum, run.amsgrad, model));
+  // The optimiser a training run would build: its state is fixed memory the plan leaves room for.
+  const auto optimizer = train::build_optimizer(run, model.named_parameters());
+  p.runtime->prepare(model, p.batch, p.setup.seed + 1, optimizer->unseen_state_bytes());
   const memory::Plan* plan = p.runtime->current_plan();
   if (Trace* trace = current_trace(); trace != nullptr && plan != nullptr) trace->set_budget(plan->budget_bytes);
   return p;
@@ -203,7 +204,7 @@ int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>
   r.passed = r.passed && not_bitwise == 0;
   if (json) {
     nlohmann::json j = {{"loss_ours", r.loss_ours}, {"loss_torch", r.loss_torch},
-                        {"memory_budget", runtime.settings().budget.budget_bytes.has_value()},
+                        {"memory_budget", runtime.settings().budget.has_budget()},
                         {"offload", runtime.engine() != nullptr},
                         {"policy_vs_plain_params_differing", not_bitwise},
                         {"worst_rel_error", r.worst_rel_error}, {"tolerance", tol}, {"passed", r.passed}};

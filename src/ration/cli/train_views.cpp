@@ -35,7 +35,7 @@ void TrainViews::before_steps(train::StepRuntime& runtime, int64_t first_step, i
                ": this run has steps ", first_step, " to ", total_steps - 1, " (expected A:B with ", first_step,
                " <= A < B <= ", total_steps, ")");
   trace_ = std::make_unique<Trace>(static_cast<int64_t>(flags_.trace_max_mb * 1024 * 1024));
-  if (const auto& budget = runtime.settings().budget.budget_bytes) trace_->set_budget(*budget);
+  if (runtime.settings().budget.has_budget()) trace_->set_budget(runtime.settings().budget.budget_bytes());
   tracer_ = std::make_unique<train::StepTracer>(*trace_, range);
   runtime.add_hook(tracer_.get());
 }

@@ -96,7 +96,6 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<SavedRef> saved;                      // what backward reads
   bool released = false;                            // backward ran and freed its saved values
 
-  int num_outputs() const { return static_cast<int>(output_meta.size()); }
 
   // Re-run forward from the inputs (recursively rebuilding any input that is not resident) with the
   // recorded RNG seed. Outputs whose handles are dropped but still awaited by backward are stored back

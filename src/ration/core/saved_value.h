@@ -62,10 +62,7 @@ class SavedValue {
   bool pinned() const { return producer_seq_ == 0; }
   // The producer node; null for a pinned handle, or once the graph it belonged to is gone.
   std::shared_ptr<Node> producer() const { return producer_.lock(); }
-  uint64_t producer_seq() const { return producer_seq_; }  // the producer's Node::seq; 0 when pinned
   int output_nr() const { return output_nr_; }
-  int pending_uses() const { return pending_uses_; }
-  int64_t nbytes() const { return nbytes_; }
   const std::string& label() const { return label_; }
 
   // Forward: a node saves this value (data is the tensor as produced). Returns its version now.

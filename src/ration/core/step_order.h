@@ -40,7 +40,6 @@ class StepOrder {
     const std::shared_ptr<Node> producer = value.producer();
     return producer ? of(*producer) : -1;
   }
-  int64_t size() const { return count_; }  // nodes recorded so far this step
 
  private:
   static constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();

@@ -54,8 +54,6 @@ class CtrSynthetic : public Dataset {
   // Every id of `field` in sample `index` of this split (all its bags' ids, repeats included).
   std::vector<int64_t> ids_of(int64_t index, int64_t field) const;
   int64_t num_fields() const { return static_cast<int64_t>(options_.cardinalities.size()); }
-  const CtrSyntheticOptions& options() const { return options_; }
-  double bias() const { return bias_; }
 
  private:
   struct Sample {

@@ -13,7 +13,7 @@
 // Prefetch (LoaderOptions::prefetch): after next() hands out a batch, the following one is prepared on a
 // background thread while the caller's step runs. Datasets make batches as Category::Data (host data,
 // outside the device budget) either way, so measured device peaks and memory plans do not change.
-// Orders and positions are the same with and without prefetch; set_position, start_epoch and
+// Orders and positions are the same with and without prefetch; set_position and
 // next_indices discard a prepared batch.
 #pragma once
 #include <cstdint>
@@ -82,13 +82,9 @@ class Loader {
   LoaderPosition position() const { return position_; }
   // Resume: the next batch will be the one that followed `position` when it was taken.
   void set_position(LoaderPosition position);
-  // Move to the start of `epoch` (e.g. for an evaluation pass).
-  void start_epoch(int64_t epoch) { set_position({epoch, 0}); }
   // Batches next() took from the background thread (prefetch), for tests and reports.
   int64_t prefetched_batches() const { return prefetched_; }
 
-  const Dataset& dataset() const { return *dataset_; }
-  const LoaderOptions& options() const { return options_; }
 
  private:
   int64_t epoch_items() const;  // items handed out per epoch

@@ -51,7 +51,6 @@ class TextWindows : public Dataset {
   // input (B, T) int64, target (B, T) int64 (see the header comment).
   Batch get(const std::vector<int64_t>& indices) const override;
   int64_t offset_of(int64_t index) const { return index * stride_; }
-  int64_t block_size() const { return block_size_; }
 
  private:
   at::Tensor split_;  // (N) uint8

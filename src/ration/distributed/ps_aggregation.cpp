@@ -217,11 +217,6 @@ void PsAggregator::fail(const std::string& why) {
   cv_.notify_all();
 }
 
-bool PsAggregator::failed() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return failure_.has_value();
-}
-
 PsAggregationStats PsAggregator::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

@@ -113,7 +113,6 @@ class PsAggregator {
   void finished(int rank);
   // A worker was lost: every waiting and later call throws CollectiveError with `why`.
   void fail(const std::string& why);
-  bool failed();
   // Under the server's lock: fn(model, version), e.g. to copy the model for a checkpoint.
   template <typename Fn>
   void with_model(Fn&& fn) {
@@ -121,7 +120,6 @@ class PsAggregator {
     fn(model_, version_);
   }
   PsAggregationStats stats();
-  const PsAggregationOptions& options() const { return options_; }
 
  private:
   enum class ReplyState { None, Waiting, Ready };

@@ -71,7 +71,7 @@ struct BucketLayout {
   int64_t numel = 0;
 };
 
-// Totals over synchronisations since construction (or reset_stats()).
+// Totals over synchronisations since construction.
 struct ReducerStats {
   int64_t synchronizations = 0;
   Traffic traffic;              // bytes this rank handed to c10d (payload) and the ring model (wire)
@@ -126,9 +126,7 @@ class Reducer {
   int64_t hook_state_bytes() const { return hook_->state_bytes(); }
   const CommHook& hook() const { return *hook_; }
   CommHook& hook() { return *hook_; }
-  const ReducerOptions& options() const { return options_; }
   const ReducerStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
 
  private:
   enum class BucketState { Filling, Ready, Launched, Reduced };

@@ -58,7 +58,6 @@ class Module {
 
   // The name this module was registered under in its parent ("attn", "blocks.0"); empty for a root.
   const std::string& name() const { return name_; }
-  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
   // Options (dtype, device) of the first parameter; float32 CPU for a module without parameters.
   at::TensorOptions parameter_options() const;
 

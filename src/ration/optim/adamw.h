@@ -31,12 +31,14 @@ class AdamW : public Optimizer {
  public:
   AdamW(NamedParams params, AdamWOptions options);
   const char* name() const override { return "AdamW"; }
-  const AdamWOptions& options() const { return options_; }
+  // exp_avg and exp_avg_sq (and max_exp_avg_sq with amsgrad) per parameter, and its int64 step.
+  int64_t state_bytes() const override {
+    return (options_.amsgrad ? 3 : 2) * parameter_bytes() + static_cast<int64_t>(params().size()) * 8;
+  }
   // From each parameter's step `after_step` + 1 on, keep its second moment (and denom) as they were after
   // step `after_step` (0: track it every step, the default). Deterministic from the step count, so a
   // resumed run needs no extra state.
   void freeze_second_moment(int64_t after_step);
-  int64_t second_moment_frozen_after() const { return freeze_after_; }
   // Per parameter that has state: the denominator its next update divides by, sqrt(v) /
   // sqrt(1 - beta2^t) + eps with t its step (its freeze step when frozen), as (param shape) float32.
   NamedTensors denominators();

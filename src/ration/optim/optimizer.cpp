@@ -143,4 +143,15 @@ void Optimizer::import_state(const NamedTensors& state) {
   lr_ = lr;
 }
 
+int64_t Optimizer::parameter_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, p] : params_) bytes += p.numel() * static_cast<int64_t>(p.tensor().element_size());
+  return bytes;
+}
+
+int64_t Optimizer::unseen_state_bytes() const {
+  const int64_t live = memory::stats().current[static_cast<int>(memory::Category::Optimizer)];
+  return std::max<int64_t>(0, state_bytes() - live);
+}
+
 }  // namespace ration::optim

@@ -43,6 +43,11 @@ class Optimizer {
   int64_t step_count() const { return step_count_; }
   const NamedParams& params() const { return params_; }
   virtual const char* name() const = 0;
+  // Bytes of state the optimiser holds once every parameter has been updated (all its slots), and the part
+  // of that not allocated yet (less the optimiser memory live now): what a plan made before the first
+  // step must leave room for.
+  virtual int64_t state_bytes() const = 0;
+  int64_t unseen_state_bytes() const;
 
   // Flat, named view of the state (no copies) (see the header comment for names). Tensors are the live
   // state; clone them if the optimiser keeps stepping while you hold them.
@@ -64,6 +69,8 @@ class Optimizer {
   // New slots are zeros_like(param) (or a zero int64 scalar for scalar slots), allocated as Optimizer memory.
   at::Tensor& slot(size_t index, const std::string& slot, bool* created = nullptr);
   bool has_slot(size_t index, const std::string& slot) const;
+  // The bytes of the parameters' own tensors (each slot the size of its parameter).
+  int64_t parameter_bytes() const;
 
  private:
   NamedParams params_;

@@ -21,10 +21,6 @@ class WarmupCosine {
   // Sets the optimiser's learning rate for `step` and returns it.
   double apply(Optimizer& optimizer, int64_t step) const;
 
-  double max_lr() const { return max_lr_; }
-  double min_lr() const { return min_lr_; }
-  int64_t warmup_steps() const { return warmup_steps_; }
-  int64_t total_steps() const { return total_steps_; }
 
  private:
   double max_lr_;

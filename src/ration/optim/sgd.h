@@ -22,7 +22,8 @@ class SGD : public Optimizer {
  public:
   SGD(NamedParams params, SGDOptions options);
   const char* name() const override { return "SGD"; }
-  const SGDOptions& options() const { return options_; }
+  // A momentum buffer per parameter when momentum is on.
+  int64_t state_bytes() const override { return options_.momentum != 0 ? parameter_bytes() : 0; }
 
  protected:
   void update(size_t index, at::Tensor& param, const at::Tensor& grad) override;

@@ -35,7 +35,6 @@ class PlanContext {
  public:
   PlanContext(const StepProfile& profile, const PlanOptions& options);
 
-  const StepProfile& profile() const { return profile_; }
   const PlanGraph& graph() const { return *graph_; }  // the profile as flat arrays, built once per plan
   const PlanOptions& options() const { return options_; }
   int64_t budget() const { return options_.budget_bytes; }

@@ -70,7 +70,6 @@ class Evictor {
  public:
   // Sets importance decay and re-admission on every table the store holds now and later (apply()).
   Evictor(EmbeddingStore& store, EvictOptions options);
-  const EvictOptions& options() const { return options_; }
   // Applies the table settings to tables declared after construction.
   void apply(Table& table) const;
   // Runs a round when `step` is a multiple of evict_every and no round ran for it yet.

@@ -391,11 +391,6 @@ uint64_t OnlineStore::epoch(int source, const std::string& table) const {
   return m == nullptr ? 0 : m->epoch;
 }
 
-void OnlineStore::note_source_version(int source, const std::string& table, int64_t v) {
-  std::unique_lock<std::shared_mutex> write(mu_);
-  if (Mirror* m = find(source, table)) m->source_version = std::max(m->source_version, v);
-}
-
 OnlineCounters OnlineStore::counters() const {
   OnlineCounters c;
   c.syncs = syncs_;

@@ -101,13 +101,11 @@ class OnlineStore {
   // The mirror's version of (source, table), -1 when it holds none; and its epoch.
   int64_t version(int source, const std::string& table) const;
   uint64_t epoch(int source, const std::string& table) const;
-  void note_source_version(int source, const std::string& table, int64_t v);
   OnlineCounters counters() const;
   void count_sync(bool full) {
     ++syncs_;
     if (full) ++full_resyncs_;
   }
-  int num_sources() const { return num_sources_; }
 
  private:
   struct Mirror;

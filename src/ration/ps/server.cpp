@@ -204,10 +204,6 @@ void PsServer::shutdown(int64_t grace_ms) {
   impl_->server.reset();
 }
 
-void PsServer::wait() {
-  if (impl_->server) impl_->server->Wait();
-}
-
 int serve_until_signal(const ServeOptions& options) {
   // Block the signals in every thread (gRPC's included), then wait for them synchronously here.
   sigset_t set;

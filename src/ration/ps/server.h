@@ -67,7 +67,6 @@ class PsServer {
   ShardCore& core();
   // Stops accepting calls, lets running calls finish (up to `grace_ms`), returns.
   void shutdown(int64_t grace_ms = 5000);
-  void wait();
 
  private:
   struct Impl;

@@ -844,21 +844,6 @@ TableBytes Table::bytes() const {
   return b;
 }
 
-void Table::clear() {
-  for (auto& sp : stripes_) {
-    std::lock_guard<std::mutex> lock(sp->mu);
-    Stripe fresh;
-    fresh.record_bytes = sp->record_bytes;
-    std::swap(sp->index, fresh.index);
-    std::swap(sp->chunks, fresh.chunks);
-    std::swap(sp->free_slots, fresh.free_slots);
-    std::swap(sp->fresh, fresh.fresh);
-    std::swap(sp->disabled, fresh.disabled);
-    std::swap(sp->log, fresh.log);
-    ++sp->log_generation;
-  }
-}
-
 // ---- store --------------------------------------------------------------------------------------------
 Table& EmbeddingStore::ensure_table(const TableOptions& options) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -161,7 +161,6 @@ class Table {
   // ---- importance and disabling (docs/METHODS.md, "Importance", "Disabling and re-admission") ----
   // decay in (0, 1): every push scores its rows (RowInfo::score, see importance_at); 0 turns it off.
   void set_importance_decay(float decay);
-  float importance_decay() const { return decay_; }
   // A row's importance at `step`: its score decayed over the steps since it was last seen.
   float importance_at(const RowInfo& info, int64_t step) const;
   // Pushes a disabled id must see before it gets a row again (>= 1).
@@ -235,7 +234,6 @@ class Table {
   bool contains(uint64_t id) const;
   int64_t size() const;
   TableBytes bytes() const;
-  void clear();
 
  private:
   struct Stripe;

@@ -10,9 +10,8 @@ namespace ration::train {
 BudgetSettings read_budget_settings(Config& cfg) {
   BudgetSettings s;
   if (cfg.has("memory.budget")) {
-    s.budget_bytes = cfg.get_bytes("memory.budget", 0);
-    RATION_CHECK(*s.budget_bytes > 0, cfg.origin(), ": memory.budget must be a positive size such as 2GiB");
-    s.plan.budget_bytes = *s.budget_bytes;
+    s.plan.budget_bytes = cfg.get_bytes("memory.budget", 0);
+    RATION_CHECK(s.plan.budget_bytes > 0, cfg.origin(), ": memory.budget must be a positive size such as 2GiB");
   }
   s.plan.strategy = memory::parse_strategy(
       cfg.get_choice("memory.plan", memory::strategy_names().front(), memory::strategy_names()));
@@ -23,7 +22,7 @@ BudgetSettings read_budget_settings(Config& cfg) {
     RATION_CHECK(*s.plan.keep_groups >= 0, cfg.origin(), ": memory.keep_groups must be >= 0");
   }
   if (cfg.has("memory.keep_bytes")) s.plan.keep_bytes = cfg.get_bytes("memory.keep_bytes", 0);
-  RATION_CHECK(s.budget_bytes || (!s.plan.keep_groups && !s.plan.keep_bytes), cfg.origin(),
+  RATION_CHECK(s.has_budget() || (!s.plan.keep_groups && !s.plan.keep_bytes), cfg.origin(),
                ": memory.keep_groups / memory.keep_bytes (--keep-groups / --keep-bytes) need a memory budget "
                "(--memory-budget SIZE)");
   return s;
@@ -58,25 +57,11 @@ OffloadSettings read_offload_settings(Config& cfg) {
 MemorySettings read_memory_settings(Config& cfg) {
   MemorySettings s{read_budget_settings(cfg), read_offload_settings(cfg)};
   const memory::OffloadOptions& o = s.offload.options;
-  RATION_CHECK(!s.budget.budget_bytes || !s.offload.enabled || (o.t1 == 0 && o.t2 == memory::kNoLimit && o.t3 == memory::kNoLimit),
+  RATION_CHECK(!s.budget.has_budget() || !s.offload.enabled || (o.t1 == 0 && o.t2 == memory::kNoLimit && o.t3 == memory::kNoLimit),
                cfg.origin(), ": offload.t1/t2/t3 (--offload-t1/t2/t3) apply to threshold offload, without "
                "memory.budget; with a budget the plan sets when each copy goes out and comes back (remove the "
                "thresholds or the budget)");
   return s;
-}
-
-int64_t unseen_optimizer_bytes(const std::string& optimizer, double momentum, bool amsgrad,
-                               const models::Model& model) {
-  const int64_t live = memory::stats().current[static_cast<int>(memory::Category::Optimizer)];
-  int64_t param_bytes = 0;
-  int64_t count = 0;
-  for (const auto& [name, p] : model.named_parameters()) {
-    param_bytes += p.numel() * static_cast<int64_t>(p.tensor().element_size());
-    ++count;
-  }
-  const int64_t state = optimizer == "adamw" ? (amsgrad ? 3 : 2) * param_bytes + count * 8  // + int64 step each
-                                             : (momentum != 0 ? param_bytes : 0);
-  return std::max<int64_t>(0, state - live);
 }
 
 }  // namespace ration::train

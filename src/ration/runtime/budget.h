@@ -1,5 +1,5 @@
 // budget.h — the [memory] and [offload] config keys (and the CLI flags that set them), read and
-// validated; and the optimiser memory a plan must leave room for. train::StepRuntime (step_runtime.h)
+// validated. train::StepRuntime (step_runtime.h)
 // is built from these settings.
 // Keys: memory.budget ("2GiB"; absent = unconstrained), memory.plan (knapsack | ordered | ordered-sets | optimal-chain |
 //       uniform | sqrt), memory.checkpoint_every (uniform), memory.keep_groups,
@@ -16,14 +16,14 @@
 
 #include "ration/offload/engine.h"
 #include "ration/plan/planner.h"
-#include "ration/models/model.h"
 #include "ration/config/config.h"
 
 namespace ration::train {
 
 struct BudgetSettings {
-  std::optional<int64_t> budget_bytes;
-  memory::PlanOptions plan;  // budget_bytes filled when set
+  memory::PlanOptions plan;  // plan.budget_bytes: the budget (memory.budget), 0 when unconstrained
+  bool has_budget() const { return plan.budget_bytes > 0; }
+  int64_t budget_bytes() const { return plan.budget_bytes; }
 };
 BudgetSettings read_budget_settings(Config& cfg);
 
@@ -39,10 +39,5 @@ struct MemorySettings {
   OffloadSettings offload;
 };
 MemorySettings read_memory_settings(Config& cfg);
-
-// Bytes of optimiser state the optimiser will create at its first step but the profile did not see
-// (predicted from the optimiser type, minus the optimiser memory already live, e.g. after a resume).
-int64_t unseen_optimizer_bytes(const std::string& optimizer, double momentum, bool amsgrad,
-                                  const models::Model& model);
 
 }  // namespace ration::train

@@ -86,7 +86,7 @@ StepRuntime::StepRuntime(MemorySettings settings)
     : settings_(std::move(settings)), driver_(std::make_unique<Driver>(*this)), hooks_(std::make_shared<HookState>()) {
   if (!settings_.offload.enabled) return;
   engine_ = std::make_unique<memory::OffloadEngine>(settings_.offload.options);
-  if (!settings_.budget.budget_bytes) {
+  if (!settings_.budget.has_budget()) {
     policy_ = std::make_unique<memory::ThresholdPolicy>(*engine_);
     use_policy(policy_.get(), MemoryMode::Thresholds);
   }
@@ -179,7 +179,7 @@ const memory::Plan& StepRuntime::replan(int64_t budget_bytes) {
 
 const memory::Plan* StepRuntime::prepare(models::Model& model, const data::Batch& batch, uint64_t seed,
                                          int64_t extra_fixed_bytes) {
-  if (!settings_.budget.budget_bytes) return nullptr;
+  if (!settings_.budget.has_budget()) return nullptr;
   if (engine_) offload_costs();  // measured before profiling, while nothing of the step is live
   profile(model, batch, seed);
   memory::PlanOptions options = settings_.budget.plan;
@@ -218,6 +218,25 @@ void StepRuntime::adapt_to_late_copies(const memory::OffloadStats& before, const
   } catch (const Error&) {  // cannot happen for a budget planned before; keep the plan that runs
     copy_replans_ = kMaxCopyReplans;
   }
+}
+
+// The margin of a peak correction: a quarter of the overshoot on top of it, so that one correction usually
+// suffices (the under-count grows with what the new plan drops, roughly in proportion).
+constexpr int64_t kMarginFractionOfOvershoot = 4;
+
+void StepRuntime::correct_for_peak(StepStats& st) {
+  const int64_t budget = settings_.budget.budget_bytes();
+  if (!plan_ || !settings_.budget.has_budget() || st.peak_bytes <= budget || peak_replans_ >= kMaxPeakReplans) return;
+  const int64_t over = st.peak_bytes - budget;
+  const int64_t planned = planned_budget_ > 0 ? planned_budget_ : budget;
+  const int64_t target = planned - over - over / kMarginFractionOfOvershoot;
+  if (target < plan_->minimum_peak_bytes) return;
+  planned_budget_ = target;
+  replan(target);
+  plan_->budget_bytes = budget;  // reported against the user's budget
+  ++peak_replans_;
+  st.replan_note = "step " + std::to_string(st.step + 1) + " measured " + memory::format_bytes(st.peak_bytes) +
+                   " over the budget: re-planned for " + memory::format_bytes(target);
 }
 
 // ---- steps ---------------------------------------------------------------------------------------------
@@ -334,6 +353,7 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
   st.peak_bytes = device.is_cuda() ? memory::device_stats(device).peak_bytes : memory::device_peak_bytes(st.memory);
   if (engine_) st.offload = engine_->stats();
   if (engine_ && mode_ == MemoryMode::Plan) adapt_to_late_copies(offload_before, st.offload, st.ms);
+  if (correct_peaks_ && mode_ == MemoryMode::Plan) correct_for_peak(st);
   if (options.buffers == BuffersAfter::Restored) model.restore_buffers(buffers);
   if (!options.optimizer) {
     if (options.gradients == GradientsAfter::Collected) st.gradients = copy_gradients(model);
@@ -346,6 +366,75 @@ StepStats StepRuntime::measure_step(models::Model& model, const data::Batch& inp
 memory::StepProfile profile_step(models::Model& model, const data::Batch& batch, uint64_t seed) {
   StepRuntime runtime;
   return runtime.profile(model, batch, seed);
+}
+
+// ---- report fragments -----------------------------------------------------------------------------------
+
+namespace {
+nlohmann::json allocator_json(const memory::Stats& s) {
+  nlohmann::json breakdown, peaks;
+  for (int c = 0; c < memory::kNumCategories; ++c) {
+    breakdown[memory::to_string(static_cast<memory::Category>(c))] = s.at_peak[static_cast<size_t>(c)];
+    peaks[memory::to_string(static_cast<memory::Category>(c))] = s.peak[static_cast<size_t>(c)];
+  }
+  return {{"peak_bytes", s.peak_bytes},
+          {"current_bytes", s.current_bytes},
+          {"breakdown_at_peak", breakdown},
+          {"category_peaks", peaks},
+          {"allocations", s.allocations},
+          {"measured_by", memory::counting_allocator_installed() ? "counting ATen CPU allocator" : "not installed"}};
+}
+
+}  // namespace
+
+nlohmann::json offload_stats_json(const memory::OffloadStats& s) {
+  return {{"offloaded_values", s.offloaded_values},   {"offloaded_storages", s.offloaded_storages},
+          {"written_bytes", s.written_bytes},         {"read_bytes", s.read_bytes},
+          {"prefetches", s.prefetches},               {"demand_fetches", s.demand_fetches},
+          {"deferred_prefetches", s.deferred_prefetches}, {"forward_pauses", s.forward_pauses},
+          {"deadline_waits", s.deadline_waits},       {"fallbacks", s.fallbacks},
+          {"write_ms", s.write_ms},                   {"read_ms", s.read_ms},
+          {"forward_pause_ms", s.forward_pause_ms},   {"fetch_wait_ms", s.fetch_wait_ms},
+          {"max_usage_bytes", s.max_usage_bytes}};
+}
+
+nlohmann::json StepRuntime::memory_report(int64_t measured_peak_bytes, const at::Device& device) const {
+  const memory::Stats peak_stats = memory::stats();
+  nlohmann::json mem = allocator_json(peak_stats);
+  mem["peak_bytes"] = measured_peak_bytes;  // max over steps of each step's measured device peak (dataset excluded)
+  mem["dataset_host_bytes"] = peak_stats.current[static_cast<int>(memory::Category::Data)];
+  if (device.is_cuda()) {
+    // Each step's peak came from the CUDA caching allocator; the categories and allocations stay the
+    // counting allocator's view of host memory.
+    mem["measured_by"] = "CUDA caching allocator (peak_bytes); counting ATen CPU allocator (host breakdown)";
+    mem["device"] = device.str();
+  }
+  if (const memory::Plan* plan = current_plan()) {
+    mem["budget_bytes"] = plan->budget_bytes;
+    mem["predicted_peak_bytes"] = plan->prediction.peak_bytes;
+    mem["activation_capacity_bytes"] = plan->capacity_bytes;
+    mem["fixed_bytes"] = plan->fixed_bytes;
+    mem["within_budget"] = measured_peak_bytes <= plan->budget_bytes;
+    mem["replans"] = peak_replans_;
+    mem["prediction_error"] = static_cast<double>(plan->prediction.peak_bytes - measured_peak_bytes) /
+                              static_cast<double>(std::max<int64_t>(measured_peak_bytes, 1));
+  }
+  return mem;
+}
+
+nlohmann::json StepRuntime::offload_report(int64_t steps) const {
+  RATION_CHECK(engine_ != nullptr, "offload_report without an offload engine");
+  const memory::OffloadOptions& o = settings_.offload.options;
+  auto limit = [](int64_t t) { return t == memory::kNoLimit ? nlohmann::json(nullptr) : nlohmann::json(t); };
+  return {{"mode", current_plan() ? "plan" : "thresholds"},
+          {"tier", engine_->tier().name()},
+          {"t1", o.t1},
+          {"t2", limit(o.t2)},
+          {"t3", limit(o.t3)},
+          {"min_bytes", o.min_bytes},
+          {"prefetch", o.prefetch},
+          {"steps", steps},
+          {"totals", offload_stats_json(engine_->stats())}};
 }
 
 }  // namespace ration::train

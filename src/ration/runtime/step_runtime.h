@@ -18,6 +18,8 @@
 // reads dropped values through SavedValue, which re-runs producers (the driver counts the time), and
 // offloaded ones through the driver's fetch (the engine).
 #pragma once
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -43,6 +45,9 @@ class BudgetPolicy;
 }
 
 namespace ration::train {
+
+// The offload engine's counters as JSON (the report's offload.totals; benchmarks).
+nlohmann::json offload_stats_json(const memory::OffloadStats& stats);
 
 // What the runtime does with saved values. Keep: nothing (everything stays resident). Thresholds:
 // offload with T1/T2/T3 (offload enabled, no budget). Plan: execute a keep/recompute(/offload) plan
@@ -112,14 +117,33 @@ class StepRuntime {
   // the feasible minimum is carried over from the previous plan instead of computed again.
   const memory::Plan& replan(int64_t budget_bytes);
   const memory::Plan* current_plan() const { return plan_ ? &*plan_ : nullptr; }
-  // Re-plans made because planned copy-outs missed their deadline (see adapt_to_late_copies), since the
-  // last plan asked for from outside.
+  // ---- re-plans while training: one controller for the two reasons a running plan is made again.
+  // A step measured over the budget (the simulator under-counted, e.g. a workspace the profile did not
+  // see) re-plans for a budget lowered by the overshoot plus a margin, while that stays feasible, at most
+  // kMaxPeakReplans times (a plan still over is reported as over rather than chased further); the plan
+  // still reports the user's budget. Planned copy-outs that missed their deadline re-plan the same budget
+  // with the copy bandwidth the step got (see adapt_to_late_copies). The first runs once a training run
+  // asks for it (correct_measured_peaks); the second always runs with a joint plan.
+  static constexpr int kMaxPeakReplans = 3;
+  void correct_measured_peaks() { correct_peaks_ = true; }
+  // Re-plans made for measured peaks over the budget.
+  int peak_replans() const { return peak_replans_; }
+  // Re-plans made because planned copy-outs missed their deadline, since the last plan asked for from
+  // outside.
   int copy_replans() const { return copy_replans_; }
   memory::Plan* current_plan() { return plan_ ? &*plan_ : nullptr; }
   // The offload tier's measured costs (measured on first use with `probe_bytes` buffers, then kept).
   const memory::OffloadCosts& offload_costs(int64_t probe_bytes = 16 << 20);
   memory::OffloadEngine* engine() { return engine_.get(); }
   const memory::OffloadEngine* engine() const { return engine_.get(); }
+
+  // ---- its fragments of a training report
+  // "memory": the allocator's figures (categories at the peak, their own peaks), `measured_peak_bytes` (the
+  // worst step peak the caller measured) and, with a plan, the budget, prediction, fixed occupancy, peak
+  // re-plans and whether the measured peak stayed within the budget.
+  nlohmann::json memory_report(int64_t measured_peak_bytes, const at::Device& device) const;
+  // "offload" (with an offload engine): the mode, tier, thresholds and the engine's totals over `steps`.
+  nlohmann::json offload_report(int64_t steps) const;
 
   // ---- steps
   void add_hook(StepHook* hook);
@@ -151,6 +175,7 @@ class StepRuntime {
   void end_step();
   void attach_gradient_hooks(models::Model& model);
   void adapt_to_late_copies(const memory::OffloadStats& before, const memory::OffloadStats& after, double step_ms);
+  void correct_for_peak(StepStats& stats);
 
   MemorySettings settings_;
   MemoryMode mode_ = MemoryMode::Keep;
@@ -162,6 +187,9 @@ class StepRuntime {
   memory::PlanOptions plan_options_;
   bool planned_here_ = false;  // plan_ was made by plan() (plan_options_ can re-make it), not use_plan()
   int copy_replans_ = 0;
+  bool correct_peaks_ = false;
+  int peak_replans_ = 0;
+  int64_t planned_budget_ = 0;  // the budget the running plan was made for after peak corrections (0: none)
   std::unique_ptr<memory::StepPolicy> policy_;  // the mode's decisions (Thresholds, Plan)
   memory::BudgetPolicy* budget_policy_ = nullptr;  // policy_ in Plan mode (its counts go into StepStats)
   memory::StepPolicy* active_ = nullptr;        // what the driver calls now (policy_, or a profiler)

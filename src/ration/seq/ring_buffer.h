@@ -21,9 +21,7 @@ class RingBuffer {
   // The last min(n, filled()) steps in time order: (B, m, width), a new tensor.
   at::Tensor last(int64_t n) const;
   int64_t filled() const { return filled_; }
-  int64_t capacity() const { return capacity_; }
   int64_t bytes() const { return static_cast<int64_t>(data_.nbytes()); }
-  const std::string& layer() const { return layer_; }
   void clear();
 
  private:

@@ -40,6 +40,8 @@ struct StepStats {
   int64_t dropped_values = 0;     // saved values the plan dropped
   int64_t offloaded_values = 0;   // saved values the plan offloaded
   memory::OffloadStats offload;   // the offload engine's totals since the runtime was built
+  // Set when the runtime re-planned after this step because it measured over the budget: a note for the user.
+  std::string replan_note;
   // Parameters' gradients by name, with GradientsAfter::Collected.
   std::vector<std::pair<std::string, at::Tensor>> gradients;
 

@@ -32,7 +32,6 @@ class StreamExecutor {
   Value feed_chunk(const Value& tokens);
   void reset() { buffers_->clear(); }
   StreamBuffers& buffers() { return *buffers_; }
-  const std::vector<LayerDependency>& layers() const { return layers_; }
   int64_t chunk() const { return chunk_; }
   int64_t position() const { return buffers_->position; }
 

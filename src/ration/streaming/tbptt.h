@@ -29,8 +29,6 @@ class ChunkedLoss : public train::PiecewiseLoss {
   int64_t begin(models::Model& model, const data::Batch& batch) override;
   // Chunk `piece`: mean cross entropy over its B n tokens times n / T (exactly the mean when n = T).
   Value piece_loss(int64_t piece) override;
-  int64_t chunk() const { return chunk_; }
-  StreamExecutor& executor() { return *executor_; }
 
  private:
   models::Model& model_;

@@ -42,7 +42,6 @@ class OpProfile : public StepHook {
   int64_t profiled_steps() const { return profiled_; }
   // Per op, summed over the profiled steps (divide by profiled_steps() for per-step numbers).
   const std::map<std::string, Totals>& ops() const { return ops_; }
-  const std::map<std::string, Totals>& nodes() const { return nodes_; }
 
   nlohmann::json to_json() const;
   // The per-op table (per step averages, largest first) and the step's remainder.

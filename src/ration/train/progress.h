@@ -14,7 +14,6 @@ class Progress {
   // A permanent line (evaluation results, checkpoint notices).
   void note(const std::string& line);
   void finish();
-  bool tty() const { return tty_; }
 
  private:
   bool quiet_;

@@ -36,8 +36,6 @@ class PsExchange {
   // After the reducer's finalize() (every param.grad holds this rank's share-weighted gradient of the
   // step): push it, wait for the reply, copy the parameters it brings into the model.
   dist::Reply exchange(int64_t step, double share, double loss_sum, double samples, int stop_signal);
-  // The version the model's parameters now hold.
-  int64_t version() const { return version_; }
   // After this rank's last step. Workers tell the server; rank 0 waits for every worker, then copies the
   // final global parameters into the model and the server optimiser's state into `local`.
   void finish(optim::Optimizer& local);

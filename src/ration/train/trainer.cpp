@@ -1,44 +1,28 @@
 #include "ration/train/trainer.h"
-#include "ration/base/timing.h"
-
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-#include <thread>
 
+#include "ration/base/allocator.h"
 #include "ration/base/check.h"
-#include "ration/core/compute_threads.h"
-#include "ration/train/op_profile.h"
+#include "ration/base/timing.h"
 #include "ration/core/node.h"
-#include "ration/data/ctr_data.h"
 #include "ration/data/ctr_synthetic.h"
-#include "ration/data/fashion_mnist.h"
-#include "ration/data/text.h"
-#include "ration/models/families.h"
 #include "ration/distributed/data_parallel.h"
 #include "ration/distributed/liveness.h"
-#include "ration/distributed/reducer.h"
-#include "ration/base/allocator.h"
-#include "ration/base/host_malloc.h"
-#include "ration/optim/adamw.h"
-#include "ration/optim/clip.h"
 #include "ration/optim/schedule.h"
-#include "ration/optim/sgd.h"
 #include "ration/plan/report.h"
-#include "ration/runtime/budget.h"
-#include "ration/train/checkpoint.h"
-#include "ration/train/progress.h"
-#include "ration/train/ps_exchange.h"
-#include "ration/train/signals.h"
-#include "ration/streaming/tbptt.h"
 #include "ration/runtime/step_runtime.h"
+#include "ration/streaming/tbptt.h"
+#include "ration/train/checkpoint.h"
+#include "ration/train/data_parallel_step.h"
+#include "ration/train/op_profile.h"
+#include "ration/train/progress.h"
+#include "ration/train/signals.h"
 
 namespace ration::train {
 namespace {
@@ -46,32 +30,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    while (!item.empty() && item.front() == ' ') item.erase(0, 1);
-    while (!item.empty() && item.back() == ' ') item.pop_back();
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-nlohmann::json memory_json(const memory::Stats& s) {
-  nlohmann::json breakdown, peaks;
-  for (int c = 0; c < memory::kNumCategories; ++c) {
-    breakdown[memory::to_string(static_cast<memory::Category>(c))] = s.at_peak[static_cast<size_t>(c)];
-    peaks[memory::to_string(static_cast<memory::Category>(c))] = s.peak[static_cast<size_t>(c)];
-  }
-  return {{"peak_bytes", s.peak_bytes},
-          {"current_bytes", s.current_bytes},
-          {"breakdown_at_peak", breakdown},
-          {"category_peaks", peaks},
-          {"allocations", s.allocations},
-          {"measured_by", memory::counting_allocator_installed() ? "counting ATen CPU allocator" : "not installed"}};
-}
 
 struct EvalResult {
   double loss = 0;      // mean per item (nats)
@@ -135,208 +93,6 @@ const std::vector<std::string> kWeightNeutralKeys = {
 
 }  // namespace
 
-std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params) {
-  if (r.optimizer == "sgd") {
-    optim::SGDOptions o;
-    o.lr = r.lr;
-    o.momentum = r.momentum;
-    o.dampening = r.dampening;
-    o.weight_decay = r.weight_decay;
-    o.nesterov = r.nesterov;
-    return std::make_unique<optim::SGD>(params, o);
-  }
-  optim::AdamWOptions o;
-  o.lr = r.lr;
-  o.beta1 = r.beta1;
-  o.beta2 = r.beta2;
-  o.eps = r.eps;
-  o.weight_decay = r.weight_decay;
-  o.amsgrad = r.amsgrad;
-  return std::make_unique<optim::AdamW>(params, o);
-}
-
-RunSettings read_run_settings(Config& cfg) {
-  RunSettings r;
-  r.optimizer = cfg.get_choice("optim.name", r.optimizer, {"adamw", "sgd"});
-  r.lr = cfg.get_double("optim.lr", r.lr);
-  RATION_CHECK(r.lr > 0, cfg.origin(), ": optim.lr must be > 0, got ", r.lr);
-  const bool sgd = r.optimizer == "sgd";
-  r.weight_decay = cfg.get_double("optim.weight_decay", sgd ? 0.0 : r.weight_decay);
-  if (sgd) {
-    r.momentum = cfg.get_double("optim.momentum", r.momentum);
-    r.dampening = cfg.get_double("optim.dampening", r.dampening);
-    r.nesterov = cfg.get_bool("optim.nesterov", r.nesterov);
-  } else {
-    r.beta1 = cfg.get_double("optim.beta1", r.beta1);
-    r.beta2 = cfg.get_double("optim.beta2", r.beta2);
-    r.eps = cfg.get_double("optim.eps", r.eps);
-    r.amsgrad = cfg.get_bool("optim.amsgrad", r.amsgrad);
-  }
-  r.schedule = cfg.get_choice("optim.schedule", r.schedule, {"cosine", "constant"});
-  r.warmup_steps = cfg.get_int("optim.warmup_steps", r.warmup_steps);
-  r.min_lr = cfg.get_double("optim.min_lr", r.schedule == "constant" ? r.lr : r.lr * 0.1);
-  r.clip_grad_norm = cfg.get_double("optim.clip_grad_norm", r.clip_grad_norm);
-  RATION_CHECK(r.warmup_steps >= 0 && r.clip_grad_norm >= 0 && r.min_lr >= 0, cfg.origin(),
-               ": optim.warmup_steps, optim.min_lr and optim.clip_grad_norm must be >= 0");
-  r.epochs = cfg.get_int("train.epochs", r.epochs);
-  r.steps = cfg.get_int("train.steps", r.steps);
-  r.eval_every = cfg.get_int("train.eval_every", r.eval_every);
-  r.eval_batches = cfg.get_int("train.eval_batches", r.eval_batches);
-  r.log_every = cfg.get_int("train.log_every", r.log_every);
-  r.checkpoint_dir = cfg.get_string("train.checkpoint_dir", r.checkpoint_dir);
-  r.checkpoint_every = cfg.get_int("train.checkpoint_every", r.checkpoint_every);
-  r.keep_checkpoints = cfg.get_int("train.keep_checkpoints", r.keep_checkpoints);
-  RATION_CHECK(r.epochs > 0 && r.steps >= 0 && r.keep_checkpoints >= 1, cfg.origin(),
-               ": train.epochs must be >= 1, train.steps >= 0 (0: use epochs), train.keep_checkpoints >= 1");
-  RATION_CHECK(r.eval_every >= 0, cfg.origin(), ": train.eval_every must be >= 0 (0: at each epoch's end), got ",
-               r.eval_every);
-  RATION_CHECK(r.eval_batches >= 0, cfg.origin(), ": train.eval_batches must be >= 0 (0: the whole set), got ",
-               r.eval_batches);
-  RATION_CHECK(r.checkpoint_every >= 0, cfg.origin(), ": train.checkpoint_every must be >= 0 (0: only at the end), got ",
-               r.checkpoint_every);
-  RATION_CHECK(r.log_every >= 1, cfg.origin(), ": train.log_every must be >= 1, got ", r.log_every);
-  if (cfg.has("train.tbptt")) {
-    r.tbptt = cfg.get_int("train.tbptt", 0);
-    RATION_CHECK(r.tbptt >= 1, cfg.origin(), ": train.tbptt must be a chunk length >= 1 (time steps per ",
-                 "truncated-BPTT chunk; leave it out for full backpropagation through time); got ", r.tbptt);
-  }
-  return r;
-}
-
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  Config cfg = Config::from_file(path);
-  for (const auto& o : overrides) cfg.set_override(o);
-  return cfg;
-}
-
-Setup build_setup(Config config) {
-  Setup s;
-  s.config = std::move(config);
-  Config& cfg = s.config;
-  s.seed = static_cast<uint64_t>(cfg.get_int("train.seed", 0));
-  s.batch_size = cfg.get_int("train.batch_size", 64);
-  RATION_CHECK(s.batch_size > 0, cfg.origin(), ": train.batch_size must be a positive integer, got ", s.batch_size);
-  const int64_t threads = cfg.get_int("train.threads", std::max(1u, std::thread::hardware_concurrency()));
-  RATION_CHECK(threads > 0, cfg.origin(), ": train.threads must be >= 1");
-  set_compute_threads(static_cast<int>(threads));  // ATen and OpenBLAS together
-  // Freed host memory glibc keeps for the next step instead of trimming it and faulting it in again
-  // (base/host_malloc.h); default 1 GiB; 0 leaves glibc's own thresholds.
-  const int64_t keep_freed = cfg.get_bytes("train.malloc_keep_freed", int64_t{1} << 30);
-  if (keep_freed > 0) memory::keep_freed_host_memory(keep_freed);
-  at::manual_seed(s.seed);
-  manual_seed(s.seed);
-
-  s.data_kind = cfg.get_choice("data.kind", "fashion_mnist", {"fashion_mnist", "text", "synthetic_ctr", "movielens"});
-  int64_t data_max_token = -1;  // text: the largest byte value in the corpus
-  memory::CategoryGuard data_memory(memory::Category::Data);
-  if (s.data_kind == "synthetic_ctr" || s.data_kind == "movielens") {
-    data::CtrSets sets = data::make_ctr_datasets(cfg, s.data_kind);
-    s.train_set = sets.train;
-    s.eval_set = sets.eval;
-    s.planted_auc = sets.planted_auc;
-  } else if (s.data_kind == "fashion_mnist") {
-    const std::string dir = cfg.get_string("data.dir", data::kFashionMnistDir);
-    s.train_set = std::make_shared<data::FashionMnist>(data::FashionMnist::Split::Train, dir);
-    s.eval_set = std::make_shared<data::FashionMnist>(data::FashionMnist::Split::Test, dir);
-  } else {
-    const auto files = split_list(cfg.get_string("data.files", data::kDefaultTextFile));
-    RATION_CHECK(!files.empty(), cfg.origin(), ": data.files must name at least one file (comma-separated)");
-    const double val_fraction = cfg.get_double("data.val_fraction", 0.1);
-    RATION_CHECK(val_fraction > 0 && val_fraction < 1, cfg.origin(), ": data.val_fraction must be in (0, 1)");
-    data::TextCorpus corpus(files, val_fraction);
-    // The window length: data.seq_len, defaulting to the model's block_size when it has one.
-    const int64_t block = cfg.has("model.block_size") ? cfg.get_int("model.block_size", 64) : 64;
-    const int64_t seq_len = cfg.get_int("data.seq_len", block);
-    RATION_CHECK(seq_len > 0, cfg.origin(), ": data.seq_len must be positive");
-    s.train_set = std::make_shared<data::TextWindows>(corpus.train(), seq_len, 1);
-    s.eval_set = std::make_shared<data::TextWindows>(corpus.val(), seq_len, seq_len);
-    s.unigram_entropy_nats = corpus.unigram_entropy(/*bits=*/false);
-    data_max_token = std::max(corpus.train().max().item<int64_t>(), corpus.val().max().item<int64_t>());
-  }
-  const std::string device = cfg.get_choice("train.device", "cpu", {"cpu", "cuda"});
-  {
-    memory::CategoryGuard param_memory(memory::Category::Parameters);
-    s.model = models::build_model(cfg);
-  }
-  if (const auto* lm = dynamic_cast<const models::LanguageModel*>(s.model.get()); lm && data_max_token >= 0) {
-    RATION_CHECK(data_max_token < lm->vocab_size(), cfg.origin(), ": model.vocab_size = ", lm->vocab_size(),
-                 " but the text in data.files has byte values up to ", data_max_token, "; hint: set model.vocab_size >= ",
-                 data_max_token + 1, " (256 covers every byte)");
-  }
-  if (device == "cuda") {
-#ifndef RATION_CUDA
-    RATION_CHECK(false, cfg.origin(), ": train.device = \"cuda\" needs ration built with -DRATION_CUDA=ON");
-#endif
-    RATION_CHECK(at::hasCUDA(), cfg.origin(), ": train.device = \"cuda\" needs ration built with -DRATION_CUDA=ON "
-                 "against a CUDA libtorch, and a visible GPU");
-    RATION_CHECK(!cfg.has("memory.budget"), cfg.origin(), ": memory budgets are planned from the counting CPU "
-                 "allocator; on CUDA use train.device = \"cpu\" for now (GPU planning reads the caching allocator "
-                 "and is not wired yet)");
-    s.model->to(at::TensorOptions().device(at::kCUDA));
-  }
-  for (auto& [name, p] : s.model->named_parameters()) memory::retag(p.tensor(), memory::Category::Parameters);
-  return s;
-}
-
-data::Batch sample_batch(const Setup& setup, int64_t batch_size, uint64_t seed) {
-  data::Loader loader(setup.train_set, {batch_size, /*shuffle=*/true, seed, /*drop_last=*/true});
-  return loader.next();
-}
-
-namespace {
-
-// ---- the pieces of a run ---------------------------------------------------------------------------
-
-// Plan, measure, correct: the simulator can under-count (a workspace the profile did not see); when a
-// step's measured peak exceeds the budget, plan again for a budget lowered by the overshoot plus a
-// margin, while that stays feasible.
-class BudgetCorrector {
- public:
-  // Each correction costs a planning pass; a plan still over after this many is reported as over
-  // (memory.within_budget false, a warning) rather than chased further.
-  static constexpr int kMaxReplans = 3;
-  // The margin: a quarter of the overshoot on top of it, so that one correction usually suffices
-  // (the under-count grows with what the new plan drops, roughly in proportion).
-  static constexpr int64_t kMarginFractionOfOvershoot = 4;
-
-  BudgetCorrector(StepRuntime& runtime, int64_t user_budget) : runtime_(runtime), user_budget_(user_budget) {}
-
-  // After a step measured `peak`: a note for the progress output when it re-planned, else empty.
-  std::string after_step(int64_t step, int64_t peak) {
-    memory::Plan* plan = runtime_.current_plan();
-    if (!plan || peak <= user_budget_ || replans_ >= kMaxReplans) return {};
-    const int64_t over = peak - user_budget_;
-    const int64_t target = planned_budget_ - over - over / kMarginFractionOfOvershoot;
-    if (target < plan->minimum_peak_bytes) return {};
-    planned_budget_ = target;
-    runtime_.replan(target);
-    runtime_.current_plan()->budget_bytes = user_budget_;  // report against the user's budget
-    ++replans_;
-    return "step " + std::to_string(step + 1) + " measured " + memory::format_bytes(peak) +
-           " over the budget: re-planned for " + memory::format_bytes(target);
-  }
-  int replans() const { return replans_; }
-
- private:
-  StepRuntime& runtime_;
-  int64_t user_budget_;
-  int64_t planned_budget_ = user_budget_;
-  int replans_ = 0;
-};
-
-}  // namespace
-
-nlohmann::json offload_stats_json(const memory::OffloadStats& s) {
-  return {{"offloaded_values", s.offloaded_values},   {"offloaded_storages", s.offloaded_storages},
-          {"written_bytes", s.written_bytes},         {"read_bytes", s.read_bytes},
-          {"prefetches", s.prefetches},               {"demand_fetches", s.demand_fetches},
-          {"deferred_prefetches", s.deferred_prefetches}, {"forward_pauses", s.forward_pauses},
-          {"deadline_waits", s.deadline_waits},       {"fallbacks", s.fallbacks},
-          {"write_ms", s.write_ms},                   {"read_ms", s.read_ms},
-          {"forward_pause_ms", s.forward_pause_ms},   {"fetch_wait_ms", s.fetch_wait_ms},
-          {"max_usage_bytes", s.max_usage_bytes}};
-}
-
 namespace {
 
 // What the steps measured, summed up for the report.
@@ -363,54 +119,6 @@ struct StepRecord {
 // runs with nearby train.seed values draw from far-apart seeds instead of sharing most of their steps'.
 constexpr uint64_t kSeedSpread = 0x9E3779B97F4A7C15ULL;
 
-// The data-parallel keys of a run, read with the others before the world is joined.
-struct DataParallelKeys {
-  dist::DataParallelSettings dp;
-  data::Sampling sampling = data::Sampling::Shuffle;
-  bool drop_last = true;
-};
-DataParallelKeys read_data_parallel_keys(Config& c) {
-  DataParallelKeys k;
-  k.dp = dist::read_data_parallel_settings(c);
-  k.sampling = c.get_choice("data.sampling", "shuffle", {"shuffle", "bootstrap"}) == "bootstrap"
-                   ? data::Sampling::Bootstrap
-                   : data::Sampling::Shuffle;
-  k.drop_last = c.get_bool("data.drop_last", true);
-  return k;
-}
-
-// The reducer attached to the step: each backward's weight is set after forward (the reducer's own
-// gradient-ready hooks fill and launch the buckets during backward); the window is finalised before
-// clipping and the optimiser.
-class ReducerHook : public StepHook {
- public:
-  // optimizer: the run's optimiser, whose AdamW denominators a onebit hook coding in the update space
-  // takes before its compressed steps (dist.onebit_space = "update").
-  ReducerHook(dist::Reducer& reducer, optim::Optimizer& optimizer) : reducer_(reducer), optimizer_(optimizer) {}
-  void set_weight(double weight) { weight_ = weight; }
-  void after_forward(int64_t step, const Value& loss) override {
-    give_denominators_if_due(step);
-    reducer_.set_window_context({step});
-    reducer_.prepare_backward(weight_);
-  }
-  void before_optimizer(int64_t step) override {
-    if (reducer_.window_complete()) reducer_.finalize();
-  }
-  void after_step(int64_t step, const StepStats& stats) override { reducer_.after_optimizer_step(); }
-
- private:
-  void give_denominators_if_due(int64_t step) {
-    auto* onebit = dynamic_cast<dist::OneBitHook*>(&reducer_.hook());
-    if (!onebit || !onebit->denominators_due(step)) return;
-    auto* adamw = dynamic_cast<optim::AdamW*>(&optimizer_);
-    RATION_ASSERT(adamw != nullptr, "dist.onebit_space = \"update\" without an AdamW optimiser");
-    onebit->set_denominators(reducer_.bucket_layout_of(adamw->denominators(), 1.f));
-  }
-  dist::Reducer& reducer_;
-  optim::Optimizer& optimizer_;
-  double weight_ = 1;
-};
-
 // One run of `ration train`: built from the options, then steps, evaluations, checkpoints, report.
 class TrainingRun {
  public:
@@ -423,7 +131,7 @@ class TrainingRun {
     Config& c = setup_.config;
     if (world_.size() > 1) liveness_ = std::make_unique<dist::Liveness>(world_);
     optimizer_ = build_optimizer(run_, params_);
-    freeze_second_moment_for_onebit();
+    sync_ = std::make_unique<DataParallelStep>(world_, keys_, params_, *optimizer_, run_, c.origin());
     per_epoch_ = (loader_.batches_per_epoch() + keys_.dp.reducer.sync_every - 1) / keys_.dp.reducer.sync_every;
     RATION_CHECK(per_epoch_ > 0, c.origin(), ": train.batch_size ", setup_.batch_size,
                  " is larger than the training set (", setup_.train_set->size(), " items)");
@@ -434,7 +142,7 @@ class TrainingRun {
     fingerprint_ = c.fingerprint(kWeightNeutralKeys) + "-" + std::to_string(total_steps_);
     if (run_.tbptt > 0) {  // each step: one sequence batch, run chunk by chunk (streaming/tbptt.h)
       seq::check_tbptt(model_, run_.tbptt, c.origin());
-      RATION_CHECK(!runtime_.settings().budget.budget_bytes, c.origin(), ": train.tbptt and a memory budget do ",
+      RATION_CHECK(!runtime_.settings().budget.has_budget(), c.origin(), ": train.tbptt and a memory budget do ",
                    "not combine yet (the plan is made for the full-sequence step); remove one of them");
       tbptt_ = std::make_unique<seq::ChunkedLoss>(model_, run_.tbptt);
     }
@@ -474,7 +182,10 @@ class TrainingRun {
     memory::reset_peak();
     first_step_ = step_;
     plan_memory();
-    attach_reducer();
+    // After the profiling step, whose backward must not reach the reducer.
+    const std::string note = sync_->attach(runtime_, *schedule_, step_, resumed_hook_state_);
+    if (!note.empty()) progress_.note(note);
+    resumed_hook_state_.clear();
     if (options_.observer) options_.observer->before_steps(runtime_, first_step_, total_steps_);
     if (options_.profile_ops > 0) {
       op_profile_ = std::make_unique<OpProfile>(1, options_.profile_ops);
@@ -484,13 +195,12 @@ class TrainingRun {
       step_begin_ = step_;
       train_one_step();
       after_step_duties();
-      if ((stop_signal_ = reducer_ ? agreed_stop_ : InterruptScope::requested()) != 0) {
+      if ((stop_signal_ = sync_->active() ? sync_->agreed_stop() : InterruptScope::requested()) != 0) {
         ++step_;  // this step is done
         break;
       }
     }
-    if (ps_) ps_->finish(*optimizer_);  // rank 0: every worker done; the model holds the final global one
-    if (reducer_) reducer_->average_parameters_now();  // dist.aggregate = "parameters": one final model
+    sync_->finish(*optimizer_);  // the server's final model, or one averaged model
     progress_.finish();
     // A stopped run skips the final evaluation (the user is waiting) and saves where it stopped.
     if (stop_signal_ != 0) {
@@ -533,50 +243,6 @@ class TrainingRun {
     o.prefetch = true;  // the next batch is prepared on a thread while the step runs (data/dataset.h)
     return o;
   }
-  bool synchronizes() const { return world_.size() > 1 || keys_.dp.reducer.sync_every > 1; }
-  // onebit with dist.onebit_second_moment = "freeze": AdamW's second moment stays as it was after the last
-  // fp32 warm-up step; both it and dist.onebit_space = "update" use AdamW's second moment
-  // (docs/DISTRIBUTED.md, "1-bit compression").
-  void freeze_second_moment_for_onebit() {
-    if (keys_.dp.compress != "onebit") return;
-    const bool freeze = keys_.dp.onebit.second_moment == dist::SecondMoment::Freeze;
-    if (!freeze && keys_.dp.onebit.space == dist::CodeSpace::Gradient) return;
-    auto* adamw = dynamic_cast<optim::AdamW*>(optimizer_.get());
-    RATION_CHECK(adamw != nullptr, setup_.config.origin(),
-                 ": dist.onebit_second_moment = \"freeze\" and dist.onebit_space = \"update\" use AdamW's second "
-                 "moment; they need optim.name = \"adamw\" (SGD keeps none), got \"", run_.optimizer, "\"");
-    if (freeze) adamw->freeze_second_moment(keys_.dp.onebit.warmup_steps);
-  }
-
-  // Gradient synchronisation (data parallel) and local accumulation (dist.sync_every): built after the
-  // profiling step, whose backward must not reach the reducer.
-  void attach_reducer() {
-    if (!synchronizes()) return;
-    reducer_ = std::make_unique<dist::Reducer>(
-        world_, params_, dist::make_comm_hook(keys_.dp.compress, keys_.dp.onebit, setup_.config.origin()),
-        keys_.dp.reducer);
-    reducer_hook_ = std::make_unique<ReducerHook>(*reducer_, *optimizer_);
-    attach_partial_aggregation();
-    const std::string note = dist::restore_hook_state(world_, reducer_->hook(), resumed_hook_state_);
-    if (!note.empty()) progress_.note(note);
-    resumed_hook_state_.clear();
-    runtime_.add_hook(reducer_hook_.get());
-  }
-  // dist.backup_workers / dist.sync = "async" (train/ps_exchange.h): every rank opens the parameter
-  // server's channel; rank 0 builds the global model's copy and serves it.
-  void attach_partial_aggregation() {
-    const int n = world_.size();
-    RATION_CHECK(keys_.dp.debug_delay_ms == 0 || keys_.dp.debug_delay_rank < n, setup_.config.origin(),
-                 ": dist.debug_delay_rank must name a rank in [0, ", n, ") or be -1, got ", keys_.dp.debug_delay_rank);
-    if (keys_.dp.ps.mode == dist::PsAggregation::Synchronous || n <= 1) return;
-    RATION_CHECK(keys_.dp.ps.mode != dist::PsAggregation::BackupWorkers || keys_.dp.ps.backup_workers < n,
-                 setup_.config.origin(), ": dist.backup_workers must be in [1, ", n - 1, "] with ", n,
-                 " ranks (each round aggregates the first N - k pushes), got ", keys_.dp.ps.backup_workers);
-    ps_ = std::make_unique<PsExchange>(world_, keys_.dp.ps, params_, run_, *optimizer_, *schedule_, step_);
-  }
-  bool loose() const { return ps_ != nullptr; }  // partial or asynchronous aggregation: no per-step collective
-  bool is_lm() const { return setup_.data_kind == "text"; }
-  bool is_ctr() const { return setup_.data_kind == "synthetic_ctr" || setup_.data_kind == "movielens"; }
 
   void resume() {
     if (options_.resume.empty()) return;
@@ -615,34 +281,26 @@ class TrainingRun {
   // With a budget: profile one step on the first batch (no update) and plan; the plan runs from the
   // first step on.
   void plan_memory() {
-    const BudgetSettings& budget = runtime_.settings().budget;
-    if (!budget.budget_bytes) return;
+    if (!runtime_.settings().budget.has_budget()) return;
     const data::LoaderPosition here = loader_.position();
     const data::Batch first = loader_.next();
     loader_.set_position(here);
-    // Data parallel: the gradient buckets, (onebit with error feedback) the residuals and (onebit in the
-    // update space) the frozen denominators, one float each per parameter element, are fixed memory the
-    // plan must leave room for.
-    int64_t dist_bytes = 0;
-    if (synchronizes()) {
-      const bool residual = keys_.dp.compress == "onebit" && keys_.dp.onebit.feedback == dist::ErrorFeedback::On;
-      const bool denominator = keys_.dp.compress == "onebit" && keys_.dp.onebit.space == dist::CodeSpace::Update;
-      dist_bytes = (1 + (residual ? 1 : 0) + (denominator ? 1 : 0)) * 4 * model_.num_parameters();
-    }
+    // Data parallel: what the aggregation holds (buckets, residuals, denominators) is fixed memory too.
+    const int64_t dist_bytes = sync_->fixed_bytes(model_.num_parameters());
     const memory::Plan* plan = runtime_.prepare(
         model_, first, setup_.seed,
-        unseen_optimizer_bytes(run_.optimizer, run_.momentum, run_.amsgrad, model_) + dist_bytes);
-    corrector_.emplace(runtime_, *budget.budget_bytes);
+        optimizer_->unseen_state_bytes() + dist_bytes);
+    runtime_.correct_measured_peaks();
     progress_.note(plan->to_table());
   }
 
   void train_one_step() {
     const double lr = schedule_->apply(*optimizer_, step_);
-    const StepStats st = reducer_ ? synchronized_step() : local_step();
-    if (corrector_) {
-      const std::string note = corrector_->after_step(step_, st.peak_bytes);
-      if (!note.empty()) progress_.note(note);
-    }
+    const StepStats st =
+        sync_->active() ? sync_->step(runtime_, model_, loader_, *setup_.train_set, step_,
+                                      [this](uint64_t micro) { return step_options(micro); }, step_items_)
+                        : local_step();
+    if (!st.replan_note.empty()) progress_.note(st.replan_note);
     RATION_CHECK(std::isfinite(st.loss), "loss became ", st.loss, " at step ", step_,
                  "; lower optim.lr or set optim.clip_grad_norm");
     record_.add(st, step_items_, runtime_.mode() == MemoryMode::Plan);
@@ -685,87 +343,6 @@ class TrainingRun {
   // Where the data stands for a checkpoint: a batch taken early is not trained yet.
   data::LoaderPosition trained_position() const { return lookahead_ ? lookahead_from_ : loader_.position(); }
 
-  // sync_every micro-batches of this rank's shard; each backward weighted by its share of the step's
-  // samples over every rank (known before the first from the shard arithmetic); the last one's backward
-  // launches the buckets and the runtime's before_optimizer hook waits for them.
-  StepStats synchronized_step() {
-    const auto t0 = Clock::now();
-    // Test aid (dist.debug_delay_ms): this rank computes slowly, so its gradient comes late.
-    if (keys_.dp.debug_delay_ms > 0 && world_.rank() == keys_.dp.debug_delay_rank)
-      std::this_thread::sleep_for(std::chrono::milliseconds(keys_.dp.debug_delay_ms));
-    const auto micro_batches = static_cast<size_t>(keys_.dp.reducer.sync_every);
-    std::vector<std::vector<int64_t>> micro(micro_batches);
-    int64_t step_samples = 0;
-    for (auto& m : micro) {
-      m = loader_.next_indices();
-      step_samples += loader_.last_global_items();
-    }
-    StepStats st;
-    double ms = 0, loss_sum = 0;
-    int64_t samples = 0, items = 0;
-    for (size_t k = 0; k < micro.size(); ++k) {
-      const double weight = static_cast<double>(micro[k].size()) / static_cast<double>(step_samples);
-      StepOptions o = step_options(k);
-      const bool last = k + 1 == micro.size();
-      if (!last || loose()) o.optimizer = nullptr;  // accumulate (or the server steps): the reducer holds them
-      if (micro[k].empty()) {  // a short last batch left this rank nothing: it contributes zeros
-        reducer_->prepare_backward(0);
-        if (last && !loose()) finish_without_batch();
-        continue;
-      }
-      const data::Batch batch = setup_.train_set->get(micro[k]);  // workspace: device memory
-      reducer_hook_->set_weight(weight);
-      st = runtime_.measure_step(model_, batch, o);
-      ms += st.ms;
-      loss_sum += st.loss * static_cast<double>(micro[k].size());
-      samples += static_cast<int64_t>(micro[k].size());
-      items += batch.items;
-    }
-    if (loose()) return exchange_with_server(st, t0, loss_sum, samples, items, step_samples);
-    // The step's loss: the mean over every rank's samples. The same message carries each rank's stop
-    // request (SIGINT / SIGTERM seen so far), so every rank stops after the same step.
-    const int signal = InterruptScope::requested();
-    const std::vector<double> sums = dist::all_reduce_doubles(
-        world_, {loss_sum, static_cast<double>(samples), static_cast<double>(items), signal == SIGINT ? 1.0 : 0.0,
-                 signal != 0 && signal != SIGINT ? 1.0 : 0.0});
-    agreed_stop_ = sums[3] > 0 ? SIGINT : sums[4] > 0 ? SIGTERM : 0;
-    st.loss = sums[0] / std::max(sums[1], 1.0);
-    st.ms = ms;
-    step_items_ = static_cast<int64_t>(sums[2]);
-    return st;
-  }
-
-  // Partial / asynchronous aggregation: push this rank's weighted gradient, take the global parameters
-  // back. No collective: the step's loss is the mean over the pushes the server's last update aggregated,
-  // and a stop request travels in the push (every rank stops at its next reply). With backup workers a
-  // late rank adopts the server's version as its step and skips the data of the steps it missed.
-  StepStats exchange_with_server(StepStats st, Clock::time_point t0, double loss_sum, int64_t samples, int64_t items,
-                                 int64_t step_samples) {
-    reducer_->finalize();
-    const double share = static_cast<double>(samples) / static_cast<double>(std::max<int64_t>(step_samples, 1));
-    const dist::Reply reply = ps_->exchange(step_, share, loss_sum, static_cast<double>(samples),
-                                            InterruptScope::requested());
-    agreed_stop_ = reply.stop_signal;
-    if (keys_.dp.ps.mode == dist::PsAggregation::BackupWorkers && reply.version > step_ + 1) {
-      for (int64_t skipped = step_ + 1; skipped < reply.version; ++skipped)
-        for (int64_t k = 0; k < keys_.dp.reducer.sync_every; ++k) (void)loader_.next_indices();
-      step_ = reply.version - 1;  // the loop's ++step_ makes it the server's version
-    }
-    st.loss = reply.loss;
-    st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    step_items_ = items;  // this rank's (there is no per-step sum over ranks)
-    return st;
-  }
-
-  // The synchronising micro-batch of a rank without data: join the reduction, then the same update.
-  void finish_without_batch() {
-    reducer_->finalize();
-    if (run_.clip_grad_norm > 0) optim::clip_grad_norm(params_, run_.clip_grad_norm);
-    optimizer_->step();
-    optimizer_->zero_grad();
-    reducer_->after_optimizer_step();
-  }
-
   void show_progress(const StepStats& st, double lr) {
     const double eta = static_cast<double>(total_steps_ - step_ - 1) *
                        (record_.seconds / static_cast<double>(step_ - first_step_ + 1));
@@ -775,7 +352,7 @@ class TrainingRun {
     std::snprintf(line, sizeof line,
                   "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s | eta %s",
                   static_cast<long long>(step_ + 1), static_cast<long long>(total_steps_), st.loss,
-                  record_.items_per_second(), is_lm() ? "tok/s" : is_ctr() ? "samples/s" : "img/s",
+                  record_.items_per_second(), setup_.task.throughput_unit,
                   memory::format_bytes(memory::device_current_bytes(st.memory)).c_str(),
                   memory::format_bytes(st.peak_bytes).c_str(), lr, gnorm.c_str(), format_duration(eta).c_str());
     progress_.update(step_ + 1, line, step_ + 1 == total_steps_);
@@ -786,7 +363,7 @@ class TrainingRun {
     // A multiple of `every` reached since the iteration began (a late backup worker may skip steps).
     const int64_t done = step_ + 1, before = step_begin_;
     auto crossed = [&](int64_t every) { return every > 0 && done / every > before / every; };
-    const bool epoch_end = !is_lm() && crossed(per_epoch_);
+    const bool epoch_end = setup_.task.evaluates_each_epoch && crossed(per_epoch_);
     if (crossed(run_.eval_every) || (run_.eval_every == 0 && epoch_end)) evaluate_now(done);
     if (crossed(run_.checkpoint_every) && done < total_steps_) {
       const std::string path = save(done);
@@ -797,14 +374,14 @@ class TrainingRun {
   void evaluate_now(int64_t at_step) {
     const auto t0 = Clock::now();
     // Partial / asynchronous aggregation: rank 0 evaluates the whole set alone (no rank waits for another).
-    if (loose() && world_.rank() != 0) return;
+    if (sync_->central() && world_.rank() != 0) return;
     // Buffers (batch-norm running statistics) are each rank's own: evaluate rank 0's everywhere.
-    if (!loose()) dist::broadcast_from_rank0(world_, {}, model_.named_buffers());
+    if (!sync_->central()) dist::broadcast_from_rank0(world_, {}, model_.named_buffers());
     const EvalResult r = evaluate(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches,
-                                  loose() ? dist::World::init_single() : world_);
+                                  sync_->central() ? dist::World::init_single() : world_);
     nlohmann::json e = {{"step", at_step}, {"loss", r.loss}, {"items", r.count}, {"seconds", seconds_since(t0)}};
     char line[256];
-    if (is_lm()) {
+    if (setup_.task.kind == Task::Kind::LanguageModel) {
       e["bits_per_byte"] = r.loss / std::log(2.0);
       e["unigram_entropy_bits"] = setup_.unigram_entropy_nats / std::log(2.0);
       std::snprintf(line, sizeof line, "eval @%lld: loss %.4f nats/byte = %.3f bits/byte (unigram entropy %.3f bits)",
@@ -829,9 +406,10 @@ class TrainingRun {
   }
 
   std::string save(int64_t at_step) {
-    // Every rank's error-feedback residuals travel to rank 0 (a collective: every rank calls save).
-    const NamedTensors residuals =
-        reducer_ && !loose() ? dist::gather_hook_state(world_, reducer_->hook()) : NamedTensors{};
+    // Every rank's error-feedback residuals travel to rank 0 (a collective: every rank calls save); with a
+    // parameter server its global model and optimiser are what is saved, not rank 0's working copy.
+    NamedTensors weights, state, residuals;
+    const bool from_server = sync_->checkpoint(weights, state, residuals);
     if (run_.checkpoint_dir.empty() || world_.rank() != 0) return std::string();
     Metadata meta;
     meta.ints["epoch"] = trained_position().epoch;
@@ -842,10 +420,7 @@ class TrainingRun {
     meta.ints["global_batch"] = setup_.batch_size * world_.size();
     model_.save_external_state(run_.checkpoint_dir, at_step);  // parameter-server snapshot of these weights
     meta.ints["external_state_step"] = at_step;
-    NamedTensors weights, state;
-    if (loose()) {
-      ps_->snapshot(weights, state);  // the server's global model and optimiser, not rank 0's working copy
-    } else {
+    if (!from_server) {
       for (auto& [n, p] : params_) weights.emplace_back(n, p.tensor());
       state = optimizer_->export_state();
     }
@@ -856,30 +431,10 @@ class TrainingRun {
   }
 
   nlohmann::json memory_report() {
-    const memory::Stats peak_stats = memory::stats();
-    const int64_t worst = record_.worst_peak();
-    nlohmann::json mem = memory_json(peak_stats);
-    mem["peak_bytes"] = worst;  // max over steps of each step's measured device peak (dataset excluded)
-    mem["dataset_host_bytes"] = peak_stats.current[static_cast<int>(memory::Category::Data)];
-    if (const at::Device device = model_.parameter_options().device(); device.is_cuda()) {
-      // Each step's peak came from the CUDA caching allocator; the categories and allocations stay the
-      // counting allocator's view of host memory.
-      mem["measured_by"] = "CUDA caching allocator (peak_bytes); counting ATen CPU allocator (host breakdown)";
-      mem["device"] = device.str();
-    }
-    if (const memory::Plan* plan = runtime_.current_plan()) {
-      mem["budget_bytes"] = plan->budget_bytes;
-      mem["predicted_peak_bytes"] = plan->prediction.peak_bytes;
-      mem["activation_capacity_bytes"] = plan->capacity_bytes;
-      mem["fixed_bytes"] = plan->fixed_bytes;
-      mem["within_budget"] = worst <= plan->budget_bytes;
-      mem["replans"] = corrector_ ? corrector_->replans() : 0;
-      mem["prediction_error"] =
-          static_cast<double>(plan->prediction.peak_bytes - worst) / static_cast<double>(std::max<int64_t>(worst, 1));
-      if (worst > plan->budget_bytes)
-        progress_.note("warning: measured peak " + memory::format_bytes(worst) + " exceeded the budget " +
-                       memory::format_bytes(plan->budget_bytes));
-    }
+    nlohmann::json mem = runtime_.memory_report(record_.worst_peak(), model_.parameter_options().device());
+    if (mem.contains("within_budget") && !mem["within_budget"].get<bool>())
+      progress_.note("warning: measured peak " + memory::format_bytes(record_.worst_peak()) + " exceeded the budget " +
+                     memory::format_bytes(mem["budget_bytes"].get<int64_t>()));
     return mem;
   }
 
@@ -898,20 +453,6 @@ class TrainingRun {
       t["recompute_ms_total"] = total;
     }
     return t;
-  }
-
-  nlohmann::json offload_report() {
-    const memory::OffloadOptions& o = runtime_.settings().offload.options;
-    auto limit = [](int64_t t) { return t == memory::kNoLimit ? nlohmann::json(nullptr) : nlohmann::json(t); };
-    return {{"mode", runtime_.current_plan() ? "plan" : "thresholds"},
-            {"tier", runtime_.engine()->tier().name()},
-            {"t1", o.t1},
-            {"t2", limit(o.t2)},
-            {"t3", limit(o.t3)},
-            {"min_bytes", o.min_bytes},
-            {"prefetch", o.prefetch},
-            {"steps", total_steps_ - first_step_},
-            {"totals", offload_stats_json(runtime_.engine()->stats())}};
   }
 
   nlohmann::json build_report(const std::string& final_ckpt) {
@@ -933,7 +474,7 @@ class TrainingRun {
         {"plan", plan ? memory::to_json(*plan) : nlohmann::json(nullptr)},
         {"effective_config", setup_.config.effective()},
     };
-    if (runtime_.engine()) report["offload"] = offload_report();
+    if (runtime_.engine()) report["offload"] = runtime_.offload_report(total_steps_ - first_step_);
     if (auto metrics = model_.report_metrics(); !metrics.empty()) {
       nlohmann::json ps = nlohmann::json::object();
       for (const auto& [k, v] : metrics) ps[k] = v;
@@ -943,53 +484,9 @@ class TrainingRun {
       report["interrupted_by"] = InterruptScope::name(stop_signal_);
       report["exit_status"] = InterruptScope::exit_status(stop_signal_);
     }
-    report["dist"] = dist_report();
-    if (reducer_) report["memory"]["dist_bucket_bytes"] = reducer_->bucket_bytes();
+    report["dist"] = sync_->report();
+    if (sync_->active()) report["memory"]["dist_bucket_bytes"] = sync_->bucket_bytes();
     return report;
-  }
-
-  nlohmann::json dist_report() const {
-    nlohmann::json d = {{"world_size", world_.size()}, {"rank", world_.rank()}};
-    if (!reducer_) return d;
-    const dist::ReducerStats& st = reducer_->stats();
-    const double syncs = static_cast<double>(std::max<int64_t>(st.synchronizations, 1));
-    nlohmann::json buckets = nlohmann::json::array();
-    for (const auto& b : reducer_->buckets()) buckets.push_back(b.numel * 4);
-    d.update({{"backend", dist::to_string(world_.backend())},
-              {"topology", dist::to_string(keys_.dp.reducer.topology)},
-              {"compress", reducer_->hook().name()},
-              {"error_feedback", keys_.dp.onebit.feedback == dist::ErrorFeedback::On},
-              {"sync_every", keys_.dp.reducer.sync_every},
-              {"sampling", keys_.sampling == data::Sampling::Bootstrap ? "bootstrap" : "shuffle"},
-              {"bucket_bytes", buckets},
-              {"synchronizations", st.synchronizations},
-              {"bytes_sent_per_step", static_cast<double>(st.traffic.payload_bytes) / syncs},
-              {"wire_bytes_per_step", static_cast<double>(st.traffic.wire_bytes) / syncs},
-              {"comm_ms", st.comm_ms / syncs},
-              {"exposed_comm_ms", st.exposed_ms / syncs},
-              {"parameter_exchange_ms", st.exchange_ms / syncs},
-              {"overlap", st.overlap()},
-              {"error_feedback_bytes", reducer_->hook_state_bytes()}});
-    // onebit: the smallest lambda_j of the last step's code per bucket; the error bound is
-    // sqrt(1 - lambda^2) ||v|| (docs/DISTRIBUTED.md).
-    // Bytes per compressed step apart from the fp32 warm-up (dist.compress_warmup), whose steps the
-    // whole-run average bytes_sent_per_step includes.
-    if (const auto* onebit = dynamic_cast<const dist::OneBitHook*>(&reducer_->hook())) {
-      d["onebit_lambda"] = onebit->last_lambda();
-      const dist::OneBitHook::Counts& c = onebit->counts();
-      d["onebit"] = {{"warmup_steps", c.warmup_windows},
-                     {"compressed_steps", c.compressed_windows},
-                     {"bytes_sent_per_compressed_step",
-                      c.compressed_windows ? static_cast<double>(c.compressed.payload_bytes) / c.compressed_windows : 0.0},
-                     {"second_moment", keys_.dp.onebit.second_moment == dist::SecondMoment::Freeze ? "freeze" : "track"},
-                     {"space", keys_.dp.onebit.space == dist::CodeSpace::Update ? "update" : "gradient"},
-                     {"residual_bytes", onebit->residual_bytes()},
-                     {"denominator_bytes", onebit->state_bytes() - onebit->residual_bytes()}};
-    }
-    if (keys_.dp.reducer.aggregate == dist::Aggregate::Parameters)
-      d.update({{"aggregate", "parameters"}, {"average_every", keys_.dp.reducer.average_every}, {"averages", st.averages}});
-    if (ps_) d.update(ps_->report());
-    return d;
   }
 
   // `checkpoint_error`: the final save's failure, named too if the report cannot be written either.
@@ -1027,16 +524,12 @@ class TrainingRun {
   data::LoaderPosition lookahead_from_;   // the loader's position before it
   Progress progress_;
   std::unique_ptr<dist::Liveness> liveness_;
-  std::unique_ptr<dist::Reducer> reducer_;
-  std::unique_ptr<ReducerHook> reducer_hook_;
   std::unique_ptr<OpProfile> op_profile_;  // --profile-ops
-  int agreed_stop_ = 0;  // data parallel: the stop signal every rank agreed on after the last step (0: go on)
   NamedTensors resumed_hook_state_;  // the resumed checkpoint's entries, until the reducer takes its own
   int64_t step_items_ = 0;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::WarmupCosine> schedule_;
-  std::optional<BudgetCorrector> corrector_;
-  std::unique_ptr<PsExchange> ps_;  // dist.backup_workers / dist.sync = "async" (after optimizer_, schedule_)
+  std::unique_ptr<DataParallelStep> sync_;  // how the ranks (or micro-batches) make a step together
   int64_t step_begin_ = 0;          // step_ when the current iteration began
   int64_t per_epoch_ = 0, total_steps_ = 0, step_ = 0, first_step_ = 0;
   std::string fingerprint_;                            // this run's identity in its checkpoints

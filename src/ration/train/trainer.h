@@ -1,9 +1,10 @@
 // trainer.h — `ration train`: config -> data, model, optimiser -> steps with progress, evaluation,
 // checkpoints and a JSON report.
-// Owns: the training loop (TrainingRun in trainer.cpp: steps, budget correction, evaluation,
-//       checkpoints) and its report. Does not own: the model (models/), the data (data/), the update rule
-//       (optim/), the on-disk checkpoint layout (train/checkpoint.h), or one step's execution and memory
-//       runtime (runtime/step_runtime.h).
+// Owns: the training loop (TrainingRun in trainer.cpp: read a batch, step, evaluate, checkpoint, report)
+//       and the report's own parts (run, loss, evaluations, time). Does not own: what the run is built
+//       from (train/setup.h), how ranks make a step together (train/data_parallel_step.h), one step's
+//       execution, memory runtime, re-plans and their report fragments (runtime/step_runtime.h), the model
+//       (models/), the data (data/), the update rule (optim/), the checkpoint layout (train/checkpoint.h).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -13,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "ration/data/dataset.h"
 #include "ration/distributed/world.h"
 #include "ration/offload/engine.h"
 #include "ration/models/model.h"
 #include "ration/optim/optimizer.h"
 #include "ration/config/config.h"
+#include "ration/train/setup.h"
 
 namespace ration::train {
 
@@ -51,50 +52,10 @@ struct TrainOptions {
   RunObserver* observer = nullptr;     // optional; outlives the run
 };
 
-// Everything a run is built from, shared by train, gradcheck and bench.
-struct Setup {
-  Config config;
-  std::unique_ptr<models::Model> model;
-  std::shared_ptr<data::Dataset> train_set;
-  std::shared_ptr<data::Dataset> eval_set;
-  std::string data_kind;        // "fashion_mnist", "text", "synthetic_ctr" or "movielens"
-  double unigram_entropy_nats = 0;  // text only
-  std::optional<double> planted_auc;  // synthetic_ctr only: the planted model's own eval AUC
-  uint64_t seed = 0;
-  int64_t batch_size = 0;
-};
-
-// The [optim] and remaining [train] keys: read once, validated, shared by train and gradcheck.
-struct RunSettings {
-  std::string optimizer = "adamw";  // "adamw" | "sgd"
-  double lr = 1e-3, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double momentum = 0.9, dampening = 0, min_lr = 1e-4, clip_grad_norm = 0;
-  bool nesterov = false, amsgrad = false;
-  std::string schedule = "cosine";  // "cosine" | "constant"
-  int64_t warmup_steps = 0;
-  int64_t epochs = 1, steps = 0, eval_every = 0, eval_batches = 0, log_every = 10;
-  std::string checkpoint_dir;
-  int64_t checkpoint_every = 0, keep_checkpoints = 2;
-  int64_t tbptt = 0;  // train.tbptt: truncated-BPTT chunk length (0: not set, full backpropagation)
-};
-RunSettings read_run_settings(Config& cfg);
-// The optimiser the run settings name (sgd or adamw, with their keys), over `params`.
-std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params);
-
-// Reads [data], [model] and train.seed/batch_size/threads. Leaves other sections for the caller.
-Setup build_setup(Config config);
-// A deterministic batch from the training set (for gradcheck and benchmarks).
-data::Batch sample_batch(const Setup& setup, int64_t batch_size, uint64_t seed);
-
 // Runs training; returns the report (also written to options.report_path when set, by rank 0 only).
 // With WORLD_SIZE > 1 each rank trains on its shard and gradients are synchronised (distributed/reducer.h); a
 // lost peer makes every rank throw ration::Error naming it.
 nlohmann::json run_training(const TrainOptions& options);
 
-// The offload engine's counters as JSON (the report's offload.totals; benchmarks).
-nlohmann::json offload_stats_json(const memory::OffloadStats& stats);
-
-// Loads a config file and applies --set overrides, with errors naming the file.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides);
 
 }  // namespace ration::train
