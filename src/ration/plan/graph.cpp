@@ -13,9 +13,17 @@ OutputSlots::OutputSlots(const StepProfile& p) : base(p.nodes.size() + 1, 0) {
 PlanGraph::PlanGraph(const StepProfile& p)
     : profile(p), nodes(p.nodes.size()), storages(p.storages.size()), steps(p.backward_order.size()), slots(p) {
   RATION_ASSERT(storages < (size_t{1} << 31) && slots.size() < (size_t{1} << 30), "plan graph: profile too large");
-  // One pass over the nodes. Leaves are numbered once all are known: until then a leaf is -2 - its index
-  // in `leaf_seen` (saved lists) or in `leaf_inputs` (inputs), resolved below.
   std::vector<ValueKey> leaf_seen, leaf_inputs;
+  std::vector<int> out_storage;
+  read_nodes(leaf_seen, leaf_inputs, out_storage);
+  number_values(leaf_seen, leaf_inputs, out_storage);
+  read_value_maps();
+  derive_save_spans();
+  derive_times();
+}
+
+void PlanGraph::read_nodes(std::vector<ValueKey>& leaf_seen, std::vector<ValueKey>& leaf_inputs,
+                           std::vector<int>& out_storage) {
   auto output_value = [&](const ValueKey& k) {
     const size_t i = slots.slot(k);
     return i == OutputSlots::kNone ? -1 : static_cast<int>(i);  // a slot until the leaves are counted
@@ -24,10 +32,9 @@ PlanGraph::PlanGraph(const StepProfile& p)
   end_bytes.reserve(nodes);
   forward_ms.reserve(nodes);
   backward_ms.reserve(nodes);
-  std::vector<int> out_storage;
   out_storage.reserve(slots.size());
   output_node.reserve(slots.size());
-  for (const ProfiledNode& n : p.nodes) {
+  for (const ProfiledNode& n : profile.nodes) {
     for (const ValueKey& k : n.saved) {
       if (k.is_leaf()) {
         saved.add(-2 - static_cast<int>(leaf_seen.size()));
@@ -57,6 +64,10 @@ PlanGraph::PlanGraph(const StepProfile& p)
     forward_ms.push_back(n.forward_ms);
     backward_ms.push_back(n.backward_ms);
   }
+}
+
+void PlanGraph::number_values(const std::vector<ValueKey>& leaf_seen, const std::vector<ValueKey>& leaf_inputs,
+                              const std::vector<int>& out_storage) {
   leaves = leaf_seen;
   std::sort(leaves.begin(), leaves.end());
   leaves.erase(std::unique(leaves.begin(), leaves.end()), leaves.end());
@@ -64,10 +75,15 @@ PlanGraph::PlanGraph(const StepProfile& p)
   for (int& v : saved.items) v = v <= -2 ? value(leaf_seen[static_cast<size_t>(-2 - v)]) : v < 0 ? -1 : v + nl;
   for (Input& in : inputs.items)
     in.value = in.value <= -2 ? value(leaf_inputs[static_cast<size_t>(-2 - in.value)]) : in.value < 0 ? -1 : in.value + nl;
-  // A leaf's storage is the value map's (as StepProfile::storage_of reads it), an output's its node's.
+  // A leaf's storage is the value map's (as StepProfile::storage_of reads it: read_value_maps), an
+  // output's its node's.
   storage.assign(leaves.size(), -1);
   storage.insert(storage.end(), out_storage.begin(), out_storage.end());
-  // The value map, the last-alive map and the saved leaves ascend by key: walked side by side.
+}
+
+// The value map, the last-alive map and the saved leaves ascend by key: walked side by side.
+void PlanGraph::read_value_maps() {
+  const StepProfile& p = profile;
   recorded_storage.assign(slots.size(), -1);
   last_alive.assign(storages, -1);
   auto alive = p.value_last_alive.begin();
@@ -84,8 +100,11 @@ PlanGraph::PlanGraph(const StepProfile& p)
     const int64_t last = alive == p.value_last_alive.end() || alive->first != key ? static_cast<int64_t>(nodes) : alive->second;
     last_alive[static_cast<size_t>(s)] = std::max(last_alive[static_cast<size_t>(s)], last);
   }
-  // Save spans two ways: by each value's storage as the profile reads it (the copy timeline's), and by
-  // the simulator's keys (a node output's storage as the value map records it).
+}
+
+// Save spans two ways: by each value's storage as the profile reads it (the copy timeline's), and by
+// the simulator's keys (a node output's storage as the value map records it).
+void PlanGraph::derive_save_spans() {
   key_storage.assign(values(), -1);
   for (size_t k = 0; k < leaves.size(); ++k) key_storage[k] = storage[k];
   for (size_t i = 0; i < recorded_storage.size(); ++i) key_storage[leaves.size() + i] = recorded_storage[i];
@@ -110,10 +129,15 @@ PlanGraph::PlanGraph(const StepProfile& p)
       saved_by(key_span, key_storage[static_cast<size_t>(v)], k);
     }
   }
+}
+
+// When each forward node ends and each backward step starts (measured times, summed), and the first
+// backward step at or below each ordinal.
+void PlanGraph::derive_times() {
   forward_end.resize(nodes);
   double t = 0;
   for (size_t k = 0; k < nodes; ++k) forward_end[k] = (t += forward_ms[k]);
-  const auto& bo = p.backward_order;
+  const auto& bo = profile.backward_order;
   backward_start.resize(bo.size());
   std::vector<int64_t> min_ordinal(bo.size());  // by step: the lowest ordinal among the steps so far
   t = 0;

@@ -138,6 +138,17 @@ struct PlanGraph {
   }
 
  private:
+  // The constructor's steps, in order. One pass over the nodes: their lists and figures, a leaf as
+  // -2 - its index in `leaf_seen` (saved lists) or `leaf_inputs` (inputs) until all are known; the outputs'
+  // storages into `out_storage`.
+  void read_nodes(std::vector<ValueKey>& leaf_seen, std::vector<ValueKey>& leaf_inputs, std::vector<int>& out_storage);
+  // The saved leaves numbered, every value id resolved, each value's storage.
+  void number_values(const std::vector<ValueKey>& leaf_seen, const std::vector<ValueKey>& leaf_inputs,
+                     const std::vector<int>& out_storage);
+  void read_value_maps();     // recorded_storage, last_alive and the leaves' storages
+  void derive_save_spans();   // key_storage, backward_reads, span, key_span, saved_not_output
+  void derive_times();        // forward_end, backward_start, first_step_below_
+
   std::vector<size_t> first_step_below_;  // by ordinal (first_step_at_or_below)
 };
 

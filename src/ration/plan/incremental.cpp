@@ -307,7 +307,29 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     storage_of_group_.push_back(static_cast<int>(s));
     is_group_[s] = 1;
   }
-  // Keys: every saved value, numbered in first-saved order (key_of: by graph value, -1 not saved).
+  const std::vector<int> key_of = number_keys();
+  std::vector<int64_t> pending(nk_, 0);
+  const Lists<int> node_saved = build_node_records(key_of, pending);
+  set_release_steps(node_saved, pending);
+  find_restored_by_producer();
+  extension_bound_ = restores_follow_allocations();
+  {
+    std::vector<std::pair<size_t, int64_t>> by_storage;  // in step order: each storage's list ascends
+    for (size_t j = 0; j < nb_; ++j)
+      for (int k : released_at_[j]) by_storage.emplace_back(static_cast<size_t>(keys_[static_cast<size_t>(k)].storage), static_cast<int64_t>(j));
+    release_steps_ = Lists<int64_t>::grouped(ns, by_storage);
+  }
+  measure_other();
+  // Forward: a recomputed group is freed after the last forward node that needs it.
+  const std::vector<int64_t>& saved_at = save_span(g).saved_at;
+  forward_release_.assign(ns, kNever);
+  for (size_t s = 0; s < ns; ++s)
+    if (is_group_[s]) forward_release_[s] = std::max(g.last_alive[s], saved_at[s]);
+}
+
+// Keys: every saved value, numbered in first-saved order (the result: by graph value, -1 not saved).
+std::vector<int> IncrementalPeak::Static::number_keys() {
+  const PlanGraph& g = g_;
   std::vector<int> key_of(g.values(), -1);
   for (size_t o = 0; o < nn_; ++o) {
     for (int v : g.saved[o]) {
@@ -320,13 +342,16 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
       keys_.push_back(key);
     }
   }
-  {
-    std::vector<std::pair<size_t, int>> by_storage;
-    for (size_t k = 0; k < nk_; ++k)
-      if (keys_[k].storage >= 0) by_storage.emplace_back(static_cast<size_t>(keys_[k].storage), static_cast<int>(k));
-    storage_keys_ = Lists<int>::grouped(ns, by_storage);
-  }
-  std::vector<int64_t> pending(nk_, 0);
+  std::vector<std::pair<size_t, int>> by_storage;
+  for (size_t k = 0; k < nk_; ++k)
+    if (keys_[k].storage >= 0) by_storage.emplace_back(static_cast<size_t>(keys_[k].storage), static_cast<int>(k));
+  storage_keys_ = Lists<int>::grouped(g.storages, by_storage);
+  return key_of;
+}
+
+plan_detail::Lists<int> IncrementalPeak::Static::build_node_records(const std::vector<int>& key_of,
+                                                                    std::vector<int64_t>& pending) {
+  const PlanGraph& g = g_;
   Lists<int> node_saved;  // by node: key ids of saved values (pinned left out)
   for (size_t o = 0; o < nn_; ++o) {
     const auto workspace = static_cast<uint64_t>(std::max<int64_t>(0, g.peak_bytes[o] - g.end_bytes[o]));
@@ -360,9 +385,13 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     }
     node_saved.close();
   }
-  // Release: after the backward step of a key's last pending use (keys without a storage never are).
+  return node_saved;
+}
+
+// Release: after the backward step of a key's last pending use (keys without a storage never are).
+void IncrementalPeak::Static::set_release_steps(const Lists<int>& node_saved, std::vector<int64_t>& pending) {
   for (size_t j = 0; j < nb_; ++j) {
-    for (int k : node_saved[static_cast<size_t>(g.profile.backward_order[j])]) {
+    for (int k : node_saved[static_cast<size_t>(g_.profile.backward_order[j])]) {
       saved_at_.add(k);
       if (--pending[static_cast<size_t>(k)] != 0 || keys_[static_cast<size_t>(k)].storage < 0) continue;
       keys_[static_cast<size_t>(k)].release = static_cast<int32_t>(j);
@@ -371,11 +400,15 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     released_at_.close();
     saved_at_.close();
   }
+}
+
+// A storage whose keys are all outputs of one node that allocates it: re-running that node restores
+// the whole storage (evaluate's shortcut for a release consulted first as such an output).
+void IncrementalPeak::Static::find_restored_by_producer() {
+  const size_t ns = g_.storages;
   sole_key_.assign(nk_, 0);
   for (size_t st = 0; st < ns; ++st)
     if (is_group_[st] && storage_keys_[st].size() == 1) sole_key_[static_cast<size_t>(storage_keys_[st][0])] = 1;
-  // A storage whose keys are all outputs of one node that allocates it: re-running that node restores
-  // the whole storage (evaluate's shortcut for a release consulted first as such an output).
   restored_by_producer_.assign(ns, 0);
   for (size_t st = 0; st < ns; ++st) {
     const auto keys = storage_keys_[st];
@@ -392,49 +425,48 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
     }
     restored_by_producer_[st] = all && std::find(node.alloc_begin(), node.alloc_end(), static_cast<int>(st)) != node.alloc_end();
   }
-  {
-    // evaluate's bound: one allocating node per storage, and a group storage's keys restored only after
-    // its allocation in any step (restored by the allocating node itself, or by a node that needs it
-    // through values never saved: the allocating node runs first in every step that runs that one).
-    std::vector<int64_t> allocated_by(ns, -1);
-    bool once = true;
-    for (size_t o = 0; o < nn_; ++o)
-      for (int st : g.allocated[o]) {
-        once = once && allocated_by[static_cast<size_t>(st)] < 0;
-        allocated_by[static_cast<size_t>(st)] = static_cast<int64_t>(o);
-      }
-    auto runs_after = [&](int64_t node, int64_t before) {  // `before` reached through never-saved inputs
-      std::vector<int64_t> todo{node};
-      for (size_t seen = 0; !todo.empty() && seen < 64; ++seen) {
-        const int64_t o = todo.back();
-        todo.pop_back();
-        if (o == before) return true;
-        const auto rec = plan_detail::NodeRecord::of(nodes_, static_cast<size_t>(o));
-        for (size_t i = 0; i < rec.inputs(); ++i)
-          if (rec.input(i) == kNeverUsable) todo.push_back(rec.producer(i));
-      }
-      return false;
-    };
-    bool ordered = once;
-    for (size_t st = 0; st < ns && ordered; ++st) {
-      if (!is_group_[st] || restored_by_producer_[st] || allocated_by[st] < 0) continue;
-      for (int k : storage_keys_[st]) {
-        const int64_t producer = keys_[static_cast<size_t>(k)].producer;
-        ordered = ordered && producer >= 0 && runs_after(producer, allocated_by[st]);
-      }
+}
+
+// evaluate's bound: one allocating node per storage, and a group storage's keys restored only after
+// its allocation in any step (restored by the allocating node itself, or by a node that needs it
+// through values never saved: the allocating node runs first in every step that runs that one).
+bool IncrementalPeak::Static::restores_follow_allocations() const {
+  const size_t ns = g_.storages;
+  std::vector<int64_t> allocated_by(ns, -1);
+  bool once = true;
+  for (size_t o = 0; o < nn_; ++o)
+    for (int st : g_.allocated[o]) {
+      once = once && allocated_by[static_cast<size_t>(st)] < 0;
+      allocated_by[static_cast<size_t>(st)] = static_cast<int64_t>(o);
     }
-    extension_bound_ = ordered;
+  auto runs_after = [&](int64_t node, int64_t before) {  // `before` reached through never-saved inputs
+    std::vector<int64_t> todo{node};
+    for (size_t seen = 0; !todo.empty() && seen < 64; ++seen) {
+      const int64_t o = todo.back();
+      todo.pop_back();
+      if (o == before) return true;
+      const auto rec = plan_detail::NodeRecord::of(nodes_, static_cast<size_t>(o));
+      for (size_t i = 0; i < rec.inputs(); ++i)
+        if (rec.input(i) == kNeverUsable) todo.push_back(rec.producer(i));
+    }
+    return false;
+  };
+  bool ordered = once;
+  for (size_t st = 0; st < ns && ordered; ++st) {
+    if (!is_group_[st] || restored_by_producer_[st] || allocated_by[st] < 0) continue;
+    for (int k : storage_keys_[st]) {
+      const int64_t producer = keys_[static_cast<size_t>(k)].producer;
+      ordered = ordered && producer >= 0 && runs_after(producer, allocated_by[st]);
+    }
   }
-  {
-    std::vector<std::pair<size_t, int64_t>> by_storage;  // in step order: each storage's list ascends
-    for (size_t j = 0; j < nb_; ++j)
-      for (int k : released_at_[j]) by_storage.emplace_back(static_cast<size_t>(keys_[static_cast<size_t>(k)].storage), static_cast<int64_t>(j));
-    release_steps_ = Lists<int64_t>::grouped(ns, by_storage);
-  }
-  // The measured (keep-everything) run's saved bytes at each backward step's start, and what it held
-  // besides them.
+  return ordered;
+}
+
+// The measured (keep-everything) run's saved bytes at each backward step's start, and what it held
+// besides them.
+void IncrementalPeak::Static::measure_other() {
   std::vector<int64_t> measured(nb_ + 1, 0);
-  for (size_t s = 0; s < ns; ++s) {
+  for (size_t s = 0; s < g_.storages; ++s) {
     if (!is_group_[s] || storage_keys_[s].empty()) continue;
     int64_t last = -1;
     for (int k : storage_keys_[s]) last = std::max<int64_t>(last, keys_[static_cast<size_t>(k)].release);
@@ -446,13 +478,8 @@ IncrementalPeak::Static::Static(std::shared_ptr<const PlanGraph> graph, const st
   int64_t m = 0;
   for (size_t j = 0; j < nb_; ++j) {
     m += measured[j];
-    other_[j] = {g.profile.backward_start_bytes[j] - m, g.profile.backward_peak_bytes[j] - m};
+    other_[j] = {g_.profile.backward_start_bytes[j] - m, g_.profile.backward_peak_bytes[j] - m};
   }
-  // Forward: a recomputed group is freed after the last forward node that needs it.
-  const std::vector<int64_t>& saved_at = save_span(g).saved_at;
-  forward_release_.assign(ns, kNever);
-  for (size_t s = 0; s < ns; ++s)
-    if (is_group_[s]) forward_release_[s] = std::max(g.last_alive[s], saved_at[s]);
 }
 
 IncrementalPeak::IncrementalPeak(const StepProfile& p, const std::vector<Group>& groups, int64_t extra,
@@ -596,6 +623,9 @@ struct IncrementalPeak::OverlayState {
   void set(int k, State v) { self->over_set(k, v); }
 };
 
+// Pricing a change of group storage s, in steps: the changes priced without a window (none, a release
+// rejected unpriced, no backward step touching s, a release restored inside a cascade anyway), then the
+// backward window from the first step touching s (evaluate_window), the forward part last (with_forward).
 void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t stop_at, bool lazy) {
   e.storage = s;
   e.to = to;
@@ -603,173 +633,110 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
   e.shifted.clear();
   e.first = e.last = -1;
   e.valid = true;
-  const Decision from = decision_[s];
-  if (from == to) {
+  if (decision_[s] == to) {
     e.peak = peak();
     e.resident_delta = 0;
     return;
   }
-  const int64_t sign = to == Decision::Keep ? 1 : -1;
+  if (lazy && stop_at != kExact && to == Decision::Recompute && rejected_unpriced(s, stop_at, e)) return;
   const int64_t b = bytes_[s];
-  // Most releases a descent rejects change one backward step only, before the step where the committed
-  // plan reaches its peak: that step keeps its value, so the release cannot lower the peak. Found from
-  // the release's first step and the keys it restores there, before pricing anything.
-  if (lazy && stop_at != kExact && to == Decision::Recompute && nb_ > 0 && restored_by_producer_[s]) {
-    const int64_t top = backward_.max(0, nb_ - 1);
-    const auto touches = touches_[s];
-    if (top >= stop_at && !touches.empty() && peak_step() > touch_id(touches.front()) && only_step_differs(s)) {
-      e.peak = top;
-      e.resident_delta = -b;
-      e.valid = false;
-      return;
-    }
-  }
+  e.resident_delta = to == Decision::Keep ? b : -b;
   int64_t peak = 0;
-  // Forward: the group is resident after its last forward need only when kept. Priced last, and only
-  // where it can exceed what backward reaches: the committed forward peak (plus b for a keep) bounds it.
-  auto with_forward = [&](int64_t p) {
-    if (nn_ == 0) return p;
-    const int64_t whole = forward_.max(0, nn_ - 1);
-    if (whole + std::max<int64_t>(sign * b, 0) <= p) return p;
-    const int64_t a = forward_release_[s];
-    if (a >= static_cast<int64_t>(nn_) - 1) return std::max(p, whole);
-    return std::max({p, forward_.max(0, static_cast<size_t>(a)), forward_.max(static_cast<size_t>(a + 1), nn_ - 1) + sign * b});
-  };
-  e.resident_delta = sign * b;
-  // Stopped early: the peak is known to reach stop_at; what was computed is a lower bound.
-  auto stop = [&] {
-    e.peak = peak;
-    e.valid = false;
-  };
   if (nb_ == 0) {
-    e.peak = with_forward(peak);
+    e.peak = with_forward(s, e.resident_delta, peak);
     return;
   }
   const auto touches = touches_[s];
   if (touches.empty()) {
-    e.peak = with_forward(std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta));
+    e.peak = with_forward(s, e.resident_delta, std::max(peak, backward_.max(0, nb_ - 1) + e.resident_delta));
     return;
   }
   const int64_t first = touch_id(touches.front());
   e.first = first;
   if (first > 0) peak = std::max(peak, backward_.max(0, static_cast<size_t>(first - 1)) + e.resident_delta);
-  if (peak >= stop_at) return stop();
-  if (to == Decision::Recompute && touch_as_output(touches.front()) && restored_by_producer_[s]) {
-    // Released where the committed plan first consults it as the output of a node its step re-runs
-    // anyway (the rest of a re-run cascade): that re-run restores it, so the step runs the same nodes
-    // with the group's bytes missing until then, and the same bytes after (the committed run counted them
-    // twice there, resident and transient; this one once). The step is the committed one less `b`, its
-    // keys hold from there on as kept ones do, and nothing later changes: no re-simulation.
-    const auto ju = static_cast<size_t>(first);
-    if (e.used == e.steps.size()) e.steps.emplace_back();
-    StepResult& r = e.steps[e.used++];
-    r.step = first;
-    r.value = backward_.max(ju, ju) - b;
-    r.resident_at_start = resident_.at(ju) - b;
-    r.gain = step_gain_[ju];
-    r.adds_storage_keys = true;  // the lists are the committed step's, copied only if this is committed
-    peak = std::max(peak, r.value);
-    if (peak >= stop_at) return stop();
-    e.last = first;
-    if (ju + 1 < nb_) peak = std::max(peak, backward_.max(ju + 1, nb_ - 1));
-    e.peak = with_forward(peak);
-    return;
-  }
+  if (peak >= stop_at) return stop(e, peak);
+  if (to == Decision::Recompute && touch_as_output(touches.front()) && restored_by_producer_[s])
+    return price_restored_in_cascade(s, e, peak, stop_at);
+  evaluate_window(s, e, peak, stop_at, lazy);
+}
 
-  start_overlay(s, to == Decision::Keep ? State::Kept : State::Dropped);
+// Most releases a descent rejects change one backward step only, before the step where the committed
+// plan reaches its peak: that step keeps its value, so the release cannot lower the peak. Found from
+// the release's first step and the keys it restores there, before pricing anything.
+inline bool IncrementalPeak::rejected_unpriced(size_t s, int64_t stop_at, Evaluation& e) {
+  if (nb_ == 0 || !restored_by_producer_[s]) return false;
+  const int64_t top = backward_.max(0, nb_ - 1);
+  const auto touches = touches_[s];
+  if (top < stop_at || touches.empty() || peak_step() <= touch_id(touches.front()) || !only_step_differs(s)) return false;
+  e.peak = top;
+  e.resident_delta = -bytes_[s];
+  e.valid = false;
+  return true;
+}
+
+// Forward: the group is resident after its last forward need only when kept. Priced last, and only
+// where it can exceed what backward reaches: the committed forward peak (plus b for a keep) bounds it.
+inline int64_t IncrementalPeak::with_forward(size_t s, int64_t delta, int64_t p) const {
+  if (nn_ == 0) return p;
+  const int64_t whole = forward_.max(0, nn_ - 1);
+  if (whole + std::max<int64_t>(delta, 0) <= p) return p;
+  const int64_t a = forward_release_[s];
+  if (a >= static_cast<int64_t>(nn_) - 1) return std::max(p, whole);
+  return std::max({p, forward_.max(0, static_cast<size_t>(a)), forward_.max(static_cast<size_t>(a + 1), nn_ - 1) + delta});
+}
+
+// Released where the committed plan first consults it as the output of a node its step re-runs anyway
+// (the rest of a re-run cascade): that re-run restores it, so the step runs the same nodes with the
+// group's bytes missing until then, and the same bytes after (the committed run counted them twice
+// there, resident and transient; this one once). The step is the committed one less `b`, its keys hold
+// from there on as kept ones do, and nothing later changes: no re-simulation.
+inline void IncrementalPeak::price_restored_in_cascade(size_t s, Evaluation& e, int64_t peak, int64_t stop_at) {
+  const int64_t b = bytes_[s];
+  const auto ju = static_cast<size_t>(e.first);
+  StepResult& r = e.add_step();
+  r.step = e.first;
+  r.value = backward_.max(ju, ju) - b;
+  r.resident_at_start = resident_.at(ju) - b;
+  r.gain = step_gain_[ju];
+  r.adds_storage_keys = true;  // the lists are the committed step's, copied only if this is committed
+  peak = std::max(peak, r.value);
+  if (peak >= stop_at) return stop(e, peak);
+  e.last = e.first;
+  if (ju + 1 < nb_) peak = std::max(peak, backward_.max(ju + 1, nb_ - 1));
+  e.peak = with_forward(s, e.resident_delta, peak);
+}
+
+// The window: from e.first, each step that touches a key held differently is re-simulated
+// (resimulate_step); the steps up to the next such one run as the committed plan's, shifted by a constant
+// number of resident bytes (one range max); once every key is back in the committed plan's state the
+// committed peaks hold unchanged.
+// A release first consulted as an input at a step that re-runs many nodes: the step now also re-runs
+// the storage's producer and whatever that needs (the extension). Which keys it restores is found
+// without re-running the rest of the step (a node the committed step re-ran restores the same keys in
+// both runs), and with it every later step; only the step's own value needs the whole re-run. So the
+// later steps come first: when one of them (or the unchanged rest) reaches stop_at the release is
+// rejected without that value, else the evaluation runs again in full.
+inline void IncrementalPeak::evaluate_window(size_t s, Evaluation& e, int64_t peak, int64_t stop_at, bool lazy) {
+  const int64_t first = e.first;
+  start_overlay(s, e.to == Decision::Keep ? State::Kept : State::Dropped);
   OverlayState st{this, first};
   int64_t resident = resident_.at(static_cast<size_t>(first)) + e.resident_delta;
-  // A release first consulted as an input at a step that re-runs many nodes: the step now also re-runs
-  // the storage's producer and whatever that needs (the extension). Which keys it restores is found
-  // without re-running the rest of the step (a node the committed step re-ran restores the same keys in
-  // both runs), and with it every later step; only the step's own value needs the whole re-run. So the
-  // later steps come first: when one of them (or the unchanged rest) reaches stop_at the release is
-  // rejected without that value, else the evaluation runs again in full.
-  const bool extension = lazy && stop_at != kExact && to == Decision::Recompute && !touch_as_output(touches.front()) &&
-                         restored_by_producer_[s] && touched_at_.size(static_cast<size_t>(first)) >= kLongStep;
+  const bool extension = lazy && stop_at != kExact && e.to == Decision::Recompute &&
+                         !touch_as_output(touches_[s].front()) && restored_by_producer_[s] &&
+                         touched_at_.size(static_cast<size_t>(first)) >= kLongStep;
   int64_t j = first;
   for (;; ++j) {
     st.step = j;
     const auto ju = static_cast<size_t>(j);
-    if (extension && j == first) {
-      walk_extension(s, j);
-      // Resident at the next step's start: the committed one plus each storage the extension holds that
-      // the committed plan does not hold there (the released storage itself is held again in both).
-      resident = ju + 1 < nb_ ? resident_.at(ju + 1) : 0;
-      ++transient_stamp_;
-      for (int k : extension_) {
-        const int ks = keys_[static_cast<size_t>(k)].storage;
-        if (ks == static_cast<int>(s) || transient_epoch_[static_cast<size_t>(ks)] == transient_stamp_) continue;
-        transient_epoch_[static_cast<size_t>(ks)] = transient_stamp_;
-        bool held = false;
-        for (int other : storage_keys_[static_cast<size_t>(ks)])
-          held = held || (!in_overlay(other) && holding(base_state(other, j + 1)));
-        if (!held) resident += bytes_[static_cast<size_t>(ks)];
-      }
-      for (int k : released_at_[ju]) st.set(k, State::Released);
-    } else {
-      if (e.used == e.steps.size()) e.steps.emplace_back();
-      StepResult& r = e.steps[e.used++];
-      r.adds_storage_keys = false;
-      r.touched.clear();
-      r.restored.clear();
-      r.step = j;
-      r.resident_at_start = resident;
-      StepRun<OverlayState> run{nodes_, storage_keys_, keys_,
-                                bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
-                                st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
-      run.recompute_peak = resident;
-      const plan_detail::StepOther& other = other_[ju];
-      if (stop_at != kExact) run.stop_recompute_at = stop_at - other.start - extra_;
-      for (int k : saved_at_[ju]) {
-        run.touch(k);
-        if (!run.usable(k)) run.rerun(keys_[static_cast<size_t>(k)].producer);
-        if (run.stopped) break;
-      }
-      if (run.stopped) {
-        peak = std::max(peak, other.start + run.recompute_peak + extra_);
-        return stop();
-      }
-      r.value = std::max(other.start + run.recompute_peak, other.transient + resident + run.transient_bytes) + extra_;
-      r.gain = resident + run.transient_bytes - r.resident_at_start;
-      peak = std::max(peak, r.value);
-      if (peak >= stop_at) return stop();
-      for (int k : released_at_[ju]) {
-        const State was = st.get(k);
-        st.set(k, State::Released);
-        const int ks = keys_[static_cast<size_t>(k)].storage;
-        if (holding(was) && is_group_[static_cast<size_t>(ks)] && !run.held_without(k, ks)) resident -= bytes_[static_cast<size_t>(ks)];
-      }
-      // A key the committed plan restored here but this run did not stays dropped in this run.
-      for (int k : restored_at_[ju])
-        if (!in_overlay(k)) st.set(k, State::Dropped);
-    }
-    // Keys in the same state as the committed plan's from the next step on need no overlay. Steps before
-    // the next one that touches a differing key run as the committed plan's, shifted. Where the key is
-    // the only one of its storage and dropped in the committed plan at the next step, that is the step
-    // the plan restores it or releases it: a committed step touching such a storage restores the key.
-    size_t kept = 0;
-    int64_t next = static_cast<int64_t>(nb_);
-    for (int k : over_keys_) {
-      if (!in_overlay(k)) continue;
-      const State base = base_state(k, j + 1);
-      if (norm(overlay_state(k)) == norm(base)) {
-        leave_overlay(k);
-        continue;
-      }
-      over_keys_[kept++] = k;
-      const plan_detail::KeyRecord& key = keys_[static_cast<size_t>(k)];
-      if (key.storage < 0) next = std::min(next, j + 1);
-      else if (base == State::Dropped && sole_key_[static_cast<size_t>(k)]) next = std::min<int64_t>(next, std::min(key.restore, key.release));
-      else next = std::min(next, next_event(key.storage, j + 1));
-    }
-    over_keys_.resize(kept);
+    if (extension && j == first) resident = step_with_extension(s, j, st);
+    else if (resimulate_step(e, j, st, resident, peak, stop_at)) return stop(e, peak);
+    const int64_t next = settle_overlay(j);
     if (over_keys_.empty() || ju + 1 == nb_) break;
     if (next > j + 1) {
       const int64_t delta = resident - resident_.at(ju + 1);
       const int64_t to_step = next - 1;
       peak = std::max(peak, backward_.max(ju + 1, static_cast<size_t>(to_step)) + delta);
-      if (peak >= stop_at) return stop();
+      if (peak >= stop_at) return stop(e, peak);
       e.shifted.push_back({j + 1, to_step, delta});
       if (next == static_cast<int64_t>(nb_)) {
         j = to_step;
@@ -782,12 +749,96 @@ void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t sto
   e.last = j;
   if (static_cast<size_t>(j) + 1 < nb_) peak = std::max(peak, backward_.max(static_cast<size_t>(j + 1), nb_ - 1));
   if (extension) {
-    if (peak >= stop_at) return stop();
+    if (peak >= stop_at) return stop(e, peak);
     peak = std::max(peak, extended_step_bound(s, first));
-    if (peak >= stop_at) return stop();
-    return evaluate(s, to, e, stop_at, false);  // the extension's step decides: run it
+    if (peak >= stop_at) return stop(e, peak);
+    return evaluate(s, e.to, e, stop_at, false);  // the extension's step decides: run it
   }
-  e.peak = with_forward(peak);
+  e.peak = with_forward(s, e.resident_delta, peak);
+}
+
+inline bool IncrementalPeak::resimulate_step(Evaluation& e, int64_t j, OverlayState& st, int64_t& resident, int64_t& peak,
+                                      int64_t stop_at) {
+  const auto ju = static_cast<size_t>(j);
+  StepResult& r = e.add_step();
+  r.adds_storage_keys = false;
+  r.touched.clear();
+  r.restored.clear();
+  r.step = j;
+  r.resident_at_start = resident;
+  StepRun<OverlayState> run{nodes_, storage_keys_, keys_,
+                            bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
+                            st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
+  run.recompute_peak = resident;
+  const plan_detail::StepOther& other = other_[ju];
+  if (stop_at != kExact) run.stop_recompute_at = stop_at - other.start - extra_;
+  for (int k : saved_at_[ju]) {
+    run.touch(k);
+    if (!run.usable(k)) run.rerun(keys_[static_cast<size_t>(k)].producer);
+    if (run.stopped) break;
+  }
+  if (run.stopped) {
+    peak = std::max(peak, other.start + run.recompute_peak + extra_);
+    return true;
+  }
+  r.value = std::max(other.start + run.recompute_peak, other.transient + resident + run.transient_bytes) + extra_;
+  r.gain = resident + run.transient_bytes - r.resident_at_start;
+  peak = std::max(peak, r.value);
+  if (peak >= stop_at) return true;
+  for (int k : released_at_[ju]) {
+    const State was = st.get(k);
+    st.set(k, State::Released);
+    const int ks = keys_[static_cast<size_t>(k)].storage;
+    if (holding(was) && is_group_[static_cast<size_t>(ks)] && !run.held_without(k, ks)) resident -= bytes_[static_cast<size_t>(ks)];
+  }
+  // A key the committed plan restored here but this run did not stays dropped in this run.
+  for (int k : restored_at_[ju])
+    if (!in_overlay(k)) st.set(k, State::Dropped);
+  return false;
+}
+
+inline int64_t IncrementalPeak::step_with_extension(size_t s, int64_t j, OverlayState& st) {
+  const auto ju = static_cast<size_t>(j);
+  walk_extension(s, j);
+  // Resident at the next step's start: the committed one plus each storage the extension holds that
+  // the committed plan does not hold there (the released storage itself is held again in both).
+  int64_t resident = ju + 1 < nb_ ? resident_.at(ju + 1) : 0;
+  ++transient_stamp_;
+  for (int k : extension_) {
+    const int ks = keys_[static_cast<size_t>(k)].storage;
+    if (ks == static_cast<int>(s) || transient_epoch_[static_cast<size_t>(ks)] == transient_stamp_) continue;
+    transient_epoch_[static_cast<size_t>(ks)] = transient_stamp_;
+    bool held = false;
+    for (int other : storage_keys_[static_cast<size_t>(ks)])
+      held = held || (!in_overlay(other) && holding(base_state(other, j + 1)));
+    if (!held) resident += bytes_[static_cast<size_t>(ks)];
+  }
+  for (int k : released_at_[ju]) st.set(k, State::Released);
+  return resident;
+}
+
+// Keys in the same state as the committed plan's from the next step on need no overlay. Steps before
+// the next one that touches a differing key run as the committed plan's, shifted. Where the key is
+// the only one of its storage and dropped in the committed plan at the next step, that is the step
+// the plan restores it or releases it: a committed step touching such a storage restores the key.
+inline int64_t IncrementalPeak::settle_overlay(int64_t j) {
+  size_t kept = 0;
+  int64_t next = static_cast<int64_t>(nb_);
+  for (int k : over_keys_) {
+    if (!in_overlay(k)) continue;
+    const State base = base_state(k, j + 1);
+    if (norm(overlay_state(k)) == norm(base)) {
+      leave_overlay(k);
+      continue;
+    }
+    over_keys_[kept++] = k;
+    const plan_detail::KeyRecord& key = keys_[static_cast<size_t>(k)];
+    if (key.storage < 0) next = std::min(next, j + 1);
+    else if (base == State::Dropped && sole_key_[static_cast<size_t>(k)]) next = std::min<int64_t>(next, std::min(key.restore, key.release));
+    else next = std::min(next, next_event(key.storage, j + 1));
+  }
+  over_keys_.resize(kept);
+  return next;
 }
 
 // A lower bound of step j's value when storage s, first consulted at j as an input, is released and the

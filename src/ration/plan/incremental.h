@@ -231,7 +231,6 @@ class IncrementalPeak {
   int64_t peak_if(size_t g, Decision d, int64_t stop_at = kExact);
   // Make group `g` take decision `d`.
   void set(size_t g, Decision d);
-  Decision decision(size_t g) const { return decision_[storage_of_group_[g]]; }
 
   enum class State : uint8_t { Kept, Dropped, Restored, Released };
   // The committed plan's state of key `k` at the start of backward step `j`: it follows from the key's
@@ -300,14 +299,47 @@ class IncrementalPeak {
     };
     std::vector<Shift> shifted;
     bool valid = false;
+    // The next window step's result, reusing an earlier evaluation's (and its lists' buffers).
+    StepResult& add_step() {
+      if (used == steps.size()) steps.emplace_back();
+      return steps[used++];
+    }
   };
 
   bool dropped(int s) const { return decision_[static_cast<size_t>(s)] == Decision::Recompute; }
   void build();
+  struct OverlayState;  // StepRun's view of over_get / over_set
   // `stop_at`: see peak_if; an evaluation stopped early is left invalid (set() evaluates again).
   // `lazy`: a release first consulted as an input at a long re-run step may be rejected without that
   // step's value (see evaluate).
   void evaluate(size_t storage, Decision to, Evaluation& e, int64_t stop_at = kExact, bool lazy = true);
+  // evaluate's steps, inline (defined in incremental.cpp and used there only); the window and its step
+  // always, so that the compiler reads them as the one loop they were (called apart they cost 1.4% more
+  // instructions per evaluation). A release rejected before anything is priced (only_step_differs):
+  // true, `e` filled.
+  inline bool rejected_unpriced(size_t s, int64_t stop_at, Evaluation& e);
+  // A release first consulted as the output of a node its first step re-runs anyway: that step less
+  // its bytes, nothing later changes.
+  inline void price_restored_in_cascade(size_t s, Evaluation& e, int64_t peak, int64_t stop_at);
+  // The backward window from e.first on: re-simulated steps, shifted runs between them, then the rest.
+  [[gnu::always_inline]] inline void evaluate_window(size_t s, Evaluation& e, int64_t peak, int64_t stop_at, bool lazy);
+  // Step j of the window, re-simulated into e's next step result, `resident` and `peak` carried; true
+  // where the evaluation stops there (`peak` then holds what was reached).
+  [[gnu::always_inline]] inline bool resimulate_step(Evaluation& e, int64_t j, OverlayState& st, int64_t& resident,
+                                                     int64_t& peak, int64_t stop_at);
+  // A long step with a release's extension: the keys it restores and releases, without its value;
+  // returns the resident bytes at the next step's start.
+  inline int64_t step_with_extension(size_t s, int64_t j, OverlayState& st);
+  // After window step j: drops the overlay's keys back in the committed plan's state, and returns the
+  // next step that touches one still differing (nb_ when none).
+  inline int64_t settle_overlay(int64_t j);
+  // `p` with the forward part: s's bytes change by `delta` after its last forward need.
+  inline int64_t with_forward(size_t s, int64_t delta, int64_t p) const;
+  // Stopped early: the peak is known to reach stop_at; what was computed is a lower bound.
+  static void stop(Evaluation& e, int64_t peak) {
+    e.peak = peak;
+    e.valid = false;
+  }
   // The nodes a release adds to step j's re-runs (from `ord`, the released storage's producer): marks the
   // keys they restore beyond the committed step's as Restored in the overlay and lists them.
   void extend(int64_t ord, int64_t j, std::vector<int>& restored);
@@ -322,7 +354,6 @@ class IncrementalPeak {
   // Whether releasing group storage s (kept, restored by its producer) changes its first backward step
   // only (uses the overlay and extension_ as scratch).
   bool only_step_differs(size_t s);
-  struct OverlayState;  // StepRun's view of over_get / over_set
   // The overlay: per key one word (KeyRecord::over), the evaluation's stamp times 4 plus the key's state.
   bool in_overlay(int k) const { return keys_[static_cast<size_t>(k)].over >> 2 == over_stamp_; }
   State overlay_state(int k) const { return static_cast<State>(keys_[static_cast<size_t>(k)].over & 3); }  // in_overlay(k)
@@ -346,6 +377,14 @@ class IncrementalPeak {
   // descent starts from a copy of the all-kept peak) and by peaks built `like` another.
   struct Static {
     Static(std::shared_ptr<const PlanGraph> graph, const std::vector<Group>& groups, int64_t extra);
+    // The constructor's steps, in order.
+    std::vector<int> number_keys();                          // keys_; returns each graph value's key (-1)
+    // nodes_; returns each node's saved keys, counting each key's backward reads in `pending`.
+    Lists<int> build_node_records(const std::vector<int>& key_of, std::vector<int64_t>& pending);
+    void set_release_steps(const Lists<int>& node_saved, std::vector<int64_t>& pending);  // saved_at_, released_at_
+    void find_restored_by_producer();                        // sole_key_, restored_by_producer_
+    bool restores_follow_allocations() const;                // extension_bound_'s check
+    void measure_other();                                    // other_
     std::shared_ptr<const PlanGraph> graph_;
     const PlanGraph& g_;
     int64_t extra_;

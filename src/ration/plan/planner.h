@@ -1,12 +1,24 @@
-// planner.h — the budget planner: from a measured StepProfile and a device-memory budget, decide for every
-// saved group whether it is kept, recomputed or offloaded so that the predicted peak at every point of
-// forward and backward (recompute transients and copies included) fits the budget. The method is
-// described in docs/METHODS.md, "Keep / recompute / offload planning".
+// planner.h — the budget planner. What a newcomer needs:
+// - A plan (Plan below) gives every saved group (one saved storage) a Decision: Keep, Recompute (freed
+//   after forward, its producer re-run in backward) or Offload (copied out, fetched back before use),
+//   with the Prediction (peak bytes at every node boundary) showing that it fits the budget.
+// - make_plan (planner.cpp) runs: one measured StepProfile (profile.h) -> PlanGraph, the profile as flat
+//   arrays read once (graph.h) -> PlanContext, the groups, budget, floor and predictions every strategy
+//   shares (context.h) -> the strategy's decisions (strategies.cpp; chain.h for binomial chain schedules)
+//   -> the user's overrides (--keep-groups / --keep-bytes, planner.cpp) -> the final prediction.
+// - Predictions: simulator.h replays a whole step; incremental.h keeps a keep/recompute peak up to date as
+//   single groups change (the descents' thousands of tries), giving the simulator's numbers to the byte.
+// - Around it: report.h (JSON, table) and html.h print a plan; runtime/budget_policy.h executes it.
+//
+// From a measured StepProfile and a device-memory budget, decide for every saved group whether it is
+// kept, recomputed or offloaded so that the predicted peak at every point of forward and backward
+// (recompute transients and copies included) fits the budget. The method is described in
+// docs/METHODS.md, "Keep / recompute / offload planning".
 // Owns: the plan as data (groups, decisions, prediction), the strategy names, make_plan (strategy, user
 //       overrides, final prediction), the public simulator entry points. Does not own: executing the plan
 //       (budget_policy.h), the simulator's rules (plan/simulator.h), the strategies' bodies
 //       (plan/strategies.cpp over plan/context.h), the chain schedule (plan/chain.h), printing a plan
-//       (plan/report.h).
+//       (plan/report.h, plan/html.h).
 //
 // Terms: a group is one saved storage (views share their base's storage), owned by the node that
 // allocated it; a node set is the module a group's producer belongs to ("blocks.3", "conv1").

@@ -25,16 +25,24 @@ Simulator::Simulator(const PlanGraph& g, const std::vector<Decision>& decision, 
   transient_.assign(ns, 0);
 }
 
+// One step: forward (run_forward), the key states backward starts from (start_backward), every backward
+// step (run_backward), then where the peak is and the copy-in pool (finish).
 Prediction Simulator::run() {
   Prediction pred;
-  const size_t ns = g_.storages, nn = g_.nodes, nk = pending_.size();
-  const StepProfile& p = g_.profile;
-  // Where the peak is, named once at the end: (backward?, node ordinal) of the first node reaching it.
-  bool peak_backward = false;
-  int64_t peak_node = -1;
-  // ---- forward: measured peak minus saved storages the measured run held, plus what this plan holds.
-  // Events per node: storages allocated there (both runs hold them), dropped storages released after
-  // their last forward use (this plan only).
+  PeakAt at;
+  if (run_forward(pred, at)) return pred;
+  std::vector<int64_t> measured_holders(g_.storages, 0);
+  start_backward(measured_holders);
+  if (run_backward(pred, at, measured_holders)) return pred;
+  finish(pred, at);
+  return pred;
+}
+
+// Forward: measured peak minus saved storages the measured run held, plus what this plan holds. Events
+// per node: storages allocated there (both runs hold them), dropped storages released after their last
+// forward use (this plan only).
+inline bool Simulator::run_forward(Prediction& pred, PeakAt& at) {
+  const size_t ns = g_.storages, nn = g_.nodes;
   std::vector<int64_t> alloc_at(nn, 0), release_after(nn, 0);
   offloaded_bytes_ = 0;
   for (size_t s = 0; s < ns; ++s) {
@@ -55,21 +63,18 @@ Prediction Simulator::run() {
     planned_saved += alloc_at[k];
     const int64_t peak = g_.peak_bytes[k] - measured_saved + planned_saved + extra_;
     pred.forward_peaks.push_back(peak);
-    if (peak > pred.peak_bytes) {
-      pred.peak_bytes = peak;
-      peak_node = static_cast<int64_t>(k);
-      if (peak >= stop_at_) {
-        stopped_ = true;
-        return pred;
-      }
-    }
+    if (record_peak(pred, peak, /*backward=*/false, static_cast<int64_t>(k), at)) return true;
     planned_saved -= release_after[k];
   }
-  // ---- backward.
+  return false;
+}
+
+// Every saved value's state as backward starts, the holders of each storage (this plan's and, in
+// `measured_holders`, the measured run's), and the offloaded storages in the order prefetch fetches them.
+inline void Simulator::start_backward(std::vector<int64_t>& measured_holders) {
+  const size_t ns = g_.storages, nk = pending_.size();
   orig_holders_.assign(ns, 0);
   rec_holders_.assign(ns, 0);
-  std::vector<int> measured_pending = pending_;
-  std::vector<int64_t> measured_holders(ns, 0);
   resident_ = 0;
   state_.assign(nk, KeyState::Absent);
   first_key_.assign(ns, -1);
@@ -104,14 +109,18 @@ Prediction Simulator::run() {
   // Fetched at the first backward node whose ordinal is at most first use + prefetch distance: latest
   // such ordinal first, so that each step fetches a prefix of what is left (a step with a higher ordinal
   // than an earlier one finds its storages fetched already).
-  auto fetch_from = [&](int64_t st) { return first_use(st) + schedule_->prefetch[static_cast<size_t>(st)]; };
   std::sort(unfetched_.begin(), unfetched_.end(), [&](int64_t a, int64_t b) {
     return fetch_from(a) != fetch_from(b) ? fetch_from(a) > fetch_from(b) : a < b;
   });
+}
+
+inline bool Simulator::run_backward(Prediction& pred, PeakAt& at, std::vector<int64_t>& measured_holders) {
+  const StepProfile& p = g_.profile;
+  std::vector<int> measured_pending = pending_;
   size_t next_fetch = 0;
   // What the measured (keep-everything) run held: every saved storage until its last use.
   int64_t measured_resident = 0;
-  for (size_t s = 0; s < ns; ++s)
+  for (size_t s = 0; s < g_.storages; ++s)
     if (measured_holders[s] > 0) measured_resident += storages_[s].bytes;
   pred.backward_peaks.reserve(g_.steps);
   for (size_t j = 0; j < g_.steps; ++j) {
@@ -134,36 +143,36 @@ Prediction Simulator::run() {
     // own backward with rebuilt values held by the recompute cache.
     const int64_t peak = std::max(start_other + recompute_peak_, transient_other + resident_ + transient_bytes_) + extra_;
     pred.backward_peaks.push_back(peak);
-    if (peak > pred.peak_bytes) {
-      pred.peak_bytes = peak;
-      peak_backward = true;
-      peak_node = ord;
-      if (peak >= stop_at_) {
-        stopped_ = true;
-        return pred;
-      }
-    }
-    // Release after the node: pending uses of its saved keys.
-    for (const int id : saved) {
-      const auto k = static_cast<size_t>(id);
-      const int64_t s = key_storage_[k];
-      if (--measured_pending[k] == 0 && droppable(s) && --measured_holders[static_cast<size_t>(s)] == 0)
-        measured_resident -= storages_[static_cast<size_t>(s)].bytes;
-      if (--pending_[k] > 0) continue;
-      if (s < 0) continue;
-      if (droppable(s) && state_[k] == KeyState::Kept) hold(orig_holders_, s, -1);
-      if (droppable(s) && state_[k] == KeyState::Restored) hold(rec_holders_, s, -1);
-      state_[k] = KeyState::Released;
-    }
+    if (record_peak(pred, peak, /*backward=*/true, ord, at)) return true;
+    release_saved(saved, measured_pending, measured_holders, measured_resident);
   }
-  if (peak_node >= 0)
-    pred.peak_at = std::string(peak_backward ? "backward " : "forward ") + p.nodes[static_cast<size_t>(peak_node)].op + "#" +
-                   std::to_string(peak_node);
+  return false;
+}
+
+// Release after a backward node: pending uses of its saved keys, in this plan and in the measured run.
+inline void Simulator::release_saved(plan_detail::Lists<int>::Span saved, std::vector<int>& measured_pending,
+                              std::vector<int64_t>& measured_holders, int64_t& measured_resident) {
+  for (const int id : saved) {
+    const auto k = static_cast<size_t>(id);
+    const int64_t s = key_storage_[k];
+    if (--measured_pending[k] == 0 && droppable(s) && --measured_holders[static_cast<size_t>(s)] == 0)
+      measured_resident -= storages_[static_cast<size_t>(s)].bytes;
+    if (--pending_[k] > 0) continue;
+    if (s < 0) continue;
+    if (droppable(s) && state_[k] == KeyState::Kept) hold(orig_holders_, s, -1);
+    if (droppable(s) && state_[k] == KeyState::Restored) hold(rec_holders_, s, -1);
+    state_[k] = KeyState::Released;
+  }
+}
+
+inline void Simulator::finish(Prediction& pred, const PeakAt& at) const {
+  if (at.node >= 0)
+    pred.peak_at = std::string(at.backward ? "backward " : "forward ") + g_.profile.nodes[static_cast<size_t>(at.node)].op +
+                   "#" + std::to_string(at.node);
   for (const auto& [bytes, count] : pool_max_) {
     pred.copy_in_pool[bytes] = count;
     pred.copy_in_pool_bytes += bytes * count;
   }
-  return pred;
 }
 
 // An offloaded storage comes back whole (one buffer); each of its keys holds it until its last use.

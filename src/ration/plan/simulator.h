@@ -75,6 +75,30 @@ class Simulator {
     return schedule_ != nullptr && schedule_->copy_in == CopyInMemory::Pooled && offloaded(s);
   }
   void hold(std::vector<int64_t>& holders, int64_t s, int delta);
+  // run()'s steps. Where the peak is, named once at the end: the first node reaching it.
+  struct PeakAt {
+    bool backward = false;
+    int64_t node = -1;  // its ordinal; -1: none
+  };
+  // Each returns true where the run stopped (stop_at). Inline: defined in simulator.cpp and used there only.
+  inline bool run_forward(Prediction& pred, PeakAt& at);
+  inline void start_backward(std::vector<int64_t>& measured_holders);  // key states, holders, fetch order
+  inline bool run_backward(Prediction& pred, PeakAt& at, std::vector<int64_t>& measured_holders);
+  inline void release_saved(plan_detail::Lists<int>::Span saved, std::vector<int>& measured_pending,
+                            std::vector<int64_t>& measured_holders, int64_t& measured_resident);
+  inline void finish(Prediction& pred, const PeakAt& at) const;
+  // A step's peak `peak` at node `node`: recorded where it is the highest so far; true where it stops the run.
+  bool record_peak(Prediction& pred, int64_t peak, bool backward, int64_t node, PeakAt& at) {
+    if (peak <= pred.peak_bytes) return false;
+    pred.peak_bytes = peak;
+    at.backward = backward;
+    at.node = node;
+    if (peak < stop_at_) return false;
+    stopped_ = true;
+    return true;
+  }
+  // Offloaded storage s is fetched at the first backward node whose ordinal is at most this.
+  int64_t fetch_from(int64_t s) const { return first_use(s) + schedule_->prefetch[static_cast<size_t>(s)]; }
   bool usable(int k) const;  // k: a node output's id (leaves are always usable)
   void ensure(int k, Prediction& pred);
   bool transient(int64_t ord) const;
