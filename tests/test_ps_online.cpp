@@ -454,7 +454,7 @@ TEST(PsOnline, NonLoopbackNeedsTokenOrTlsAndWrongTokensAreRefusedAndCounted) {
   o.listen = "0.0.0.0:0";
   EXPECT_NE(testing::error_of([&] { OnlineServer s(o, sources_of(core)); }).find("is not a loopback address"),
             std::string::npos);
-  o.auth_token_file = dir.write("short", "abc\n");
+  o.auth_token_file = dir.write_secret("short", "abc\n");
   EXPECT_NE(testing::error_of([&] { OnlineServer s(o, sources_of(core)); }).find("at least 16 characters"),
             std::string::npos);
   o.auth_token_file.clear();
@@ -462,7 +462,7 @@ TEST(PsOnline, NonLoopbackNeedsTokenOrTlsAndWrongTokensAreRefusedAndCounted) {
   EXPECT_NE(testing::error_of([&] { OnlineServer s(o, sources_of(core)); }).find("--tls-cert and --tls-key must be given together"),
             std::string::npos);
   o.tls_cert.clear();
-  o.auth_token_file = dir.write("token", "online-token-0123456789\n");
+  o.auth_token_file = dir.write_secret("token", "online-token-0123456789\n");
   OnlineServer online(o, sources_of(core));
   online.sync_now();
   auto stub = online_stub("127.0.0.1:" + std::to_string(online.port()));

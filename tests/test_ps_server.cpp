@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "ration/base/check.h"
+#include "ration/base/net.h"
 #include "ration/ps/client.h"
 #include "ration/ps/server.h"
 #include "test_ps_util.h"
@@ -133,15 +134,39 @@ TEST(PsServer, NonLoopbackNeedsTokenOrTls) {
   o.listen = "0.0.0.0:0";
   EXPECT_NE(error_of([&] { PsServer s(o); }).find("is not a loopback address"), std::string::npos);
   TempDir dir("ps-token");
-  o.auth_token_file = dir.write("short", "abc\n");
+  o.auth_token_file = dir.write_secret("short", "abc\n");
   EXPECT_NE(error_of([&] { PsServer s(o); }).find("at least 16 characters"), std::string::npos);
+}
+
+// A token file others can read is refused, naming the file and its mode; the owner-only one is accepted.
+TEST(PsServer, TokenFileReadableByOthersIsRefused) {
+  TempDir dir("ps-token-mode");
+  const std::string shared = dir.write("token", "s3cret-token-0123456789\n");  // 0644 under the usual umask
+  std::filesystem::permissions(shared, std::filesystem::perms::group_read | std::filesystem::perms::others_read,
+                               std::filesystem::perm_options::add);
+  const std::string msg = error_of([&] { read_token_file(shared); });
+  EXPECT_NE(msg.find("readable or writable by other users (mode 644)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("chmod 600"), std::string::npos) << msg;
+  EXPECT_EQ(read_token_file(dir.write_secret("mine", "s3cret-token-0123456789\n")), "s3cret-token-0123456789");
+}
+
+// Loopback is decided by parsing the address, not by its first characters.
+TEST(PsServer, LoopbackIsAnAddressNotAPrefix) {
+  for (const char* yes : {"localhost", "127.0.0.1", "127.1.2.3", "::1", "[::1]", "::ffff:127.0.0.1"})
+    EXPECT_TRUE(is_loopback_host(yes)) << yes;
+  for (const char* no : {"127.evil.example", "127.0.0.1.evil.example", "0.0.0.0", "10.0.0.1", "::", "128.0.0.1",
+                         "::ffff:10.0.0.1", "", "localhost.example"})
+    EXPECT_FALSE(is_loopback_host(no)) << no;
+  ServeOptions o = serve(0, 1);
+  o.listen = "127.evil.example:0";
+  EXPECT_NE(error_of([&] { PsServer s(o); }).find("is not a loopback address"), std::string::npos);
 }
 
 TEST(PsServer, MissingOrWrongTokenIsRefusedAndCounted) {
   TempDir dir("ps-auth");
   ServeOptions o = serve(0, 1);
   o.listen = "0.0.0.0:0";  // all interfaces: allowed because a token is required
-  o.auth_token_file = dir.write("token", "s3cret-token-0123456789\n");
+  o.auth_token_file = dir.write_secret("token", "s3cret-token-0123456789\n");
   PsServer s(o);
   ClientOptions co = remote({ep(s)});
   {

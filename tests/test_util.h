@@ -28,6 +28,13 @@ struct TempDir {
     std::ofstream(path / name) << text;
     return (path / name).string();
   }
+  // The same, readable by its owner only (a token file).
+  std::string write_secret(const std::string& name, const std::string& text) const {
+    const std::string p = write(name, text);
+    std::filesystem::permissions(p, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write,
+                                 std::filesystem::perm_options::replace);
+    return p;
+  }
 };
 
 inline std::string read_file(const std::filesystem::path& p) {

@@ -137,6 +137,27 @@ void check_same_config(const World& world, const std::map<std::string, std::stri
                "train.threads, data.dir, data.files, train.checkpoint_dir, memory.* and offload.* may differ)");
 }
 
+void check_same_numbers(const World& world, const std::vector<std::pair<std::string, int64_t>>& named,
+                        const std::string& origin) {
+  if (world.size() <= 1 || named.empty()) return;
+  const auto n = static_cast<int64_t>(named.size());
+  at::Tensor mine = at::empty({n}, at::kLong);
+  for (int64_t i = 0; i < n; ++i) mine.data_ptr<int64_t>()[i] = named[static_cast<size_t>(i)].second;
+  const at::Tensor all = world.all_gather(mine).contiguous();  // (size * n)
+  const int64_t* v = all.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    std::ostringstream values, differing;
+    int count = 0;
+    for (int r = 0; r < world.size(); ++r) {
+      values << (r ? ", " : "") << "rank " << r << ": " << v[r * n + i];
+      if (v[r * n + i] != v[i]) differing << (count++ ? ", " : "") << r;
+    }
+    RATION_CHECK(count == 0, origin, ": every rank must run the same ", named[static_cast<size_t>(i)].first,
+                 ", but rank", count > 1 ? "s " : " ", differing.str(), " differ", count > 1 ? "" : "s",
+                 " from rank 0 (", values.str(), "); start every rank with the same command line");
+  }
+}
+
 void broadcast_from_rank0(const World& world, const std::vector<std::pair<std::string, Value>>& params,
                           const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
   if (world.size() <= 1) return;

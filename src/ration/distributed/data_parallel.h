@@ -68,6 +68,12 @@ uint64_t config_fingerprint(const std::map<std::string, std::string>& effective)
 void check_same_config(const World& world, const std::map<std::string, std::string>& effective,
                        const std::string& origin);
 
+// All-gathers named numbers every rank must agree on (the run's total steps, the step it starts from);
+// throws ration::Error naming the first that differs, every rank's value and the ranks that differ from
+// rank 0 (the same on every rank, so every rank stops before a collective could go out of step).
+void check_same_numbers(const World& world, const std::vector<std::pair<std::string, int64_t>>& named,
+                        const std::string& origin);
+
 // Every rank's parameters and buffers become rank 0's (in order; shapes must match).
 void broadcast_from_rank0(const World& world, const std::vector<std::pair<std::string, Value>>& params,
                           const std::vector<std::pair<std::string, at::Tensor>>& buffers);

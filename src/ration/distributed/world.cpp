@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ration/base/check.h"
+#include "ration/base/net.h"
 
 #ifdef RATION_CUDA
 #define USE_C10D_NCCL 1
@@ -98,7 +99,7 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const Env& env, const std
   }
   // All ranks on this host through loopback: bind loopback explicitly rather than trusting that the
   // host name resolves to a reachable address (it often does not in containers).
-  if (master && (*master == "localhost" || master->rfind("127.", 0) == 0)) {
+  if (master && is_loopback_host(*master)) {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();

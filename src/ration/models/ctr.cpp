@@ -46,6 +46,11 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
   o.client.tls_target_name = cfg.get_string("ps.tls_target_name", "");
   RATION_CHECK(o.client.tls_cert.empty() == o.client.tls_key.empty(), cfg.origin(),
                ": ps.tls_cert and ps.tls_key must be given together");
+  // TLS is on exactly when ps.tls_ca names the CA that verifies the servers: a client certificate without
+  // it would silently go out in plaintext.
+  RATION_CHECK(o.client.tls_cert.empty() || !o.client.tls_ca.empty(), cfg.origin(),
+               ": ps.tls_cert / ps.tls_key (this client's certificate) need ps.tls_ca (the CA file that verifies the "
+               "servers' certificates): without it the trainer would talk to the servers in plaintext");
   const std::string ckpt = cfg.has("train.checkpoint_dir") ? cfg.get_string("train.checkpoint_dir", "") : "";
   o.explicit_snapshot_dir = cfg.has("ps.snapshot_dir");
   o.client.snapshot_dir = cfg.get_string("ps.snapshot_dir", ckpt.empty() ? "" : ckpt + "/ps");

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
@@ -16,12 +17,9 @@
 
 #include "proto/ps.grpc.pb.h"
 #include "ration/base/check.h"
+#include "ration/base/net.h"
 
 namespace ration::ps {
-
-bool is_loopback_host(const std::string& host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
-}
 
 void split_host_port(const std::string& address, const std::string& where, std::string* host, int* port) {
   const size_t colon = address.rfind(':');
@@ -43,6 +41,11 @@ void split_host_port(const std::string& address, const std::string& where, std::
 std::string read_token_file(const std::string& path) {
   std::ifstream in(path);
   RATION_CHECK(in.good(), "--auth-token-file '", path, "' cannot be read");
+  // A secret others can read is no secret: refuse it, as ssh does a private key.
+  struct stat st {};
+  RATION_CHECK(::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) == 0, "--auth-token-file '", path,
+               "' is readable or writable by other users (mode ", std::oct, (st.st_mode & 0777), std::dec,
+               "); the token is a secret: chmod 600 '", path, "'");
   std::string token;
   std::getline(in, token);
   while (!token.empty() && (token.back() == '\r' || token.back() == ' ' || token.back() == '\t')) token.pop_back();

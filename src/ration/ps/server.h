@@ -45,8 +45,6 @@ struct ServeOptions {
   ServeSecurity security() const { return {auth_token_file, tls_cert, tls_key, tls_ca}; }
 };
 
-// True for 127.0.0.0/8, ::1 and "localhost".
-bool is_loopback_host(const std::string& host);
 // Splits "HOST:PORT" (or "[v6]:PORT"); errors name `where`.
 void split_host_port(const std::string& address, const std::string& where, std::string* host, int* port);
 // Reads a token file (first line, trimmed; at least 16 characters). Errors name the file.

@@ -172,6 +172,10 @@ class TrainingRun {
  private:
   nlohmann::json run() {
     resume();
+    // A rank with other steps or another resumed step would call a different number of collectives.
+    dist::check_same_numbers(world_, {{"total number of steps (--steps, --epochs, train.steps, train.epochs)", total_steps_},
+                                      {"first step (--resume)", step_}},
+                             setup_.config.origin());
     // Only rank 0 writes checkpoints, so only rank 0 locks and checks the directory.
     if (world_.rank() == 0) prepare_checkpoint_dir();
     // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
