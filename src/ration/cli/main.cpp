@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -272,6 +273,45 @@ int cmd_launch(int argc, char** argv) {
   return ration::dist::launch(o);
 }
 
+// The exit codes every command follows (README, "Exit codes"): 0 done; 1 a check failed (gradcheck over
+// its tolerance; launch: a rank failed); 2 bad input or a refused request (command-line errors included);
+// 3 a failure while running; 130 / 143 stopped by SIGINT / SIGTERM after saving.
+constexpr int kExitBadInput = 2;
+
+// Parses the command line; returns -1 to go on, else the exit code (0 after --help / --version). An
+// unknown command or an option before the command is named as such, not as a missing subcommand, and
+// every parse error exits kExitBadInput (CLI11's own codes are not ration's).
+int parse_command_line(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> commands;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) commands.push_back(sub->get_name());
+  commands.emplace_back("launch");
+  std::string list;
+  for (size_t i = 0; i < commands.size(); ++i) list += (i ? (i + 1 == commands.size() ? " or " : ", ") : "") + commands[i];
+  if (argc > 1) {
+    const std::string first = argv[1];
+    const bool option = !first.empty() && first[0] == '-';
+    const bool known = std::find(commands.begin(), commands.end(), first) != commands.end();
+    if (!known && !(option && (first == "-h" || first == "--help" || first == "--version"))) {
+      std::fprintf(stderr, "error: %s '%s'; expected a command: %s (ration --help lists them)\n",
+                   option ? "unknown option" : "unknown command", first.c_str(), list.c_str());
+      return kExitBadInput;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return kExitBadInput;
+  }
+  return -1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -286,6 +326,7 @@ int main(int argc, char** argv) {
   ration::memory::install_counting_allocator();
   CLI::App app{"ration: train neural networks inside a memory budget"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("ration ") + RATION_VERSION);
   app.footer("launch: ration launch -n N [...] -- train CONFIG.toml ... (ration launch --help)");
 
   ration::train::TrainOptions topt;
@@ -352,7 +393,7 @@ int main(int argc, char** argv) {
 
   auto ps_cmd = ration::cli::add_ps_command(app);
 
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = parse_command_line(app, argc, argv); rc >= 0) return rc;
   train_budget.apply(topt.overrides);
   gc_budget.apply(gc_overrides);
   plan_budget.apply(plan_overrides);
