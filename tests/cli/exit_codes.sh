@@ -27,5 +27,11 @@ expect 2 "File does not exist|does not exist" -- train /nonexistent.toml
 expect 2 "The following argument was not expected|not expected" -- plan "$src/configs/gpt.toml" --no-such-flag
 expect 2 "expected an integer >= 1 \(number of optimiser steps\)" -- train "$src/configs/mlp.toml" --steps 0
 expect 2 "below the feasible minimum" -- plan "$src/configs/gpt.toml" --memory-budget 1MiB
+expect 2 "--tol: expected a number > 0 and <= 1 \(relative error per parameter\), got '-1'" -- gradcheck "$src/configs/mlp.toml" --tol -1
+expect 2 "--tol: expected a number > 0 and <= 1 \(relative error per parameter\), got 'nan'" -- gradcheck "$src/configs/mlp.toml" --tol nan
+expect 2 "--seq-len: expected an integer >= 1 \(time steps\), got '0'" -- plan "$src/configs/tcn_lm.toml" --sequence --seq-len 0
+for mb in 0 inf nan; do
+  expect 2 "--trace-max-mb: expected a number > 0 and <= 1048576 \(MiB of trace\), got '$mb'" -- plan "$src/configs/gpt.toml" --memory-budget 60MiB --trace /tmp/ration-exit-codes-trace.json --trace-max-mb $mb
+done
 [ $fail = 0 ] && echo "all exit codes as documented"
 exit $fail

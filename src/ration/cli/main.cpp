@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "ration/cli/seq_commands.h"
+#include "ration/cli/validators.h"
 #include "ps_command.h"
 #include "train_views.h"
 #include "ration/base/check.h"
@@ -25,24 +26,7 @@
 
 namespace {
 
-// An integer flag of at least `min`; the error names the expected form ("--steps: expected an integer
-// >= 1 (number of optimiser steps), got '0'"), unlike CLI11's range message with 1.8e308 bounds.
-CLI::Validator integer_at_least(int64_t min, const std::string& meaning) {
-  return CLI::Validator(
-      [min, meaning](std::string& text) -> std::string {
-        const std::string expected = "expected an integer >= " + std::to_string(min) + " (" + meaning + "), got '" + text + "'";
-        size_t pos = 0;
-        long long value = 0;
-        try {
-          value = std::stoll(text, &pos);
-        } catch (const std::exception&) {
-          return expected;
-        }
-        if (pos != text.size() || value < min) return expected;
-        return "";
-      },
-      "INT>=" + std::to_string(min));
-}
+using ration::cli::integer_at_least;
 
 // Budget flags are config keys ([memory] section) set from the command line.
 struct BudgetFlags {
@@ -101,7 +85,7 @@ struct TraceFlags {
     cmd->add_option("--trace", path, "write a timeline of the run to FILE.json (Chrome Trace Event format: "
                                      "open in ui.perfetto.dev or chrome://tracing)");
     cmd->add_option("--trace-max-mb", max_mb, "bound on the trace file in MiB (default 256); a larger trace is an error")
-        ->check(CLI::PositiveNumber);
+        ->check(ration::cli::trace_megabytes());
   }
 };
 
@@ -359,7 +343,8 @@ int main(int argc, char** argv) {
   auto* gc = app.add_subcommand("gradcheck", "compare one step's gradients with libtorch autograd");
   gc->add_option("config", gc_config, "CONFIG.toml")->required()->check(CLI::ExistingFile);
   gc->add_option("--set", gc_overrides, "override a config key: section.key=value (repeatable)");
-  gc->add_option("--tol", gc_tol, "maximum relative error per parameter (default 1e-5)");
+  gc->add_option("--tol", gc_tol, "maximum relative error per parameter (default 1e-5)")
+      ->check(ration::cli::number_in(0, 1, "> 0 and <= 1", "relative error per parameter"));
   gc->add_option("--batch-size", gc_batch, "batch size for the check (default: train.batch_size)");
   gc->add_flag("--json", gc_json, "print JSON");
 

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "ration/base/check.h"
+#include "ration/cli/validators.h"
 #include "ration/base/allocator.h"
 #include "ration/seq/dependency.h"
 #include "ration/streaming/stream_executor.h"
@@ -46,7 +47,7 @@ nlohmann::json memory_json(const seq::StreamMemory& m) {
 void SequencePlanFlags::add_to(CLI::App* plan) {
   plan->add_flag("--sequence", sequence, "list every sequence layer with its temporal dependency (type 1/2/3), L, "
                                          "buffer length and bytes, streamed vs full-sequence totals");
-  plan->add_option("--seq-len", seq_len, "sequence length T for --sequence (default 4096)")->check(CLI::PositiveNumber);
+  plan->add_option("--seq-len", seq_len, "sequence length T for --sequence (default 4096)")->check(integer_at_least(1, "time steps"));
 }
 
 int cmd_plan_sequence(const std::string& config_path, const std::vector<std::string>& overrides, int64_t seq_len,

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "ration/base/check.h"
+#include "ration/cli/validators.h"
 #include "ration/base/allocator.h"
 #include "ration/runtime/step_runtime.h"
 
@@ -16,7 +17,7 @@ void TrainViewFlags::add_to(CLI::App* train) {
                                                   "two steps after the first)");
   train->add_option("--trace-max-mb", trace_max_mb, "bound on the trace in MiB (default 256): tracing stops there "
                                                     "and the command fails naming this flag")
-      ->check(CLI::PositiveNumber);
+      ->check(trace_megabytes());
   train->add_option("--html", html_path, "at the end, write the memory picture with a measured training step to "
                                          "FILE.html (needs --memory-budget)");
 }
