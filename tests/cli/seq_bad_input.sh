@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Bad input to the sequence commands is a clear error: `ration stream` with a checkpoint of another model
-# names both; --chunk 0 names the flag and the expected form; train.tbptt = 0 names the key.
+# names both; --chunk 0 names the flag and the expected form; train.tbptt = 0 names the key; --tokens above
+# the bound names it. And `generate` shows its text as it samples: bytes reach stdout long before a large
+# --tokens is done, and SIGINT stops it with exit 130 and a summary saying so.
 # Usage: seq_bad_input.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
 ration="$1/ration"; src="$2"
@@ -25,4 +27,18 @@ expect_error "train.tbptt must be a chunk length >= 1" \
   "$ration" train "$src/configs/lstm_lm.toml" --steps 1 --set train.tbptt=0 --set train.checkpoint_dir=
 expect_error "model.attention_window" \
   "$ration" train "$src/configs/gpt.toml" --steps 1 --set train.tbptt=16 --set train.checkpoint_dir=
+expect_error "--tokens: expected an integer from 0 to 10000000 (bytes to sample), got '1000000000'" \
+  "$ration" generate "$src/configs/tcn_lm.toml" --checkpoint "$dir/tcn" --prompt "The " --tokens 1000000000
+"$ration" generate "$src/configs/tcn_lm.toml" --checkpoint "$dir/tcn" --prompt "The " --tokens 10000000 >"$dir/gen" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do  # up to 60 s for the model to load and the first bytes past the prompt to show
+  [ "$(wc -c <"$dir/gen")" -gt 64 ] && break
+  sleep 0.1
+done
+[ "$(wc -c <"$dir/gen")" -gt 64 ] || { echo "FAIL: generate showed nothing while sampling"; kill -9 $pid; exit 1; }
+kill -INT $pid
+wait $pid; rc=$?
+[ $rc = 130 ] || { echo "FAIL: generate stopped by SIGINT exited $rc, want 130"; tail -c 300 "$dir/gen"; exit 1; }
+grep -q "stopped by SIGINT" "$dir/gen" || { echo "FAIL: no 'stopped by SIGINT' summary"; tail -c 300 "$dir/gen"; exit 1; }
+echo "ok: generate streams its text and stops on SIGINT (exit 130)"
 echo "all bad inputs rejected"

@@ -14,11 +14,15 @@
 #include "ration/streaming/stream_executor.h"
 #include "ration/runtime/budget.h"
 #include "ration/train/checkpoint.h"
+#include "ration/train/signals.h"
 #include "ration/train/trainer.h"
 
 namespace ration::cli {
 
 namespace {
+
+// The most bytes one `generate` samples (its text is also kept for the JSON output).
+constexpr int64_t kMaxGeneratedTokens = 10'000'000;
 // The config's model in eval mode, with every key of the config validated.
 train::Setup load_model(const std::string& config_path, const std::vector<std::string>& overrides) {
   train::Setup setup = train::build_setup(train::load_config(config_path, overrides));
@@ -77,7 +81,10 @@ void SequenceCommands::add_to(CLI::App& app) {
   }
   stream_->add_option("--input", input_, "text file to score")->required();
   generate_->add_option("--prompt", prompt_, "text to continue")->required();
-  generate_->add_option("--tokens", tokens_, "bytes to sample")->required();
+  generate_->add_option("--tokens", tokens_, "bytes to sample, at most 10,000,000 (shown as they are sampled; "
+                                            "SIGINT/SIGTERM stops and reports what was sampled)")
+      ->required()
+      ->check(integer_in(0, kMaxGeneratedTokens, "bytes to sample"));
   generate_->add_option("--temperature", temperature_, "sampling temperature (0 = argmax; default 0.8)");
   generate_->add_option("--seed", seed_, "sampling seed (default 0)");
 }
@@ -117,19 +124,33 @@ int SequenceCommands::generate() {
   train::Setup setup = load_model(config_, overrides_);
   seq::StreamExecutor executor(*setup.model, chunk_);  // first: a model that cannot stream fails before loading
   restore(*setup.model, checkpoint_, config_);
-  const seq::Generated g = seq::generate(executor, prompt_, tokens_, temperature_, seed_);
+  // The text goes out as it is sampled (without --json); a signal stops sampling and the summary says so.
+  const train::InterruptScope interrupt;
+  if (!json_) {
+    std::fputs(prompt_.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  const seq::Generated g = seq::generate(executor, prompt_, tokens_, temperature_, seed_, [&](char c) {
+    if (!json_) {
+      std::fputc(c, stdout);
+      std::fflush(stdout);
+    }
+    return train::InterruptScope::requested() == 0;
+  });
+  const int stopped_by = train::InterruptScope::requested();
   if (json_) {
     std::cout << nlohmann::json{{"model", setup.model->family()}, {"prompt", prompt_}, {"text", g.text},
-                                {"tokens", g.tokens}, {"seconds", g.seconds}, {"memory", memory_json(g.memory)}}
+                                {"tokens", g.tokens}, {"seconds", g.seconds}, {"memory", memory_json(g.memory)},
+                                {"interrupted", stopped_by != 0}}
                      .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";
   } else {
-    std::printf("%s%s\n", prompt_.c_str(), g.text.c_str());
-    std::printf("-- %lld bytes in %.2f s; memory: measured peak %s, ring buffers %s\n",
-                static_cast<long long>(g.tokens), g.seconds, memory::format_bytes(g.memory.peak_bytes).c_str(),
-                memory::format_bytes(g.memory.buffers_bytes).c_str());
+    std::printf("\n-- %lld bytes in %.2f s%s; memory: measured peak %s, ring buffers %s\n",
+                static_cast<long long>(g.tokens), g.seconds,
+                stopped_by ? (std::string(", stopped by ") + train::InterruptScope::name(stopped_by)).c_str() : "",
+                memory::format_bytes(g.memory.peak_bytes).c_str(), memory::format_bytes(g.memory.buffers_bytes).c_str());
   }
-  return 0;
+  return stopped_by ? train::InterruptScope::exit_status(stopped_by) : 0;
 }
 
 }  // namespace ration::cli

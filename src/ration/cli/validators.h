@@ -1,7 +1,7 @@
 // validators.h — the command line's checks of numeric flags: each error names the expected form and
 // what the number means ("--steps: expected an integer >= 1 (number of optimiser steps), got '0'"),
 // instead of CLI11's range messages with 1.8e308 bounds, and nan / inf are refused.
-// Owns: integer_at_least, number_in. Does not own: the flags themselves (main.cpp, seq_commands.cpp,
+// Owns: integer_at_least, integer_in, number_in. Does not own: the flags themselves (main.cpp, seq_commands.cpp,
 //       train_views.cpp).
 #pragma once
 #include <CLI/CLI.hpp>
@@ -28,6 +28,25 @@ inline CLI::Validator integer_at_least(int64_t min, const std::string& meaning) 
         return "";
       },
       "INT>=" + std::to_string(min));
+}
+
+// An integer flag in [min, max].
+inline CLI::Validator integer_in(int64_t min, int64_t max, const std::string& meaning) {
+  return CLI::Validator(
+      [min, max, meaning](std::string& text) -> std::string {
+        const std::string expected = "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) +
+                                     " (" + meaning + "), got '" + text + "'";
+        size_t pos = 0;
+        long long value = 0;
+        try {
+          value = std::stoll(text, &pos);
+        } catch (const std::exception&) {
+          return expected;
+        }
+        if (pos != text.size() || value < min || value > max) return expected;
+        return "";
+      },
+      "INT in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
 }
 
 // A finite number in (above, at_most]: `range` says it in words ("> 0 and <= 1048576").

@@ -89,7 +89,7 @@ StreamScore score_bytes(StreamExecutor& executor, std::istream& in, const std::s
 }
 
 Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t n_tokens, double temperature,
-                   uint64_t seed) {
+                   uint64_t seed, const std::function<bool(char)>& on_token) {
   NoGradGuard no_grad;
   RATION_CHECK(!prompt.empty(), "--prompt must not be empty (generation continues a text)");
   RATION_CHECK(n_tokens >= 0, "--tokens must be >= 0; got ", n_tokens);
@@ -112,9 +112,10 @@ Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t 
     else next = at::multinomial(at::softmax(last.to(at::kDouble).div(temperature), -1), 1, false, gen).reshape({1});
     const int64_t token = next.item<int64_t>();
     out.text.push_back(static_cast<char>(token));
-    last = executor.feed_chunk(Value(next.reshape({1, 1}).to(at::kLong))).tensor().select(1, 0);
+    ++out.tokens;
+    if (on_token && !on_token(static_cast<char>(token))) break;
+    if (i + 1 < n_tokens) last = executor.feed_chunk(Value(next.reshape({1, 1}).to(at::kLong))).tensor().select(1, 0);
   }
-  out.tokens = n_tokens;
   out.seconds = seconds_since(t0);
   out.memory.peak_bytes = memory::device_peak_bytes(memory::stats());
   out.memory.buffers_bytes = executor.buffers().bytes();

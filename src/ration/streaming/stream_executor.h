@@ -7,6 +7,7 @@
 //       (seq/dependency.h).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <istream>
 #include <memory>
 #include <string>
@@ -55,13 +56,14 @@ StreamScore score_bytes(StreamExecutor& executor, std::istream& in, const std::s
 
 struct Generated {
   std::string text;     // the sampled continuation (without the prompt)
-  int64_t tokens = 0;
+  int64_t tokens = 0;   // sampled (fewer than asked when `on_token` stopped it)
   double seconds = 0;
   StreamMemory memory;
 };
 // Feeds `prompt` then samples `n_tokens` bytes one step at a time (temperature 0: argmax), no grad.
+// `on_token`, if given, sees each byte as it is sampled (to show it at once) and returns false to stop.
 Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t n_tokens, double temperature,
-                   uint64_t seed);
+                   uint64_t seed, const std::function<bool(char)>& on_token = {});
 
 // The loss of steps [start, start + n) of inputs/targets (B, T), fed as the executor's next chunk: mean
 // cross entropy over the chunk's B n tokens times n / T, so that the chunks of one sequence sum to its
