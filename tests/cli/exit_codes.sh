@@ -27,6 +27,7 @@ expect 2 "File does not exist|does not exist" -- train /nonexistent.toml
 expect 2 "The following argument was not expected|not expected" -- plan "$src/configs/gpt.toml" --no-such-flag
 expect 2 "expected an integer >= 1 \(number of optimiser steps\)" -- train "$src/configs/mlp.toml" --steps 0
 expect 2 "below the feasible minimum" -- plan "$src/configs/gpt.toml" --memory-budget 1MiB
+expect 2 "memory budget 976.56 KiB is below the feasible minimum" -- plan "$src/configs/gpt.toml" --memory-budget 1e6
 expect 2 "--tol: expected a number > 0 and <= 1 \(relative error per parameter\), got '-1'" -- gradcheck "$src/configs/mlp.toml" --tol -1
 expect 2 "--tol: expected a number > 0 and <= 1 \(relative error per parameter\), got 'nan'" -- gradcheck "$src/configs/mlp.toml" --tol nan
 expect 2 "--seq-len: expected an integer >= 1 \(time steps\), got '0'" -- plan "$src/configs/tcn_lm.toml" --sequence --seq-len 0

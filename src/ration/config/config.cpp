@@ -238,6 +238,9 @@ int64_t Config::get_bytes(const std::string& key, int64_t def) {
   if (!v) return def;
   if (const auto* i = std::get_if<int64_t>(v)) return *i;
   if (const auto* s = std::get_if<std::string>(v)) return memory::parse_bytes(*s, origin_ + ": key '" + key + "'");
+  // A bare number in exponent form (TOML reads 1e6 as a float): a whole number of bytes is a size.
+  if (const auto* d = std::get_if<double>(v); d && std::isfinite(*d) && *d >= 0 && *d == std::floor(*d))
+    return memory::parse_bytes(std::to_string(static_cast<long double>(*d)), origin_ + ": key '" + key + "'");
   type_error(key, "a size such as 512MiB or 2GiB");
 }
 
