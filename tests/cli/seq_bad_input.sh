@@ -21,6 +21,8 @@ expect_error "does not hold a 'lstm_lm' model" \
   "$ration" stream "$src/configs/lstm_lm.toml" --checkpoint "$dir/tcn" --input "$src/configs/lstm_lm.toml"
 expect_error "does not hold a 'lstm_lm' model" \
   "$ration" generate "$src/configs/lstm_lm.toml" --checkpoint "$dir/tcn" --prompt "The " --tokens 4
+expect_error "is a directory; expected a text file to score" \
+  "$ration" stream "$src/configs/tcn_lm.toml" --checkpoint "$dir/tcn" --input "$src/configs"
 expect_error "--chunk must be >= 1; got 0" \
   "$ration" stream "$src/configs/tcn_lm.toml" --checkpoint "$dir/tcn" --input "$src/configs/tcn_lm.toml" --chunk 0
 expect_error "train.tbptt must be a chunk length >= 1" \

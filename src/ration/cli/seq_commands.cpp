@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -97,6 +98,7 @@ int SequenceCommands::run_selected() {
 
 int SequenceCommands::stream() {
   RATION_CHECK(chunk_ >= 1, "--chunk must be >= 1; got ", chunk_);
+  RATION_CHECK(!std::filesystem::is_directory(input_), "--input ", input_, ": is a directory; expected a text file to score");
   std::ifstream in(input_, std::ios::binary);
   RATION_CHECK(in.good(), "--input ", input_, ": cannot open the file for reading");
   train::Setup setup = load_model(config_, overrides_);
