@@ -12,20 +12,24 @@
 
 namespace ration::cli {
 
+// Reads `text` as a whole integer (nothing after it); false when it is not one.
+inline bool read_integer(const std::string& text, long long& value) {
+  size_t pos = 0;
+  try {
+    value = std::stoll(text, &pos);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return pos == text.size();
+}
+
 // An integer flag of at least `min`.
 inline CLI::Validator integer_at_least(int64_t min, const std::string& meaning) {
   return CLI::Validator(
       [min, meaning](std::string& text) -> std::string {
-        const std::string expected = "expected an integer >= " + std::to_string(min) + " (" + meaning + "), got '" + text + "'";
-        size_t pos = 0;
         long long value = 0;
-        try {
-          value = std::stoll(text, &pos);
-        } catch (const std::exception&) {
-          return expected;
-        }
-        if (pos != text.size() || value < min) return expected;
-        return "";
+        if (read_integer(text, value) && value >= min) return "";
+        return "expected an integer >= " + std::to_string(min) + " (" + meaning + "), got '" + text + "'";
       },
       "INT>=" + std::to_string(min));
 }
@@ -34,17 +38,10 @@ inline CLI::Validator integer_at_least(int64_t min, const std::string& meaning) 
 inline CLI::Validator integer_in(int64_t min, int64_t max, const std::string& meaning) {
   return CLI::Validator(
       [min, max, meaning](std::string& text) -> std::string {
-        const std::string expected = "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) +
-                                     " (" + meaning + "), got '" + text + "'";
-        size_t pos = 0;
         long long value = 0;
-        try {
-          value = std::stoll(text, &pos);
-        } catch (const std::exception&) {
-          return expected;
-        }
-        if (pos != text.size() || value < min || value > max) return expected;
-        return "";
+        if (read_integer(text, value) && value >= min && value <= max) return "";
+        return "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) + " (" + meaning +
+               "), got '" + text + "'";
       },
       "INT in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
 }
