@@ -34,5 +34,9 @@ expect 2 "--seq-len: expected an integer >= 1 \(time steps\), got '0'" -- plan "
 for mb in 0 inf nan; do
   expect 2 "--trace-max-mb: expected a number > 0 and <= 1048576 \(MiB of trace\), got '$mb'" -- plan "$src/configs/gpt.toml" --memory-budget 60MiB --trace /tmp/ration-exit-codes-trace.json --trace-max-mb $mb
 done
+for lr in 1e39 1e-320; do
+  expect 2 "optim.lr must be a number > 0 that float32 holds \(from 1.2e-38 to 3.4e\+38\)" -- train "$src/configs/mlp.toml" --steps 1 --set train.checkpoint_dir= --set optim.lr=$lr
+done
+expect 2 "train.keep_checkpoints must be >= 1 \(how many checkpoints to keep\), got 0" -- train "$src/configs/mlp.toml" --steps 1 --set train.checkpoint_dir= --set train.keep_checkpoints=0
 [ $fail = 0 ] && echo "all exit codes as documented"
 exit $fail

@@ -132,12 +132,15 @@ void Config::set_override(const std::string& assignment) {
       values_[key] = static_cast<int64_t>(i);
       return;
     }
-    const double d = std::stod(text, &pos);
-    if (pos == text.size()) {
-      values_[key] = d;
-      return;
-    }
   } catch (const std::exception&) {
+  }
+  // A number strtod reads whole, tiny ones included (std::stod refuses a subnormal such as 1e-320, which
+  // then read as a string); ranges are the keys' own checks.
+  char* end = nullptr;
+  const double d = std::strtod(text.c_str(), &end);
+  if (!text.empty() && end == text.c_str() + text.size() && std::isfinite(d)) {
+    values_[key] = d;
+    return;
   }
   values_[key] = text;
 }

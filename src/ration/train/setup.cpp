@@ -1,6 +1,7 @@
 #include "ration/train/setup.h"
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -116,7 +117,9 @@ RunSettings read_run_settings(Config& cfg) {
   RunSettings r;
   r.optimizer = cfg.get_choice("optim.name", r.optimizer, {"adamw", "sgd"});
   r.lr = cfg.get_double("optim.lr", r.lr);
-  RATION_CHECK(r.lr > 0, cfg.origin(), ": optim.lr must be > 0, got ", r.lr);
+  // The update runs in float32: a rate it cannot hold (overflow, or rounding to 0) is an input error.
+  RATION_CHECK(r.lr >= std::numeric_limits<float>::min() && r.lr <= std::numeric_limits<float>::max(), cfg.origin(),
+               ": optim.lr must be a number > 0 that float32 holds (from 1.2e-38 to 3.4e+38), got ", r.lr);
   const bool sgd = r.optimizer == "sgd";
   r.weight_decay = cfg.get_double("optim.weight_decay", sgd ? 0.0 : r.weight_decay);
   if (sgd) {
@@ -143,8 +146,10 @@ RunSettings read_run_settings(Config& cfg) {
   r.checkpoint_dir = cfg.get_string("train.checkpoint_dir", r.checkpoint_dir);
   r.checkpoint_every = cfg.get_int("train.checkpoint_every", r.checkpoint_every);
   r.keep_checkpoints = cfg.get_int("train.keep_checkpoints", r.keep_checkpoints);
-  RATION_CHECK(r.epochs > 0 && r.steps >= 0 && r.keep_checkpoints >= 1, cfg.origin(),
-               ": train.epochs must be >= 1, train.steps >= 0 (0: use epochs), train.keep_checkpoints >= 1");
+  RATION_CHECK(r.epochs > 0, cfg.origin(), ": train.epochs must be >= 1, got ", r.epochs);
+  RATION_CHECK(r.steps >= 0, cfg.origin(), ": train.steps must be >= 0 (0: use train.epochs), got ", r.steps);
+  RATION_CHECK(r.keep_checkpoints >= 1, cfg.origin(), ": train.keep_checkpoints must be >= 1 (how many checkpoints ",
+               "to keep), got ", r.keep_checkpoints);
   RATION_CHECK(r.eval_every >= 0, cfg.origin(), ": train.eval_every must be >= 0 (0: at each epoch's end), got ",
                r.eval_every);
   RATION_CHECK(r.eval_batches >= 0, cfg.origin(), ": train.eval_batches must be >= 0 (0: the whole set), got ",
