@@ -5,6 +5,7 @@
 // connect); `ration ps serve` exits cleanly on SIGTERM and restores its snapshot on restart.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -94,6 +95,11 @@ TEST(PsServer, BadRequestsGetClearErrors) {
   std::vector<float> g(3 * 8, 0.f);
   std::vector<uint64_t> uids = {1, 2, 3};
   EXPECT_NE(error_of([&] { c.push("user", uids.data(), 3, g.data(), 8, 0); }).find("dims differ"), std::string::npos);
+  std::vector<float> nan_grad(3 * 4, 0.5f);
+  nan_grad[4 + 2] = std::nanf("");  // id 2, element 2
+  const std::string nan_msg = error_of([&] { c.push("user", uids.data(), 3, nan_grad.data(), 4, 0); });
+  EXPECT_NE(nan_msg.find("the gradient of id 2 holds nan (element 2); non-finite gradients are refused"), std::string::npos)
+      << nan_msg;
   std::vector<int64_t> many(500);
   for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i);
   const std::string too_many = error_of([&] { c.pull("user", many.data(), 500); });

@@ -1,6 +1,7 @@
 // shard.cpp — ShardCore: validation, the store, counters, snapshots (see shard.h).
 #include "ration/ps/shard.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "ration/base/check.h"
@@ -155,6 +156,14 @@ grpc::Status ShardCore::push(const wire::PushRequest& req, wire::PushResponse* r
     std::memcpy(aligned.data(), bytes, aligned.size() * 4);
     grads = aligned.data();
   }
+  // A non-finite gradient would poison the row's value and optimiser state for good: refuse the push
+  // whole, naming the first id that carries one (the trainer's loss check names the step).
+  for (int64_t k = 0; k < n * dim; ++k)
+    if (!std::isfinite(grads[k]))
+      return reject(grpc::StatusCode::INVALID_ARGUMENT,
+                    "Push to table '" + req.table() + "': the gradient of id " + std::to_string(req.ids(static_cast<int>(k / dim))) +
+                        " holds " + std::to_string(grads[k]) + " (element " + std::to_string(k % dim) +
+                        "); non-finite gradients are refused and nothing of this push was applied");
   t->push(reinterpret_cast<const uint64_t*>(req.ids().data()), n, grads, req.step());
   resp->set_rows(n);
   ++pushes_;
