@@ -14,9 +14,11 @@
 #include "ration/base/check.h"
 #include "ration/ps/snapshot.h"
 #include "ration/ps/store.h"
+#include "test_util.h"
 
 namespace ration::ps {
 namespace {
+using ration::testing::error_of;
 
 TableOptions opts(const std::string& name, int64_t dim, OptimizerKind kind, float lr = 0.1f, uint64_t seed = 7) {
   TableOptions o;
@@ -403,7 +405,14 @@ TEST(PsStore, SnapshotRoundTripAndMalformedSnapshotIsRefused) {
   }
   r.table("user").pull(ids.data(), 4, got.data());
   EXPECT_EQ(got, vals);
+  // Versions on disk without LATEST: refused naming them (starting empty would overwrite v10 with nothing).
+  write_snapshot(s, dir, 11);
+  std::filesystem::remove(dir + "/LATEST");
+  const std::string msg = error_of([&] { latest_snapshot_version(dir); });
+  EXPECT_NE(msg.find("holds v10, v11 but no LATEST file"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("echo 11 > " + dir + "/LATEST"), std::string::npos) << msg;
   std::filesystem::remove_all(dir);
+  EXPECT_EQ(latest_snapshot_version(dir), -1);  // no directory yet: a fresh start
 }
 
 }  // namespace

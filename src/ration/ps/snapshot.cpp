@@ -237,7 +237,27 @@ SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_
 
 int64_t latest_snapshot_version(const std::string& dir) {
   std::ifstream in(fs::path(dir) / "LATEST");
-  if (!in) return -1;
+  if (!in) {
+    // No LATEST but versions on disk: starting empty would let the next snapshot overwrite them with an
+    // empty table. Which of them is complete only LATEST says, so refuse rather than guess.
+    std::vector<std::string> versions;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_directory() && name.size() > 1 && name[0] == 'v' &&
+          name.find_first_not_of("0123456789", 1) == std::string::npos)
+        versions.push_back(name);
+    }
+    std::sort(versions.begin(), versions.end(),
+              [](const std::string& a, const std::string& b) { return std::stoll(a.substr(1)) < std::stoll(b.substr(1)); });
+    std::string list;
+    for (const std::string& v : versions) list += (list.empty() ? "" : ", ") + v;
+    RATION_CHECK(versions.empty(), "snapshot directory '", dir, "' holds ", list, " but no LATEST file (it names the newest ",
+                 "complete version): to restore one, write its number into LATEST (e.g. echo ",
+                 versions.back().substr(1), " > ", (fs::path(dir) / "LATEST").string(),
+                 "); to start empty, use an empty directory");
+    return -1;
+  }
   int64_t v = -1;
   in >> v;
   RATION_CHECK(!in.fail() && v >= 0, "snapshot directory '", dir, "': LATEST is malformed (expected a version number)");
