@@ -38,5 +38,7 @@ for lr in 1e39 1e-320; do
   expect 2 "optim.lr must be a number > 0 that float32 holds \(from 1.2e-38 to 3.4e\+38\)" -- train "$src/configs/mlp.toml" --steps 1 --set train.checkpoint_dir= --set optim.lr=$lr
 done
 expect 2 "train.keep_checkpoints must be >= 1 \(how many checkpoints to keep\), got 0" -- train "$src/configs/mlp.toml" --steps 1 --set train.checkpoint_dir= --set train.keep_checkpoints=0
+# An unwritable --report is named before the first step (the run would otherwise train, then lose it).
+expect 2 "--report /proc/ration-no-such/report.json: cannot be written .*checked before training" -- train "$src/configs/mlp.toml" --steps 50000 --set train.checkpoint_dir= --report /proc/ration-no-such/report.json
 [ $fail = 0 ] && echo "all exit codes as documented"
 exit $fail

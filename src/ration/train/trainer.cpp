@@ -177,7 +177,10 @@ class TrainingRun {
                                       {"first step (--resume)", step_}},
                              setup_.config.origin());
     // Only rank 0 writes checkpoints, so only rank 0 locks and checks the directory.
-    if (world_.rank() == 0) prepare_checkpoint_dir();
+    if (world_.rank() == 0) {
+      prepare_checkpoint_dir();
+      check_report_path();
+    }
     // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
     const InterruptScope interrupt;
     // Data parallel: every rank starts from rank 0's parameters (fresh or resumed).
@@ -491,6 +494,21 @@ class TrainingRun {
     report["dist"] = sync_->report();
     if (sync_->active()) report["memory"]["dist_bucket_bytes"] = sync_->bucket_bytes();
     return report;
+  }
+
+  // --report is checked before the first step (its folder made, a file written there and removed), so a
+  // path that cannot be written is named before training rather than after it.
+  void check_report_path() {
+    if (options_.report_path.empty()) return;
+    const std::filesystem::path p(options_.report_path);
+    std::error_code ec;
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+    RATION_CHECK(!std::filesystem::is_directory(p), "--report ", options_.report_path, ": is a directory; expected a file path");
+    const std::string probe = options_.report_path + ".tmp";
+    const bool writable = static_cast<bool>(std::ofstream(probe));
+    std::filesystem::remove(probe, ec);
+    RATION_CHECK(writable, "--report ", options_.report_path, ": cannot be written (is its folder writable, the ",
+                 "path valid?); checked before training so that no run's result is lost");
   }
 
   // `checkpoint_error`: the final save's failure, named too if the report cannot be written either.
