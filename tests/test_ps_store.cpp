@@ -11,6 +11,9 @@
 #include <fstream>
 #include <thread>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "ration/base/check.h"
 #include "ration/ps/snapshot.h"
 #include "ration/ps/store.h"
@@ -413,6 +416,22 @@ TEST(PsStore, SnapshotRoundTripAndMalformedSnapshotIsRefused) {
   EXPECT_NE(msg.find("echo 11 > " + dir + "/LATEST"), std::string::npos) << msg;
   std::filesystem::remove_all(dir);
   EXPECT_EQ(latest_snapshot_version(dir), -1);  // no directory yet: a fresh start
+  // A killed writer's leftover is removed by the next snapshot; a live writer's is left alone.
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string leftover = dir + "/v3.tmp-" + std::to_string(dead), live = dir + "/v4.tmp-1";
+  std::filesystem::create_directories(leftover);
+  std::filesystem::create_directories(live);
+  write_snapshot(s, dir, 12);
+  EXPECT_FALSE(std::filesystem::exists(leftover));
+  EXPECT_TRUE(std::filesystem::exists(live));  // pid 1 runs
+  std::filesystem::remove_all(dir);
+  // A snapshot directory that is a file is named as such, before anything is read or written.
+  std::ofstream(dir) << "not a directory";
+  EXPECT_NE(error_of([&] { latest_snapshot_version(dir); }).find("is a file; expected a directory"), std::string::npos);
+  EXPECT_NE(error_of([&] { write_snapshot(s, dir, 13); }).find("is a file; expected a directory"), std::string::npos);
+  std::filesystem::remove(dir);
 }
 
 }  // namespace

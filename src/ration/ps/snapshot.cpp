@@ -7,6 +7,8 @@
 // before disabled ids were saved has neither key and restores with none disabled.
 #include "ration/ps/snapshot.h"
 
+#include <cerrno>
+#include <csignal>
 #include <fcntl.h>
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
@@ -74,16 +76,34 @@ struct PackedInfo {
   float score;
 };
 
+// A killed writer leaves its "vN.tmp-PID" behind (only a rename names a version): remove those of
+// processes that no longer run (a live one may be writing right now).
+void remove_dead_writers_leftovers(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t tag = name.find(".tmp-");
+    if (name.empty() || name[0] != 'v' || tag == std::string::npos) continue;
+    const std::string pid_text = name.substr(tag + 5);
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stoll(pid_text));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno == EPERM) continue;  // alive (or not ours to judge)
+    fs::remove_all(e.path(), ec);
+  }
+}
+
 }  // namespace
 
 SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir, int64_t version, int keep) {
   RATION_CHECK(version >= 0, "snapshot version must be >= 0; got ", version);
   std::error_code ec;
+  RATION_CHECK(!fs::exists(dir) || fs::is_directory(dir), "snapshot directory '", dir, "' is a file; expected a directory");
   fs::create_directories(dir, ec);
   RATION_CHECK(!ec, "snapshot directory '", dir, "' cannot be created: ", ec.message());
   const std::string final_path = version_dir(dir, version);
   const std::string tmp = final_path + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
+  remove_dead_writers_leftovers(dir);
 
   SnapshotInfo info{final_path, 0, 0};
   {
@@ -236,6 +256,7 @@ SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_
 }
 
 int64_t latest_snapshot_version(const std::string& dir) {
+  RATION_CHECK(!fs::exists(dir) || fs::is_directory(dir), "snapshot directory '", dir, "' is a file; expected a directory");
   std::ifstream in(fs::path(dir) / "LATEST");
   if (!in) {
     // No LATEST but versions on disk: starting empty would let the next snapshot overwrite them with an
