@@ -40,5 +40,6 @@ done
 expect 2 "train.keep_checkpoints must be >= 1 \(how many checkpoints to keep\), got 0" -- train "$src/configs/mlp.toml" --steps 1 --set train.checkpoint_dir= --set train.keep_checkpoints=0
 # An unwritable --report is named before the first step (the run would otherwise train, then lose it).
 expect 2 "--report /proc/ration-no-such/report.json: cannot be written .*checked before training" -- train "$src/configs/mlp.toml" --steps 50000 --set train.checkpoint_dir= --report /proc/ration-no-such/report.json
+expect 2 "ration launch: -n 1000 is more ranks than this machine runs \(at most [0-9]+: 4 per core, one per 256 MiB of memory\); pass --oversubscribe" -- launch -n 1000 -- train "$src/configs/mlp.toml"
 [ $fail = 0 ] && echo "all exit codes as documented"
 exit $fail

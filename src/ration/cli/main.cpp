@@ -212,11 +212,12 @@ int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>
 }
 
 const char* const kLaunchUsage =
-    "usage: ration launch -n N [--master-addr A] [--master-port P] [--nnodes M --node-rank R] [--grace S] "
+    "usage: ration launch -n N [--master-addr A] [--master-port P] [--nnodes M --node-rank R] [--grace S] [--oversubscribe] "
     "-- train CONFIG.toml [train flags...]\n"
     "  starts N ranks of this node with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set as torchrun "
     "does;\n  --master-port 0 picks a free port (one node); defaults 127.0.0.1:29500, --grace 15 (seconds the "
-    "others get\n  to stop after one rank fails, before SIGTERM)\n";
+    "others get\n  to stop after one rank fails, before SIGTERM); -n is bounded by the machine (4 ranks per core, one "
+    "per 256 MiB)\n  unless --oversubscribe\n";
 
 // `ration launch ... -- COMMAND...`: parsed by hand so that everything after `--` reaches the ranks as is.
 int cmd_launch(int argc, char** argv) {
@@ -242,6 +243,10 @@ int cmd_launch(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       std::cout << kLaunchUsage;
       return 0;
+    }
+    if (a == "--oversubscribe") {
+      o.oversubscribe = true;
+      continue;
     }
     RATION_CHECK(i + 1 < argc, "ration launch: unknown or incomplete argument '", a, "'\n", kLaunchUsage);
     const std::string v = argv[++i];

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -132,8 +133,18 @@ void signal_running(std::vector<Rank>& ranks, int sig) {
 
 }  // namespace
 
+int max_ranks_per_node() {
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const long by_memory = pages > 0 && page > 0 ? static_cast<long>((static_cast<double>(pages) * page) / (256.0 * 1024 * 1024)) : 4 * cores;
+  return static_cast<int>(std::max(1L, std::min(4 * cores, by_memory)));
+}
+
 int launch(const LaunchOptions& o) {
   RATION_CHECK(o.nproc_per_node >= 1, "ration launch: -n must be an integer >= 1, got ", o.nproc_per_node);
+  RATION_CHECK(o.oversubscribe || o.nproc_per_node <= max_ranks_per_node(), "ration launch: -n ", o.nproc_per_node,
+               " is more ranks than this machine runs (at most ", max_ranks_per_node(),
+               ": 4 per core, one per 256 MiB of memory); pass --oversubscribe to start them anyway");
   RATION_CHECK(o.nnodes >= 1, "ration launch: --nnodes must be an integer >= 1, got ", o.nnodes);
   RATION_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "ration launch: --node-rank must be in [0, --nnodes) = [0, ",
                o.nnodes, "), got ", o.node_rank);
@@ -163,10 +174,12 @@ int launch(const LaunchOptions& o) {
   ::sigaction(SIGTERM, &sa, &old_term);
 
   std::vector<Rank> ranks(static_cast<size_t>(o.nproc_per_node));
-  for (int i = 0; i < o.nproc_per_node; ++i) {
-    ranks[static_cast<size_t>(i)].rank = o.node_rank * o.nproc_per_node + i;
-    spawn(ranks[static_cast<size_t>(i)], o, world_size, port, program);
+  int started = 0;
+  for (; started < o.nproc_per_node && !g_pending_signal; ++started) {  // a signal stops the starting
+    ranks[static_cast<size_t>(started)].rank = o.node_rank * o.nproc_per_node + started;
+    spawn(ranks[static_cast<size_t>(started)], o, world_size, port, program);
   }
+  ranks.resize(static_cast<size_t>(started));
 
   std::optional<size_t> first_failure;
   int forwarded = 0;

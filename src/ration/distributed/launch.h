@@ -21,11 +21,17 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;           // 0: pick a free port (one node only)
   double grace_s = 15;               // after the first failure, before SIGTERM to the rest
+  // Without it, -n may not exceed what this machine can run (max_ranks_per_node): a typo such as -n 1000
+  // would otherwise fork until memory runs out.
+  bool oversubscribe = false;
   std::string program;               // executable for every rank (default: this executable)
   std::vector<std::string> command;  // its arguments, e.g. {"train", "configs/cnn.toml"}
 };
 
+// The most ranks this machine runs without --oversubscribe: 4 per core, and one per 256 MiB of memory.
+int max_ranks_per_node();
 // Validates `options` (throws ration::Error naming the flag) and runs the job; returns the exit status.
+// A SIGINT / SIGTERM while the ranks are being started stops the starting: the ranks started get it.
 int launch(const LaunchOptions& options);
 
 }  // namespace ration::dist
