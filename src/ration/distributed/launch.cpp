@@ -140,7 +140,8 @@ int max_ranks_per_node() {
   return static_cast<int>(std::max(1L, std::min(4 * cores, by_memory)));
 }
 
-int launch(const LaunchOptions& o) {
+// Every flag against its rule (errors name the flag).
+static void check_options(const LaunchOptions& o) {
   RATION_CHECK(o.nproc_per_node >= 1, "ration launch: -n must be an integer >= 1, got ", o.nproc_per_node);
   RATION_CHECK(o.oversubscribe || o.nproc_per_node <= max_ranks_per_node(), "ration launch: -n ", o.nproc_per_node,
                " is more ranks than this machine runs (at most ", max_ranks_per_node(),
@@ -156,6 +157,10 @@ int launch(const LaunchOptions& o) {
                " every node must be given the same port");
   RATION_CHECK(!o.command.empty(), "ration launch: nothing to run; usage: ration launch -n N -- train CONFIG.toml ...");
   RATION_CHECK(o.grace_s >= 0, "ration launch: --grace must be >= 0 seconds, got ", o.grace_s);
+}
+
+int launch(const LaunchOptions& o) {
+  check_options(o);
   std::string program = o.program;
   if (program.empty()) {
     char buf[PATH_MAX];
