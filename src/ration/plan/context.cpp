@@ -382,11 +382,21 @@ std::optional<Choice> PlanContext::reach_budget_by_memory_order() const {
   return std::nullopt;
 }
 
+void PlanContext::keep_back(IncrementalPeak& inc, std::vector<Decision>& d, const std::vector<size_t>& order) const {
+  // Only "over the budget or not" matters: evaluations may stop once they pass it.
+  const int64_t over = budget() == IncrementalPeak::kExact ? IncrementalPeak::kExact : budget() + 1;
+  for (size_t r = order.size(); r-- > 0;) {
+    const size_t i = order[r];
+    if (d[i] == Decision::Keep || inc.peak_if(i, Decision::Keep, over) > budget()) continue;
+    inc.set(i, Decision::Keep);
+    d[i] = Decision::Keep;
+  }
+}
+
 const std::optional<Choice>& PlanContext::stable_plan() {
   if (stable_plan_known_) return stable_plan_;
   stable_plan_known_ = true;
   if (unconstrained_peak_ <= budget()) return stable_plan_ = all_kept();
-  const int64_t over = budget() + 1;  // only "over the budget or not" matters
   for (size_t o = 0; o < memory_orders_.size(); ++o) {
     const std::vector<size_t>& order = memory_orders_[o];
     std::vector<Decision> d = all_kept().decisions;
@@ -404,12 +414,7 @@ const std::optional<Choice>& PlanContext::stable_plan() {
     } else if (descend_by_recompute(d, budget(), order, inc) > budget()) {
       continue;
     }
-    for (size_t r = order.size(); r-- > 0;) {
-      const size_t i = order[r];
-      if (d[i] == Decision::Keep || inc->peak_if(i, Decision::Keep, over) > budget()) continue;
-      inc->set(i, Decision::Keep);
-      d[i] = Decision::Keep;
-    }
+    keep_back(*inc, d, order);
     Choice c;
     c.decisions = std::move(d);
     return stable_plan_ = std::move(c);

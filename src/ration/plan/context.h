@@ -104,6 +104,9 @@ class PlanContext {
   // decided from it, so a plan command accepts or refuses the same request on every run (docs/METHODS.md,
   // "Keep / recompute / offload planning").
   const std::optional<Choice>& stable_plan();
+  // Keeps back released groups where the plan still fits, latest in `order` first (`inc` holds `decisions`
+  // and follows every group kept back).
+  void keep_back(IncrementalPeak& inc, std::vector<Decision>& decisions, const std::vector<size_t>& order) const;
   // Memory orders (never measured time): fewest re-run nodes per byte first; largest first.
   const std::vector<std::vector<size_t>>& memory_orders() const { return memory_orders_; }
   // Throws the "below the feasible minimum" error when the budget is under minimum_peak(). Where the

@@ -46,15 +46,7 @@ Choice knapsack(PlanContext& ctx) {
   const std::vector<size_t>& order = ctx.knapsack_order();
   if (ctx.keep_or_recompute(d)) {
     if (!reached_peak) reached_peak.emplace(ctx.incremental(d));
-    IncrementalPeak& inc = *reached_peak;
-    // Only "over the budget or not" matters: evaluations may stop once they pass it.
-    const int64_t over = ctx.budget() == IncrementalPeak::kExact ? IncrementalPeak::kExact : ctx.budget() + 1;
-    for (size_t r = order.size(); r-- > 0;) {
-      const size_t i = order[r];
-      if (d[i] == Decision::Keep || inc.peak_if(i, Decision::Keep, over) > ctx.budget()) continue;
-      inc.set(i, Decision::Keep);
-      d[i] = Decision::Keep;
-    }
+    ctx.keep_back(*reached_peak, d, order);
   } else {
     for (size_t r = order.size(); r-- > 0;) {
       const size_t i = order[r];

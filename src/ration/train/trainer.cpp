@@ -29,7 +29,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) { return ms_since(t0) / 1000.0; }
 
 struct EvalResult {
   double loss = 0;      // mean per item (nats)
