@@ -229,6 +229,208 @@ TEST(Data, LoaderResumesExactly) {
   EXPECT_NE(as_vector(other_seed.next()), after[0]);
 }
 
+// ---- Local shuffle --------------------------------------------------------------------------------
+
+// A loader for rank `rank` of `count` with Sampling::LocalShuffle.
+Loader local_loader(std::shared_ptr<const Dataset> ds, int64_t batch_size, uint64_t seed, bool drop_last, int rank,
+                    int count, bool prefetch = false) {
+  LoaderOptions o{batch_size, /*shuffle=*/true, seed, drop_last};
+  o.sampling = Sampling::LocalShuffle;
+  o.shard_rank = rank;
+  o.shard_count = count;
+  o.prefetch = prefetch;
+  return Loader(std::move(ds), o);
+}
+
+// The indices one loader hands out over the rest of its current epoch (or the whole next one).
+std::vector<int64_t> one_epoch(Loader& loader) {
+  std::vector<int64_t> items;
+  for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+    const auto v = as_vector(loader.next());
+    items.insert(items.end(), v.begin(), v.end());
+  }
+  EXPECT_FALSE(loader.has_next_in_epoch());
+  return items;
+}
+
+TEST(Data, LocalShuffleRanksKeepFixedShards) {
+  // The order is pinned like shuffle_order's (values from the splitmix64 definition, checked in Python):
+  // 11 items over 3 ranks are the shards [0, 3), [3, 7), [7, 11).
+  EXPECT_EQ(local_shuffle_order(11, 42, 3, 0, 3), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(local_shuffle_order(11, 42, 3, 1, 3), (std::vector<int64_t>{4, 6, 3, 5}));
+  EXPECT_EQ(local_shuffle_order(11, 42, 3, 2, 3), (std::vector<int64_t>{7, 9, 10, 8}));
+
+  // 22 items (not divisible by 3) over 3 ranks: shards [0, 7), [7, 14), [14, 22), in every epoch.
+  auto ds = std::make_shared<CountingDataset>(22);
+  const std::vector<std::pair<int64_t, int64_t>> shard = {{0, 7}, {7, 14}, {14, 22}};
+  for (int r = 0; r < 3; ++r) {
+    Loader loader = local_loader(ds, 2, 7, false, r, 3);
+    std::vector<std::vector<int64_t>> epochs;
+    for (int e = 0; e < 3; ++e) {
+      const std::vector<int64_t> items = one_epoch(loader);
+      EXPECT_EQ(loader.position().epoch, e);
+      for (int64_t i : items) {
+        EXPECT_GE(i, shard[r].first) << "rank " << r << " epoch " << e;
+        EXPECT_LT(i, shard[r].second) << "rank " << r << " epoch " << e;
+      }
+      // Batch size 2 and a smallest shard of 7: 4 steps, 8 items' room, so every rank takes its whole shard.
+      std::vector<int64_t> sorted = items, whole(static_cast<size_t>(shard[r].second - shard[r].first));
+      std::sort(sorted.begin(), sorted.end());
+      std::iota(whole.begin(), whole.end(), shard[r].first);
+      EXPECT_EQ(sorted, whole) << "rank " << r << " epoch " << e;
+      EXPECT_EQ(items, local_shuffle_order(22, 7, e, r, 3));
+      epochs.push_back(items);
+    }
+    EXPECT_NE(epochs[0], epochs[1]) << "rank " << r;  // same shard, new order each epoch
+    EXPECT_NE(epochs[1], epochs[2]) << "rank " << r;
+  }
+  // Epoch 0 and 1 of this seed, as computed in Python.
+  EXPECT_EQ(local_shuffle_order(22, 7, 0, 2, 3), (std::vector<int64_t>{20, 14, 17, 15, 19, 21, 16, 18}));
+  EXPECT_EQ(local_shuffle_order(22, 7, 1, 2, 3), (std::vector<int64_t>{17, 16, 18, 21, 19, 14, 15, 20}));
+
+  // 20 items: shards of 6, 7, 7; batch size 3 gives 2 steps, so ranks 1 and 2 take 6 of their 7 items.
+  // The one left out is the last of the shuffled shard, a different one from epoch to epoch.
+  Loader rank1 = local_loader(std::make_shared<CountingDataset>(20), 3, 7, false, 1, 3);
+  std::vector<int64_t> left_out;
+  for (int e = 0; e < 4; ++e) {
+    std::vector<int64_t> items = one_epoch(rank1);
+    ASSERT_EQ(items.size(), 6u);
+    std::set<int64_t> seen(items.begin(), items.end());
+    EXPECT_EQ(seen.size(), 6u);
+    EXPECT_GE(*seen.begin(), 6);
+    EXPECT_LT(*seen.rbegin(), 13);
+    for (int64_t i = 6; i < 13; ++i)
+      if (!seen.count(i)) left_out.push_back(i);
+  }
+  EXPECT_EQ(left_out, (std::vector<int64_t>{9, 8, 7, 7}));
+
+  expect_error_containing([&] { local_loader(std::make_shared<CountingDataset>(2), 1, 0, false, 0, 3); },
+                          {"at least 3 items", "2"});
+  expect_error_containing([&] { local_loader(ds, 8, 0, true, 2, 3); }, {"batch_size 8", "shard of 7 items"});
+}
+
+TEST(Data, LocalShuffleRanksAreDisjoint) {
+  for (const int64_t n : {22, 20}) {  // every item once; 20: the ranks' epochs leave two items out
+    auto ds = std::make_shared<CountingDataset>(n);
+    for (int e = 0; e < 3; ++e) {
+      std::vector<int64_t> all;
+      for (int r = 0; r < 3; ++r) {
+        Loader loader = local_loader(ds, 3, 11, false, r, 3);
+        loader.set_position({e, 0});
+        const std::vector<int64_t> items = one_epoch(loader);
+        all.insert(all.end(), items.begin(), items.end());
+      }
+      const std::set<int64_t> distinct(all.begin(), all.end());
+      EXPECT_EQ(distinct.size(), all.size()) << "n " << n << " epoch " << e;
+      EXPECT_EQ(static_cast<int64_t>(all.size()), n == 22 ? 22 : 18) << "epoch " << e;
+    }
+  }
+}
+
+TEST(Data, LocalShuffleStepsAndGlobalItemsAgree) {
+  struct Case {
+    int64_t n, batch;
+    bool drop_last;
+    int64_t batches;
+    std::vector<std::vector<size_t>> sizes;  // per step, per rank
+  };
+  const std::vector<Case> cases = {
+      {22, 2, false, 4, {{2, 2, 2}, {2, 2, 2}, {2, 2, 2}, {1, 1, 2}}},  // shards 7, 7, 8
+      {20, 3, false, 2, {{3, 3, 3}, {3, 3, 3}}},                        // shards 6, 7, 7: one item left out
+      {23, 3, false, 3, {{3, 3, 3}, {3, 3, 3}, {1, 2, 2}}},             // shards 7, 8, 8
+      {23, 3, true, 2, {{3, 3, 3}, {3, 3, 3}}},                         // drop_last: 6 of each shard
+  };
+  for (const Case& c : cases) {
+    auto ds = std::make_shared<CountingDataset>(c.n);
+    std::vector<Loader> ranks;
+    for (int r = 0; r < 3; ++r) ranks.push_back(local_loader(ds, c.batch, 5, c.drop_last, r, 3));
+    for (const Loader& l : ranks) EXPECT_EQ(l.batches_per_epoch(), c.batches) << "n " << c.n;
+    int64_t epoch_total = 0;
+    for (const auto& step : c.sizes)
+      for (size_t s : step) epoch_total += static_cast<int64_t>(s);
+    for (int e = 0; e < 2; ++e) {
+      int64_t index = 0;
+      for (size_t k = 0; k < c.sizes.size(); ++k) {
+        std::vector<size_t> sizes;
+        int64_t sum = 0;
+        for (Loader& l : ranks) {
+          const size_t got = l.next_indices().size();
+          sizes.push_back(got);
+          sum += static_cast<int64_t>(got);
+        }
+        EXPECT_EQ(sizes, c.sizes[k]) << "n " << c.n << " step " << k;
+        index += sum;
+        for (const Loader& l : ranks) {
+          EXPECT_EQ(l.last_global_items(), sum) << "n " << c.n << " step " << k;
+          EXPECT_EQ(l.position(), (LoaderPosition{e, index}));
+        }
+      }
+      EXPECT_EQ(index, epoch_total);
+      for (const Loader& l : ranks) EXPECT_FALSE(l.has_next_in_epoch());
+    }
+  }
+}
+
+TEST(Data, LocalShuffleResumesExactly) {
+  auto ds = std::make_shared<CountingDataset>(23);  // shards 7, 8, 8; 3 steps of batch 3 per epoch
+  for (int r = 0; r < 3; ++r) {
+    Loader original = local_loader(ds, 3, 1234, false, r, 3);
+    for (int i = 0; i < 5; ++i) original.next();  // into the second epoch
+    const LoaderPosition saved = original.position();
+    EXPECT_EQ(saved, (LoaderPosition{1, 18}));
+    std::vector<std::vector<int64_t>> after;
+    std::vector<int64_t> global_after;
+    for (int i = 0; i < 7; ++i) {
+      after.push_back(as_vector(original.next()));
+      global_after.push_back(original.last_global_items());
+    }
+    EXPECT_EQ(global_after, (std::vector<int64_t>{5, 9, 9, 5, 9, 9, 5}));
+    const auto order1 = local_shuffle_order(23, 1234, 1, r, 3);
+    const auto end = order1.begin() + std::min<int64_t>(9, static_cast<int64_t>(order1.size()));
+    EXPECT_EQ(after[0], std::vector<int64_t>(order1.begin() + 6, end));
+
+    for (const bool prefetch : {false, true}) {  // a new process: only the options and the saved position
+      Loader resumed = local_loader(ds, 3, 1234, false, r, 3, prefetch);
+      resumed.set_position(saved);
+      for (int i = 0; i < 7; ++i) {
+        EXPECT_EQ(as_vector(resumed.next()), after[static_cast<size_t>(i)]) << "rank " << r << " batch " << i;
+        EXPECT_EQ(resumed.last_global_items(), global_after[static_cast<size_t>(i)]);
+      }
+      EXPECT_EQ(resumed.position(), original.position());
+      EXPECT_EQ(resumed.prefetched_batches(), prefetch ? 6 : 0);
+    }
+  }
+  Loader loader = local_loader(ds, 3, 1234, false, 0, 3);
+  loader.set_position({0, 23});  // the epoch's end is a boundary
+  const auto rank0_epoch1 = local_shuffle_order(23, 1234, 1, 0, 3);
+  EXPECT_EQ(as_vector(loader.next()), std::vector<int64_t>(rank0_epoch1.begin(), rank0_epoch1.begin() + 3));
+  EXPECT_EQ(loader.position(), (LoaderPosition{1, 9}));
+  expect_error_containing([&] { loader.set_position({0, 5}); }, {"index 5", "not a step boundary", "multiple of 9"});
+}
+
+TEST(Data, LocalShuffleOneRankIsShuffle) {
+  EXPECT_EQ(local_shuffle_order(10, 42, 3, 0, 1), shuffle_order(10, 42, 3));
+  EXPECT_EQ(local_shuffle_order(1000, 9, 2, 0, 1), shuffle_order(1000, 9, 2));
+  auto ds = std::make_shared<CountingDataset>(23);
+  for (const bool drop_last : {false, true}) {
+    LoaderOptions shuffle_options{5, true, 77, drop_last};
+    Loader shuffle(ds, shuffle_options);
+    Loader local = local_loader(ds, 5, 77, drop_last, 0, 1);
+    EXPECT_EQ(local.batches_per_epoch(), shuffle.batches_per_epoch());
+    EXPECT_EQ(local.batches_per_epoch(), drop_last ? 4 : 5);
+    for (int i = 0; i < 12; ++i) {
+      EXPECT_EQ(local.next_indices(), shuffle.next_indices()) << "batch " << i;
+      EXPECT_EQ(local.last_global_items(), shuffle.last_global_items());
+      EXPECT_EQ(local.position(), shuffle.position());
+    }
+    // Any index resumes as it does for Shuffle (one rank has no step boundaries to keep).
+    local.set_position({1, 7});
+    shuffle.set_position({1, 7});
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(as_vector(local.next()), as_vector(shuffle.next())) << "batch " << i;
+    EXPECT_EQ(local.position(), shuffle.position());
+  }
+}
+
 // ---- Text -----------------------------------------------------------------------------------------
 
 TEST(Data, TextCorpusSplitAndWindows) {

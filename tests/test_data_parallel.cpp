@@ -364,9 +364,9 @@ TEST(DataParallelConfig, FingerprintIgnoresPerHostKeysOnly) {
 TEST(DataParallelConfig, TopologyKeyIsValidated) {
   auto settings = [](const std::string& dist) { return dist_settings(dist); };
   auto error_of = [](const std::string& dist) { return dist_settings_error(dist); };
-  EXPECT_EQ(settings("").reducer.topology, Topology::AllReduce);
-  EXPECT_EQ(settings("topology = \"ps\"\n").reducer.topology, Topology::ParameterServer);
-  EXPECT_EQ(settings("topology = \"gossip\"\n").reducer.topology, Topology::Gossip);
+  EXPECT_EQ(settings("").topology, Topology::AllReduce);
+  EXPECT_EQ(settings("topology = \"ps\"\n").topology, Topology::ParameterServer);
+  EXPECT_EQ(settings("topology = \"gossip\"\n").topology, Topology::Gossip);
   EXPECT_EQ(settings("topology = \"allreduce\"\ncompress = \"onebit\"\n").compress, "onebit");
   EXPECT_NE(error_of("topology = \"ring\"\n").find("run.toml: dist.topology must be one of \"allreduce\", \"ps\", \"gossip\"; got \"ring\""),
             std::string::npos)

@@ -216,7 +216,6 @@ TEST(PsAggregation, ConfigErrorsNameTheKeys) {
   Config ok = Config::from_string("[dist]\ntopology = \"ps\"\nbackup_workers = 2\n", "run.toml");
   const DataParallelSettings s = read_data_parallel_settings(ok);
   EXPECT_EQ(s.ps.mode, PsAggregation::BackupWorkers);
-  EXPECT_EQ(s.reducer.ps_aggregation, PsAggregation::BackupWorkers);
   EXPECT_EQ(s.ps.backup_workers, 2);
   // PsAggregator itself refuses k >= N (the trainer checks it first, naming the config).
   RecordingModel model(7);

@@ -47,6 +47,11 @@ TEST(PsCtr, WholeModelGradientsMatchLibtorch) {
   o.top = {6};
   o.bag_mode = ops::EmbeddingBagMode::Mean;
   o.table.init_scale = 0.5f;
+  // The dense layers' initial values come from ATen's default generator, which libtorch seeds from system
+  // entropy in every process (and a --gtest_repeat run carries on from the last draw): without a seed,
+  // about 1 draw in 230 leaves every unit of top.0 inactive on all 8 samples, no gradient reaches the
+  // rows (nor anything below top.1), and the comparison below is zeros against zeros.
+  at::manual_seed(11);
   models::Ctr model(o);
   model.to(at::TensorOptions().dtype(at::kDouble));
   data::CtrSynthetic ds(small_data(), data::CtrSynthetic::Split::Train);
@@ -82,8 +87,9 @@ TEST(PsCtr, WholeModelGradientsMatchLibtorch) {
     const double scale = std::max(1.0, oracle.abs().max().item<double>());
     EXPECT_LE((engine[i] - oracle).abs().max().item<double>() / scale, 1e-10) << "leaf " << i;
   }
-  // The bags really read several rows per sample (multi-hot) and the sums of row gradients are not zero.
-  EXPECT_GT(engine.back().abs().sum().item<double>(), 0);
+  // Every leaf's gradient is not zero: the comparison checked something (the bags really read several rows
+  // per sample, multi-hot, and the sums of row gradients are not zero).
+  for (size_t i = 0; i < engine.size(); ++i) EXPECT_GT(engine[i].abs().sum().item<double>(), 0) << "leaf " << i;
 }
 
 TEST(PsCtr, SyntheticClicksAreDeterministicSkewedAndLearnable) {

@@ -1,10 +1,12 @@
-// Embedding store: deterministic first touch, the optimisers against libtorch's torch::optim on the same
-// rows, thread safety (no lost updates), freed rows reused and memory returned by compact, accounted
-// bytes, export/assign, and RocksDB snapshots (round trip, malformed snapshot refused, store untouched).
+// Embedding store: deterministic first touch (also when threads race to create the same rows), the
+// optimisers against libtorch's torch::optim on the same rows, thread safety (no lost updates), freed rows
+// reused and memory returned by compact, accounted bytes, export/assign, and RocksDB snapshots (round
+// trip, malformed snapshot refused, store untouched).
 #include <gtest/gtest.h>
 #include <torch/optim.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -122,6 +124,44 @@ TEST(PsStore, ConcurrentPushesLoseNoUpdate) {
   std::vector<float> w(ids.size() * 4);
   t.pull(ids.data(), static_cast<int64_t>(ids.size()), w.data());
   for (size_t k = 0; k < w.size(); ++k) ASSERT_FLOAT_EQ(w[k], w0[k] - 100.0f) << k;
+}
+
+TEST(PsStore, ConcurrentFirstTouchOfTheSameIdsGivesIdenticalRows) {
+  // Threads pull the same new ids at the same moment, each batch starting at a different id, so they race
+  // to create the rows: every thread reads, for every id, exactly the initial value a table of its own
+  // gives it, each id gets one row, and that row holds the same value. Rounds on fresh tables.
+  const int64_t dim = 8, n = 2000;
+  const int threads = 4;
+  Table ref(opts("t", dim, OptimizerKind::Adagrad));
+  for (int round = 0; round < 20; ++round) {
+    Table t(opts("t", dim, OptimizerKind::Adagrad));
+    std::vector<uint64_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = mix64(static_cast<uint64_t>(round * n + i));
+    std::vector<float> want(static_cast<size_t>(n * dim));
+    for (int64_t i = 0; i < n; ++i) ref.initial_value(ids[static_cast<size_t>(i)], want.data() + i * dim);
+    std::vector<std::vector<float>> got(threads, std::vector<float>(static_cast<size_t>(n * dim)));
+    std::atomic<int> ready{0};
+    auto worker = [&](int w) {
+      const int64_t first = w * n / threads;
+      std::vector<uint64_t> mine(ids.begin() + first, ids.end());
+      mine.insert(mine.end(), ids.begin(), ids.begin() + first);
+      std::vector<float> out(static_cast<size_t>(n * dim));
+      ready.fetch_add(1);
+      while (ready.load() < threads) std::this_thread::yield();
+      t.pull(mine.data(), n, out.data(), MissingRow::Create);
+      for (int64_t k = 0; k < n; ++k)  // back to the order of `ids`
+        std::copy_n(out.data() + k * dim, dim, got[static_cast<size_t>(w)].data() + ((first + k) % n) * dim);
+    };
+    std::vector<std::thread> pool;
+    for (int w = 0; w < threads; ++w) pool.emplace_back(worker, w);
+    for (auto& th : pool) th.join();
+    for (int w = 0; w < threads; ++w)
+      ASSERT_EQ(got[static_cast<size_t>(w)], want) << "round " << round << " thread " << w;
+    EXPECT_EQ(t.size(), n) << "round " << round;
+    std::vector<float> stored(static_cast<size_t>(n * dim));
+    t.pull(ids.data(), n, stored.data(), MissingRow::ReadDefault);
+    ASSERT_EQ(stored, want) << "round " << round;
+  }
 }
 
 TEST(PsStore, FreedRowsAreReusedAndCompactReturnsMemory) {

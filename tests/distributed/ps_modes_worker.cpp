@@ -1,6 +1,6 @@
 // ps_modes_worker.cpp — one rank of the partial / asynchronous parameter-server tests
 // (ration_ps_modes_worker), started n times by ration_dist_launch; every rank runs every test in order.
-// Checks, on every rank (distributed/ps_aggregation.h, train/ps_exchange.h):
+// Checks, on every rank (distributed/ps_aggregation.h, distributed/ps_partial_aggregator.cpp):
 //   * through the wire (PsServerLinks / PsClient over the "ps" channel): with one rank made slow and
 //     k = 1 backup worker, the round's update is exactly the weighted mean of the other ranks' gradients
 //     (reference computed here), the slow rank's push is dropped, and it gets the new parameters;

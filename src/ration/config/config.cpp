@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "ration/base/check.h"
@@ -15,17 +16,23 @@ namespace ration {
 namespace {
 
 void flatten(const toml::table& table, const std::string& prefix, const std::string& origin,
-             std::map<std::string, Config::Scalar>& values, std::map<std::string, std::vector<int64_t>>& lists) {
+             std::map<std::string, Config::Scalar>& values, std::map<std::string, std::vector<std::string>>& lists) {
   for (const auto& [k, node] : table) {
     const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const auto* t = node.as_table()) {
       flatten(*t, key, origin, values, lists);
     } else if (const auto* a = node.as_array()) {
-      std::vector<int64_t> items;
+      std::vector<std::string> items;  // each number as written (an integer, or a float to full precision)
       for (const auto& item : *a) {
-        const auto v = item.value<int64_t>();
-        RATION_CHECK(v.has_value(), origin, ": key '", key, "' must be an array of integers, e.g. [256, 128]");
-        items.push_back(*v);
+        if (const auto i = item.value_exact<int64_t>()) {
+          items.push_back(std::to_string(*i));
+          continue;
+        }
+        const auto d = item.value_exact<double>();
+        RATION_CHECK(d.has_value(), origin, ": key '", key, "' must be an array of numbers, e.g. [256, 128]");
+        std::ostringstream os;
+        os << std::setprecision(17) << *d;
+        items.push_back(os.str());
       }
       lists[key] = items;
     } else if (auto b = node.value_exact<bool>()) {
@@ -53,7 +60,7 @@ Config parse(const std::string& text, const std::string& origin) {
                  e.description());
   }
   std::map<std::string, Config::Scalar> values;
-  std::map<std::string, std::vector<int64_t>> lists;
+  std::map<std::string, std::vector<std::string>> lists;
   flatten(table, "", origin, values, lists);
   for (auto& [k, v] : values) cfg.set(k, v);
   for (auto& [k, v] : lists) cfg.set(k, [&] {
@@ -229,8 +236,31 @@ std::vector<int64_t> Config::get_int_list(const std::string& key, const std::vec
     try {
       size_t pos = 0;
       out.push_back(std::stoll(item, &pos));
+      RATION_CHECK(item.find_first_not_of(" \t", pos) == std::string::npos, "not an integer");
     } catch (const std::exception&) {
       type_error(key, "an array of integers like [256, 128]");
+    }
+  }
+  return out;
+}
+
+std::vector<double> Config::get_double_list(const std::string& key, const std::vector<double>& def) {
+  const Scalar* v = find(key);
+  if (!v) return def;
+  if (const auto* i = std::get_if<int64_t>(v)) return {static_cast<double>(*i)};
+  if (const auto* d = std::get_if<double>(v)) return {*d};
+  const auto* s = std::get_if<std::string>(v);
+  if (s == nullptr || s->size() < 2 || s->front() != '[' || s->back() != ']') type_error(key, "an array of numbers like [1, 0.5]");
+  std::vector<double> out;
+  std::stringstream ss(s->substr(1, s->size() - 2));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t pos = 0;
+      out.push_back(std::stod(item, &pos));
+      RATION_CHECK(item.find_first_not_of(" \t", pos) == std::string::npos, "not a number");
+    } catch (const std::exception&) {
+      type_error(key, "an array of numbers like [1, 0.5]");
     }
   }
   return out;

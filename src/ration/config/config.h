@@ -34,6 +34,7 @@ class Config {
   // Must be one of `choices`.
   std::string get_choice(const std::string& key, const std::string& def, const std::vector<std::string>& choices);
   std::vector<int64_t> get_int_list(const std::string& key, const std::vector<int64_t>& def);
+  std::vector<double> get_double_list(const std::string& key, const std::vector<double>& def);
   int64_t get_bytes(const std::string& key, int64_t def);  // "512MiB", "2GiB", 123
 
   // Throws naming every key that no getter asked for (typos are errors, not ignored).

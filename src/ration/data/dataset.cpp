@@ -30,6 +30,15 @@ struct SplitMix64 {
 
 }  // namespace
 
+const char* to_string(Sampling s) {
+  switch (s) {
+    case Sampling::Shuffle: return "shuffle";
+    case Sampling::Bootstrap: return "bootstrap";
+    case Sampling::LocalShuffle: return "local_shuffle";
+  }
+  return "?";
+}
+
 std::vector<int64_t> shuffle_order(int64_t n, uint64_t seed, int64_t epoch) {
   RATION_CHECK(n >= 0, "cannot shuffle a negative count ", n);
   std::vector<int64_t> order(static_cast<size_t>(n));
@@ -54,6 +63,18 @@ std::vector<int64_t> bootstrap_order(int64_t n, uint64_t seed, int64_t epoch) {
   return draws;
 }
 
+std::vector<int64_t> local_shuffle_order(int64_t n, uint64_t seed, int64_t epoch, int shard_rank, int shard_count) {
+  RATION_CHECK(shard_count >= 1 && shard_rank >= 0 && shard_rank < shard_count, "local shuffle shard ", shard_rank,
+               " of ", shard_count, " is not valid; expected shard_count >= 1 and shard_rank in [0, shard_count)");
+  RATION_CHECK(n >= 0, "cannot shuffle a negative count ", n);
+  const int64_t begin = shard_rank * n / shard_count, end = (shard_rank + 1) * n / shard_count;
+  // Rank 0 keeps the seed itself, so one shard (shard_count = 1) is shuffle_order exactly.
+  const uint64_t rank_seed = seed ^ (static_cast<uint64_t>(shard_rank) * 0x9E3779B97F4A7C15ull);
+  std::vector<int64_t> order = shuffle_order(end - begin, rank_seed, epoch);
+  for (int64_t& i : order) i += begin;
+  return order;
+}
+
 Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), options_(options) {
   RATION_CHECK(dataset_ != nullptr, "Loader needs a dataset");
@@ -62,17 +83,46 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
                "loader shard ", options_.shard_rank, " of ", options_.shard_count,
                " is not valid; expected shard_count >= 1 and shard_rank in [0, shard_count)");
   RATION_CHECK(dataset_->size() > 0, "Loader given an empty dataset");
+  RATION_CHECK(!local() || shard_size(0) > 0, "local shuffle over ", options_.shard_count, " ranks needs at least ",
+               options_.shard_count, " items (one per rank's shard), but the dataset has ", dataset_->size(),
+               "; hint: use fewer ranks or sampling = shuffle");
+  RATION_CHECK(!local() || batches_per_epoch() > 0, "batch_size ", options_.batch_size,
+               " exceeds the smallest rank's local-shuffle shard of ", shard_size(0), " items (", dataset_->size(),
+               " items over ", options_.shard_count, " ranks) with drop_last, so an epoch has no batch; hint: lower "
+               "batch_size");
   RATION_CHECK(batches_per_epoch() > 0, "batch_size ", options_.batch_size, " exceeds the dataset's ",
                dataset_->size(), " items with drop_last, so an epoch has no batch; hint: lower batch_size");
 }
 
+bool Loader::local() const { return options_.shuffle && options_.sampling == Sampling::LocalShuffle; }
+
+// floor((r+1)n/N) - floor(rn/N) is floor(n/N) or floor(n/N) + 1, and rank 0's is floor(n/N): shard_size(0)
+// is the smallest shard.
+int64_t Loader::shard_size(int rank) const {
+  const int64_t n = dataset_->size(), count = options_.shard_count;
+  return (rank + 1) * n / count - rank * n / count;
+}
+
+int64_t Loader::local_items(int rank) const {
+  return std::min(batches_per_epoch() * options_.batch_size, shard_size(rank));
+}
+
 int64_t Loader::epoch_items() const {
+  if (local()) {
+    int64_t items = 0;
+    for (int r = 0; r < options_.shard_count; ++r) items += local_items(r);
+    return items;
+  }
   const int64_t n = dataset_->size();
   const int64_t global = options_.batch_size * options_.shard_count;
   return options_.drop_last ? n / global * global : n;
 }
 
 int64_t Loader::batches_per_epoch() const {
+  if (local()) {
+    const int64_t smallest = shard_size(0), b = options_.batch_size;
+    return options_.drop_last ? smallest / b : (smallest + b - 1) / b;
+  }
   const int64_t n = dataset_->size();
   const int64_t global = options_.batch_size * options_.shard_count;
   return options_.drop_last ? n / global : (n + global - 1) / global;
@@ -87,12 +137,24 @@ void Loader::set_position(LoaderPosition position) {
   RATION_CHECK(position.epoch >= 0 && position.index >= 0 && position.index <= epoch_items(),
                "loader position (epoch ", position.epoch, ", index ", position.index, ") is outside an epoch of ",
                epoch_items(), " items; hint: was it saved with another dataset or batch size?");
+  // LocalShuffle: every step but the last hands out N * batch_size global items, so a position is a step
+  // boundary or the epoch's end (with one rank, any index is an offset into the one shard, as for Shuffle).
+  const int64_t step_items = options_.batch_size * options_.shard_count;
+  RATION_CHECK(!local() || options_.shard_count == 1 || position.index % step_items == 0 ||
+                   position.index == epoch_items(),
+               "loader position (epoch ", position.epoch, ", index ", position.index,
+               ") is not a step boundary of local shuffle over ", options_.shard_count, " ranks of batch_size ",
+               options_.batch_size, " (a multiple of ", step_items, ", or the epoch's end at ", epoch_items(),
+               "); hint: resume a local-shuffle run with the shard count and batch size it was saved with");
   position_ = position;
 }
 
 const std::vector<int64_t>& Loader::order() {
   if (cached_epoch_ != position_.epoch) {
-    if (options_.shuffle && options_.sampling == Sampling::Bootstrap) {
+    if (local()) {
+      order_ = local_shuffle_order(dataset_->size(), options_.seed, position_.epoch, options_.shard_rank,
+                                   options_.shard_count);
+    } else if (options_.shuffle && options_.sampling == Sampling::Bootstrap) {
       order_ = bootstrap_order(dataset_->size(), options_.seed, position_.epoch);
     } else if (options_.shuffle) {
       order_ = shuffle_order(dataset_->size(), options_.seed, position_.epoch);
@@ -109,6 +171,7 @@ std::vector<int64_t> Loader::next_indices() {
   discard_prefetch();
   if (!has_next_in_epoch()) position_ = {position_.epoch + 1, 0};
   const std::vector<int64_t>& ord = order();
+  if (local()) return next_local_indices(ord);
   const int64_t n = options_.shard_count, r = options_.shard_rank;
   const int64_t end = std::min(position_.index + options_.batch_size * n, epoch_items());
   // This shard's contiguous part of the global batch [index, end), split as evenly as possible.
@@ -117,6 +180,22 @@ std::vector<int64_t> Loader::next_indices() {
   const int64_t count = base + (r < extra ? 1 : 0);
   std::vector<int64_t> indices(ord.begin() + begin, ord.begin() + begin + count);
   position_.index = end;
+  last_global_items_ = global;
+  return indices;
+}
+
+std::vector<int64_t> Loader::next_local_indices(const std::vector<int64_t>& ord) {
+  // Every rank stands at the same offset of its own epoch: k steps of batch_size (plus, with one rank,
+  // the index's remainder, which set_position allows there only).
+  const int64_t b = options_.batch_size, step_items = b * options_.shard_count;
+  const int64_t offset = position_.index / step_items * b + position_.index % step_items;
+  auto take = [&](int rank) { return std::clamp<int64_t>(local_items(rank) - offset, 0, b); };
+  int64_t global = 0;
+  for (int r = 0; r < options_.shard_count; ++r) global += take(r);
+  const int64_t count = take(options_.shard_rank);
+  RATION_ASSERT(count > 0, "local shuffle rank ", options_.shard_rank, " has no item at epoch offset ", offset);
+  std::vector<int64_t> indices(ord.begin() + offset, ord.begin() + offset + count);
+  position_.index += global;
   last_global_items_ = global;
   return indices;
 }

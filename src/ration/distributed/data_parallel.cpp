@@ -2,10 +2,12 @@
 #include "ration/distributed/data_parallel.h"
 
 #include <ATen/core/grad_mode.h>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
 #include "ration/base/check.h"
+#include "ration/distributed/aggregator_factory.h"
 
 namespace ration::dist {
 
@@ -25,20 +27,9 @@ void read_partial_aggregation(Config& cfg, DataParallelSettings& s) {
                "none); set one of them");
   s.ps.mode = async ? PsAggregation::BoundedAsync
                     : s.ps.backup_workers > 0 ? PsAggregation::BackupWorkers : PsAggregation::Synchronous;
-  RATION_CHECK(s.ps.mode == PsAggregation::Synchronous || s.reducer.topology == Topology::ParameterServer, cfg.origin(),
-               ": ", async ? "dist.sync = \"async\"" : "dist.backup_workers > 0", " needs dist.topology = \"ps\" (the "
-               "server is where a late gradient can be dropped or a push applied on its own; \"allreduce\" and "
-               "\"gossip\" sum every rank in every collective), got dist.topology = \"",
-               to_string(s.reducer.topology), "\"");
-  s.reducer.ps_aggregation = s.ps.mode;
-  s.reducer.aggregate = parse_aggregate(cfg.get_string("dist.aggregate", "gradients"), cfg.origin());
-  if (s.reducer.aggregate == Aggregate::Parameters) {
-    RATION_CHECK(s.reducer.topology == Topology::AllReduce && s.compress == "none" &&
-                     s.ps.mode == PsAggregation::Synchronous,
-                 cfg.origin(), ": dist.aggregate = \"parameters\" (model averaging) all-reduces fp32 parameters; it "
-                 "needs dist.topology = \"allreduce\", dist.compress = \"none\" and no backup workers or async, got "
-                 "dist.topology = \"", to_string(s.reducer.topology), "\", dist.compress = \"", s.compress, "\"");
-    s.reducer.average_every = s.reducer.sync_every;  // K: local steps between averages, one micro-batch each
+  s.aggregate = parse_aggregate(cfg.get_string("dist.aggregate", "gradients"), cfg.origin());
+  if (s.aggregate == Aggregate::Parameters) {
+    s.average_every = s.reducer.sync_every;  // K: local steps between averages, one micro-batch each
     s.reducer.sync_every = 1;
   }
   s.debug_delay_ms = cfg.get_int("dist.debug_delay_ms", 0);
@@ -81,15 +72,20 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
                "needs dist.compress_warmup >= 1, got ", s.onebit.warmup_steps);
   const std::string space = cfg.get_choice("dist.onebit_space", "gradient", {"gradient", "update"});
   s.onebit.space = space == "update" ? CodeSpace::Update : CodeSpace::Gradient;
-  s.reducer.topology = parse_topology(cfg.get_string("dist.topology", "allreduce"), cfg.origin());
-  RATION_CHECK(s.reducer.topology == Topology::AllReduce || s.compress == "none", cfg.origin(),
-               ": dist.topology = \"", to_string(s.reducer.topology), "\" sends fp32 gradients and parameters point "
-               "to point; dist.compress must be \"none\" with it (compression applies to dist.topology = "
-               "\"allreduce\" only), got \"", s.compress, "\"");
+  s.topology = parse_topology(cfg.get_string("dist.topology", "allreduce"), cfg.origin());
   s.timeout_s = cfg.get_int("dist.timeout_s", s.timeout_s);
   RATION_CHECK(s.timeout_s >= 1, cfg.origin(), ": dist.timeout_s must be a whole number of seconds >= 1, got ",
                s.timeout_s);
   read_partial_aggregation(cfg, s);
+  s.gossip.graph = parse_gossip_graph(cfg.get_string("dist.gossip_graph", "ring"), cfg.origin());
+  s.gossip.disagreement_every = cfg.get_int("dist.disagreement_every", 10);
+  RATION_CHECK(s.gossip.disagreement_every >= 0, cfg.origin(), ": dist.disagreement_every must be an integer >= 0 "
+               "(steps between measurements of the ranks' disagreement; 0: never), got ", s.gossip.disagreement_every);
+  s.weights = cfg.get_double_list("dist.weights", {});
+  for (double w : s.weights)
+    RATION_CHECK(std::isfinite(w) && w > 0, cfg.origin(), ": dist.weights must be an array of numbers > 0, one per "
+                 "rank (each rank's share of a step is its weight / their sum), got ", w);
+  check_aggregation(s, cfg.origin());
   return s;
 }
 

@@ -25,6 +25,13 @@
 //   max_staleness       integer >= 0, default 1   async: a worker runs at most this many pushes ahead
 //   aggregate           "gradients" | "parameters"  "parameters": local steps, parameters averaged every
 //                                                 sync_every steps (model averaging; allreduce only)
+//   gossip_graph        "ring" | "exponential"    topology "gossip": both ring neighbours every step, or one
+//                                                 peer per step at distance 2^(step mod ceil(log2 N)), push-sum
+//   disagreement_every  integer >= 0, default 10  topology "gossip": measure the ranks' disagreement every
+//                                                 this many steps for the report (0: never)
+//   weights             array of numbers > 0, one per rank (default: none)   each rank's share of every
+//                                                 step is weights[r] / sum(weights) instead of its share of
+//                                                 the step's samples
 //   debug_delay_ms      integer >= 0, default 0   test aid: rank debug_delay_rank sleeps this long per step
 //   debug_delay_rank    integer, default -1       (-1: none)
 #pragma once
@@ -37,14 +44,24 @@
 #include "ration/core/value.h"
 #include "ration/distributed/comm_hook.h"
 #include "ration/distributed/ps_aggregation.h"
+#include "ration/distributed/aggregators.h"
 #include "ration/distributed/reducer.h"
+#include "ration/distributed/topology.h"
 #include "ration/distributed/world.h"
 #include "ration/config/config.h"
 
 namespace ration::dist {
 
 struct DataParallelSettings {
-  ReducerOptions reducer;
+  ReducerOptions reducer;         // bucket sizes, sync_every
+  // Which aggregator (distributed/aggregator_factory.h): who exchanges with whom, what is combined.
+  Topology topology = Topology::AllReduce;
+  Aggregate aggregate = Aggregate::Gradients;
+  int64_t average_every = 1;      // Aggregate::Parameters: local steps between averages
+  // dist.gossip_graph, dist.disagreement_every (topology "gossip").
+  GossipOptions gossip;
+  // dist.weights: one per rank, each > 0 (empty: every rank weighs its share of the step's samples).
+  std::vector<double> weights;
   std::string compress = "none";
   OneBitOptions onebit;  // error_feedback, onebit_block, compress_warmup
   int64_t timeout_s = 60;

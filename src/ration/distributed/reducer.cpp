@@ -8,6 +8,7 @@
 #include "ration/base/check.h"
 #include "ration/core/trace.h"
 #include "ration/base/allocator.h"
+#include "ration/distributed/aggregators.h"
 
 namespace ration::dist {
 namespace {
@@ -26,9 +27,13 @@ double ReducerStats::overlap() const {
 
 Reducer::Reducer(World world, const std::vector<std::pair<std::string, Value>>& params, std::unique_ptr<CommHook> hook,
                  ReducerOptions options)
-    : world_(std::move(world)), hook_(std::move(hook)), options_(options) {
+    : Reducer(std::move(world), params, make_allreduce_aggregator(std::move(hook)), options) {}
+
+Reducer::Reducer(World world, const std::vector<std::pair<std::string, Value>>& params,
+                 std::unique_ptr<Aggregator> aggregator, ReducerOptions options)
+    : world_(std::move(world)), aggregator_(std::move(aggregator)), options_(options) {
   RATION_CHECK(world_.defined(), "Reducer needs an initialised World");
-  RATION_CHECK(hook_ != nullptr, "Reducer needs a communication hook");
+  RATION_CHECK(aggregator_ != nullptr, "Reducer needs an aggregator");
   RATION_CHECK(options_.bucket_bytes > 0 && options_.first_bucket_bytes > 0,
                "dist.bucket_bytes and dist.first_bucket_bytes must be positive sizes such as 25MiB; got ",
                options_.bucket_bytes, " and ", options_.first_bucket_bytes);
@@ -51,15 +56,11 @@ Reducer::Reducer(World world, const std::vector<std::pair<std::string, Value>>& 
     b.numel += p.numel();
   }
   RATION_CHECK(!slots_.empty(), "Reducer given no trainable parameters");
-  std::vector<std::vector<int64_t>> segments;
   {
     memory::CategoryGuard gradient_memory(memory::Category::Gradients);
-    for (const auto& l : layouts_) {
-      buckets_.push_back({at::zeros({l.numel}, at::kFloat), 0, BucketState::Filling});
-      segments.push_back(l.numels);
-    }
+    for (const auto& l : layouts_) buckets_.push_back({at::zeros({l.numel}, at::kFloat), 0, BucketState::Filling});
   }
-  hook_->init(segments);
+  aggregator_->init_buckets(layouts_);
   for (size_t i = 0; i < slots_.size(); ++i) slot_of_.emplace_back(slots_[i].param.get(), i);
   std::sort(slot_of_.begin(), slot_of_.end());
 
@@ -81,25 +82,6 @@ Reducer::~Reducer() {
   cv_.notify_all();
   if (comm_thread_.joinable()) comm_thread_.join();
   self_.reset();
-}
-
-std::vector<at::Tensor> Reducer::bucket_layout_of(const std::vector<std::pair<std::string, at::Tensor>>& per_param,
-                                                  float missing) const {
-  std::map<std::string, const at::Tensor*> by_name;
-  for (const auto& [name, t] : per_param) by_name[name] = &t;
-  std::vector<at::Tensor> out;
-  for (const BucketLayout& l : layouts_) {
-    at::Tensor flat = at::full({l.numel}, missing, at::kFloat);  // (numel)
-    for (size_t i = 0; i < l.names.size(); ++i) {
-      const auto it = by_name.find(l.names[i]);
-      if (it == by_name.end()) continue;
-      RATION_ASSERT(it->second->numel() == l.numels[i], "Reducer::bucket_layout_of: ", l.names[i], " has ",
-                    it->second->numel(), " elements, the bucket holds ", l.numels[i]);
-      flat.narrow(0, l.offsets[i], l.numels[i]).copy_(it->second->reshape({-1}));
-    }
-    out.push_back(flat);
-  }
-  return out;
 }
 
 int64_t Reducer::bucket_bytes() const {
@@ -126,7 +108,7 @@ void Reducer::prepare_backward(double weight) {
     reduced_ = 0;
     window_comm_ms_ = 0;
     window_weight_ = 0;
-    hook_->begin_window(context_);
+    aggregator_->begin_window(context_);
   }
   weight_ = weight;
   window_weight_ += weight;
@@ -180,9 +162,9 @@ void Reducer::comm_loop() {
     const auto t0 = Clock::now();
     if (!failed) {
       TraceRegion span("collectives", "collective",
-                       [&] { return std::string(hook_->name()) + " all-reduce, bucket " + std::to_string(b); });
+                       [&] { return aggregator_->bucket_traffic() + " bucket " + std::to_string(b); });
       try {
-        traffic = send_bucket(static_cast<int>(b), buckets_[b].flat);
+        traffic = aggregator_->on_bucket(world_, static_cast<int>(b), buckets_[b].flat);
       } catch (...) {
         error = std::current_exception();
       }
@@ -198,34 +180,14 @@ void Reducer::comm_loop() {
   }
 }
 
-Traffic Reducer::send_bucket(int bucket, at::Tensor& flat) {
-  switch (options_.topology) {
-    case Topology::AllReduce:  // model averaging: no gradient leaves this rank
-      return options_.aggregate == Aggregate::Gradients ? hook_->reduce(world_, bucket, flat) : Traffic{};
-    case Topology::ParameterServer:  // partial / asynchronous aggregation: the caller pushes after finalize()
-      return options_.ps_aggregation == PsAggregation::Synchronous ? reduce_to_server(world_, bucket, flat) : Traffic{};
-    case Topology::Gossip: return {};  // no gradient leaves this rank
-  }
-  return {};
-}
-
-void Reducer::after_optimizer_step() {
-  if (exchange_ == ParameterExchange::Done) return;
-  exchange_ = ParameterExchange::Done;
-  if (options_.aggregate == Aggregate::Parameters) {
-    if (++steps_since_average_ >= options_.average_every) average_parameters_now();
-    return;
-  }
-  if (options_.topology == Topology::AllReduce || world_.size() <= 1) return;
-  if (options_.ps_aggregation != PsAggregation::Synchronous) return;  // the caller pulled (ps_aggregation.h)
+std::vector<at::Tensor> Reducer::parameter_tensors() const {
   std::vector<at::Tensor> params;
   params.reserve(slots_.size());
   for (const Slot& s : slots_) params.push_back(s.param->tensor);
-  const auto t0 = Clock::now();
-  TraceRegion span("collectives", "collective", [&] { return std::string(to_string(options_.topology)) + " parameters"; });
-  const Traffic traffic = options_.topology == Topology::ParameterServer ? send_parameters_from_server(world_, params)
-                                                                         : average_with_ring_neighbours(world_, params);
-  const double ms = ms_between(t0, Clock::now());
+  return params;
+}
+
+void Reducer::count_exchange(const Traffic& traffic, double ms) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.traffic += traffic;
   stats_.comm_ms += ms;
@@ -233,23 +195,18 @@ void Reducer::after_optimizer_step() {
   stats_.exchange_ms += ms;
 }
 
-void Reducer::average_parameters_now() {
-  if (options_.aggregate != Aggregate::Parameters || steps_since_average_ == 0 || world_.size() <= 1) return;
-  std::vector<at::Tensor> params;
-  params.reserve(slots_.size());
-  for (const Slot& s : slots_) params.push_back(s.param->tensor);
+void Reducer::after_optimizer_step() {
+  if (exchange_ == ParameterExchange::Done) return;
+  exchange_ = ParameterExchange::Done;
   const auto t0 = Clock::now();
-  TraceRegion span("collectives", "collective", "parameter average");
-  const Traffic traffic = average_parameters(world_, params, weight_since_average_);
-  const double ms = ms_between(t0, Clock::now());
-  steps_since_average_ = 0;
-  weight_since_average_ = 0;
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.traffic += traffic;
-  stats_.comm_ms += ms;
-  stats_.exposed_ms += ms;
-  stats_.exchange_ms += ms;
-  ++stats_.averages;
+  const auto traffic = aggregator_->after_optimizer(world_, parameter_tensors(), context_.step, window_weight_);
+  if (traffic) count_exchange(*traffic, ms_between(t0, Clock::now()));
+}
+
+void Reducer::finish() {
+  const auto t0 = Clock::now();
+  const auto traffic = aggregator_->finish(world_, parameter_tensors());
+  if (traffic) count_exchange(*traffic, ms_between(t0, Clock::now()));
 }
 
 void Reducer::finalize() {
@@ -277,9 +234,7 @@ void Reducer::finalize() {
   }
   lock.unlock();
   exchange_ = ParameterExchange::Due;
-  weight_since_average_ += window_weight_;
-  const bool own_gradient = options_.topology == Topology::Gossip || options_.aggregate == Aggregate::Parameters;
-  if (own_gradient && window_weight_ > 0) {
+  if (aggregator_->owns_gradient() && window_weight_ > 0) {
     at::NoGradGuard no_grad;
     for (Bucket& b : buckets_) b.flat.div_(window_weight_);  // this rank's own mean gradient
   }

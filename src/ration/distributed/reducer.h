@@ -5,11 +5,14 @@
 //       local contribution (each rank adds weight * grad, weight = its share of the step's samples, so the
 //       sum over ranks is the gradient of the global mean loss), gradient accumulation over
 //       sync_every backward passes, the communication thread, and the step's comm time / overlap / bytes.
-// Does not own: how a bucket travels (distributed/comm_hook.h), the process group (distributed/world.h), the data
-//       shard or the weights' values (the caller knows its sample counts), the optimiser.
+// Does not own: what a bucket's traffic is and what happens around the optimiser step (the Aggregator,
+//       distributed/aggregator.h: all-reduce through a comm hook, parameter server, gossip, ...), the process
+//       group (distributed/world.h), the data shard or the weights' values (the caller knows its sample
+//       counts), the optimiser.
 //
 // Use (the two-method shape of DDP's reducer, attached to the engine's gradient-ready hooks):
-//   Reducer reducer(world, params, make_comm_hook("none", ...), options);   // registers the hooks
+//   Reducer reducer(world, params, make_aggregator(...), options);   // registers the hooks
+//   (or Reducer(world, params, make_comm_hook("none", ...), options): all-reduce through that hook)
 //   per backward:  reducer.prepare_backward(my_samples / global_samples_of_this_step);  loss.backward();
 //   then, when reducer.window_complete():  reducer.finalize();  optimizer.step();
 // prepare_backward is called sync_every times per optimiser step (one per micro-batch); the last call's
@@ -36,9 +39,8 @@
 #include <vector>
 
 #include "ration/core/value.h"
+#include "ration/distributed/aggregator.h"
 #include "ration/distributed/comm_hook.h"
-#include "ration/distributed/ps_aggregation.h"
-#include "ration/distributed/topology.h"
 #include "ration/distributed/world.h"
 
 namespace ration::dist {
@@ -47,28 +49,6 @@ struct ReducerOptions {
   int64_t bucket_bytes = 25ll << 20;       // cap of every bucket but the first
   int64_t first_bucket_bytes = 1ll << 20;  // the first bucket (the last parameters) is smaller, to start early
   int64_t sync_every = 1;                  // backward passes accumulated locally per synchronisation
-  // Who exchanges with whom (distributed/topology.h): AllReduce sends buckets through the hook; ParameterServer
-  // sends them to rank 0 only (the others' param.grad stays their own weighted gradient; their
-  // parameters are replaced after the step); Gossip sends no gradient: param.grad becomes this rank's
-  // own mean gradient (the weighted sum over the window divided by this rank's share).
-  Topology topology = Topology::AllReduce;
-  // ParameterServer only: Synchronous sends buckets to rank 0 during backward and exchanges parameters
-  // after the step (distributed/topology.h); BackupWorkers and BoundedAsync send nothing here: the caller pushes
-  // the window's weighted gradient after finalize() (distributed/ps_aggregation.h).
-  PsAggregation ps_aggregation = PsAggregation::Synchronous;
-  // AllReduce only: Gradients all-reduces every window's buckets; Parameters sends no gradient (param.grad
-  // is this rank's own mean gradient, as with Gossip) and, after every average_every-th optimiser step,
-  // replaces every rank's parameters by their sample-weighted mean (model averaging, local SGD).
-  Aggregate aggregate = Aggregate::Gradients;
-  int64_t average_every = 1;
-};
-
-// One bucket: parameters (in reverse model order) packed into one flat float32 buffer.
-struct BucketLayout {
-  std::vector<std::string> names;   // parameter names, in bucket order
-  std::vector<int64_t> offsets;     // element offset of each in the flat buffer
-  std::vector<int64_t> numels;
-  int64_t numel = 0;
 };
 
 // Totals over synchronisations since construction.
@@ -80,13 +60,15 @@ struct ReducerStats {
   // Of comm_ms and exposed_ms: the parameter exchange after the optimiser step (ps, gossip), which runs
   // on the caller's thread after the step runtime has timed the step.
   double exchange_ms = 0;
-  int64_t averages = 0;         // Aggregate::Parameters: parameter averages taken
   // Fraction of communication hidden under backward: 1 - exposed / comm (0 when nothing was sent).
   double overlap() const;
 };
 
 class Reducer {
  public:
+  Reducer(World world, const std::vector<std::pair<std::string, Value>>& params,
+          std::unique_ptr<Aggregator> aggregator, ReducerOptions options = {});
+  // All-reduce of every bucket through `hook` (the allreduce aggregator).
   Reducer(World world, const std::vector<std::pair<std::string, Value>>& params, std::unique_ptr<CommHook> hook,
           ReducerOptions options = {});
   ~Reducer();
@@ -96,7 +78,7 @@ class Reducer {
   // Before each backward: this backward's gradient counts `weight` times (its samples / the samples of
   // the whole optimiser step over every rank and micro-batch; 0 for a rank without data).
   void prepare_backward(double weight);
-  // The step and learning rate of the coming synchronisation, handed to the hook when its window opens
+  // The step and learning rate of the coming synchronisation, handed to the aggregator when its window opens
   // (the first prepare_backward after it); optional.
   void set_window_context(const WindowContext& context) { context_ = context; }
   // Gradient-ready hook (registered on every parameter by the constructor; public for callers that drive
@@ -108,30 +90,23 @@ class Reducer {
   // waits for every reduction, and points every param.grad at its sum (a view of the bucket, valid until
   // the next window's first prepare_backward, which clears param.grad). Rethrows a communication failure.
   void finalize();
-  // After the optimiser step that followed finalize(): the topology's parameter exchange (ParameterServer:
-  // rank 0 sends its parameters to every rank; Gossip: the ring-neighbour average; AllReduce: nothing).
-  // Does nothing unless a finalize() is waiting for it, so it may be called after every backward.
+  // After the optimiser step that followed finalize(): the aggregator's parameter traffic (a server's
+  // parameters, a gossip average, a model average every K steps). Does nothing unless a finalize() is
+  // waiting for it, so it may be called after every backward.
   void after_optimizer_step();
-  // Aggregate::Parameters: averages the parameters now if any local step happened since the last average
-  // (every rank must call it: the end of a run, so that every rank holds the same final model).
-  void average_parameters_now();
+  // After the last step (every rank): the aggregator leaves the run's final model in the parameters.
+  void finish();
 
   const std::vector<BucketLayout>& buckets() const { return layouts_; }
-  // Per-parameter tensors (by name, any shape with the parameter's numel) laid out as the buckets are:
-  // one (numel) float32 tensor per bucket; parameters not named are filled with `missing`.
-  std::vector<at::Tensor> bucket_layout_of(const std::vector<std::pair<std::string, at::Tensor>>& per_param,
-                                           float missing) const;
-  // Bytes of the flat bucket buffers (gradient memory the reducer adds) and of the hook's state.
+  // Bytes of the flat bucket buffers (gradient memory the reducer adds).
   int64_t bucket_bytes() const;
-  int64_t hook_state_bytes() const { return hook_->state_bytes(); }
-  const CommHook& hook() const { return *hook_; }
-  CommHook& hook() { return *hook_; }
+  const Aggregator& aggregator() const { return *aggregator_; }
+  Aggregator& aggregator() { return *aggregator_; }
   const ReducerStats& stats() const { return stats_; }
 
  private:
   enum class BucketState { Filling, Ready, Launched, Reduced };
   enum class ParameterExchange { Done, Due };  // Due: finalize() ran, the step's parameters not yet exchanged
-  Traffic send_bucket(int bucket, at::Tensor& flat);
   struct Slot {
     std::shared_ptr<ValueImpl> param;
     size_t bucket = 0;
@@ -145,9 +120,11 @@ class Reducer {
   void mark_ready(size_t bucket);          // caller holds mu_
   void launch_ready_in_order();            // caller holds mu_
   void comm_loop();
+  std::vector<at::Tensor> parameter_tensors() const;  // in bucket order
+  void count_exchange(const Traffic& traffic, double ms);
 
   World world_;
-  std::unique_ptr<CommHook> hook_;
+  std::unique_ptr<Aggregator> aggregator_;
   ReducerOptions options_;
   std::vector<BucketLayout> layouts_;
   std::vector<Slot> slots_;                           // one per parameter, in bucket order
@@ -156,8 +133,6 @@ class Reducer {
   double weight_ = 1;
   double window_weight_ = 0;                          // sum of this window's weights (this rank's share)
   ParameterExchange exchange_ = ParameterExchange::Done;
-  int64_t steps_since_average_ = 0;                   // Aggregate::Parameters: local steps not yet averaged
-  double weight_since_average_ = 0;                   // and this rank's share of their samples
   WindowContext context_;
   int64_t micro_ = 0;                                 // backward passes of this window prepared so far
   size_t next_launch_ = 0;

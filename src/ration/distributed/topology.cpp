@@ -3,6 +3,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <cmath>
+
 #include "ration/base/check.h"
 
 namespace ration::dist {
@@ -134,6 +136,50 @@ Traffic average_with_ring_neighbours(const World& world, const std::vector<at::T
   Traffic traffic;
   traffic.payload_bytes = traffic.wire_bytes = bytes_of(mine) * static_cast<int64_t>(sends.size());
   return traffic;
+}
+
+const char* to_string(GossipGraph g) { return g == GossipGraph::Ring ? "ring" : "exponential"; }
+
+GossipGraph parse_gossip_graph(const std::string& text, const std::string& origin) {
+  for (GossipGraph g : {GossipGraph::Ring, GossipGraph::Exponential})
+    if (text == to_string(g)) return g;
+  throw Error(detail::str(origin, ": dist.gossip_graph must be one of \"ring\", \"exponential\"; got \"", text, "\""));
+}
+
+Traffic push_sum_exponential(const World& world, const std::vector<at::Tensor>& params, int64_t step, double& weight) {
+  const int n = world.size();
+  if (n <= 1) return {};
+  int distances = 0;  // ceil(log2 n): the distances 1, 2, 4, ... below n
+  while ((1 << distances) < n) ++distances;
+  const int d = 1 << static_cast<int>(step % distances);
+  const int to = (world.rank() + d) % n, from = (world.rank() - d % n + n) % n;
+  at::NoGradGuard no_grad;
+  const at::Tensor mine = pack(params);
+  at::Tensor half = at::empty({mine.numel() + 1}, at::kFloat);  // (P + 1): w x / 2, then w / 2
+  half.narrow(0, 0, mine.numel()).copy_(mine).mul_(weight / 2);
+  half[mine.numel()] = static_cast<float>(weight / 2);
+  at::Tensor received = at::empty_like(half);
+  world.send_recv({{to, half}}, {{from, received}}, kParameterTag + 3);
+  half.add_(received);  // this rank's kept half plus the sender's
+  weight = half[mine.numel()].item<double>();
+  unpack(half.narrow(0, 0, mine.numel()).div(weight), params);
+  Traffic traffic;
+  traffic.payload_bytes = traffic.wire_bytes = bytes_of(half);
+  return traffic;
+}
+
+double parameter_disagreement(const World& world, const std::vector<at::Tensor>& params) {
+  if (world.size() <= 1) return 0;
+  at::NoGradGuard no_grad;
+  const at::Tensor mine = pack(params).to(at::kDouble);
+  at::Tensor mean = mine.clone();
+  world.all_reduce_sum(mean);
+  mean.div_(world.size());
+  at::Tensor sq = (mine - mean).pow(2).sum().reshape({1});
+  world.all_reduce_sum(sq);
+  const double norm = mean.norm().item<double>();
+  const double rms = std::sqrt(sq.item<double>() / world.size());
+  return norm > 0 ? rms / norm : rms;
 }
 
 }  // namespace ration::dist

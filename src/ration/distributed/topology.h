@@ -55,4 +55,22 @@ Traffic average_parameters(const World& world, const std::vector<at::Tensor>& pa
 // N >= 3, 1 x for N = 2.
 Traffic average_with_ring_neighbours(const World& world, const std::vector<at::Tensor>& params);
 
+// Which gossip graph (dist.gossip_graph): the ring (both neighbours every step) or the time-varying
+// exponential graph of stochastic gradient push (one peer per step, at distance 2^(step mod ceil(log2 N))).
+enum class GossipGraph { Ring, Exponential };
+const char* to_string(GossipGraph g);
+// "ring" | "exponential"; anything else: ration::Error naming `origin`, dist.gossip_graph and the choices.
+GossipGraph parse_gossip_graph(const std::string& text, const std::string& origin);
+
+// Gossip on the exponential graph with push-sum weights, after every rank's own optimiser step of step
+// `step`: with d = 2^(step mod ceil(log2 N)), each rank sends half of (w * params, w) to rank + d and keeps
+// half, receives the half of rank - d, and its parameters become the de-biased x / w. `weight` is this
+// rank's push-sum weight (1 at the start; it stays 1 while every rank sends every step, since each rank
+// then has exactly one sender). Traffic: the parameters' bytes plus one float, to one peer.
+Traffic push_sum_exponential(const World& world, const std::vector<at::Tensor>& params, int64_t step, double& weight);
+
+// How far apart the ranks' parameters are: sqrt(mean_r ||p_r - mean p||^2) / ||mean p|| (0 when every rank
+// holds the same; two all-reduces, every rank must call it). A diagnostic: its bytes are not a topology's.
+double parameter_disagreement(const World& world, const std::vector<at::Tensor>& params);
+
 }  // namespace ration::dist

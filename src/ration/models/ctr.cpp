@@ -129,6 +129,16 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
   hook_ = std::make_unique<PsHook>(*this);
 }
 
+// Embedded shards live inside each process: under data parallel every rank would train a private table.
+std::string Ctr::data_parallel_refusal() const {
+  if (!client_->embedded()) return {};  // shared servers: every rank pulls and pushes the same tables
+  return "the ctr model keeps its embedding tables on parameter-server shards embedded in each process "
+         "(ps.endpoints is empty), so with more than one rank each would train a private table. Start the "
+         "shared servers first, one per shard (`ration ps serve --listen HOST:PORT --shard I/N`, "
+         "see README), and set ps.endpoints = \"HOST:PORT,...\" on every rank; every rank then pulls and "
+         "pushes the same tables (each push applied as it arrives). Or train with one process";
+}
+
 Ctr::~Ctr() {
   // A prefetch in flight reads the client: let it land before the members go.
   settle_prefetches();

@@ -95,6 +95,7 @@ class Ctr : public Model {
   Value loss(const data::Batch& batch) override;
   EvalStats evaluate(const data::Batch& batch) override;
   std::string family() const override { return "ctr"; }
+  std::string data_parallel_refusal() const override;
   // Embedded shards snapshot under ps.snapshot_dir (default RUN_DIR/ps); remote shards under their own
   // --snapshot-dir. Version = step.
   void save_external_state(const std::string& run_dir, int64_t step) override;

@@ -48,6 +48,10 @@ class Model : public nn::Module {
   // early and hands it to prefetch() before running the current step.
   virtual bool prefetches() const { return false; }
   virtual void prefetch(const data::Batch& next) {}
+  // Why this model, as configured, cannot be trained by more than one data-parallel rank ("" when it
+  // can): state outside named_parameters that each process would keep privately (ctr's embedded
+  // parameter-server shards) would make the ranks train unrelated models.
+  virtual std::string data_parallel_refusal() const { return {}; }
 };
 
 // Reads model.* keys (model.type selects the family). `input_info` keys the data side published

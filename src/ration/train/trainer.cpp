@@ -130,6 +130,8 @@ class TrainingRun {
         progress_(options.json || world_.rank() != 0, run_.log_every) {
     Config& c = setup_.config;
     if (world_.size() > 1) liveness_ = std::make_unique<dist::Liveness>(world_);
+    const std::string refusal = world_.size() > 1 ? model_.data_parallel_refusal() : std::string();
+    RATION_CHECK(refusal.empty(), c.origin(), ": ", world_.size(), " ranks: ", refusal);
     optimizer_ = build_optimizer(run_, params_);
     sync_ = std::make_unique<DataParallelStep>(world_, keys_, params_, *optimizer_, run_, c.origin());
     per_epoch_ = (loader_.batches_per_epoch() + keys_.dp.reducer.sync_every - 1) / keys_.dp.reducer.sync_every;
@@ -207,7 +209,7 @@ class TrainingRun {
         break;
       }
     }
-    sync_->finish(*optimizer_);  // the server's final model, or one averaged model
+    sync_->finish();  // the server's final model, or one averaged model
     progress_.finish();
     // A stopped run skips the final evaluation (the user is waiting) and saves where it stopped.
     if (stop_signal_ != 0) {
