@@ -1,9 +1,10 @@
 // bench_util.h — small helpers every bench program uses (not part of the library; of ration's headers only
 // the header-only base/timing.h, so the programs that only run the CLI use it too).
-// Owns: a flag's comma-separated list, medians and timers (wall since a time point, process and thread CPU
-//       time), the machine's description, the peer processes' command line pieces (thread environment, a
-//       Python peer script), running a command for its output and reading the JSON lines it printed,
-//       writing a result JSON, and main's last resort for an error.
+// Owns: a flag's comma-separated list and a --filter's labels, medians and timers (wall since a time point,
+//       process and thread CPU time), the machine's description, the peer processes' command line pieces
+//       (thread environment, a Python peer script), running a command for its output (or its lines, each
+//       stamped as it arrived) and reading the JSON lines it printed, writing a result JSON, and main's
+//       last resort for an error.
 // Does not own: building a model bench's config, model and batch (bench_setup.h) or running the `ration`
 //       CLI (ration_run.h).
 #pragma once
@@ -98,6 +99,44 @@ inline std::string run_command(const std::string& cmd, int* status = nullptr) {
   const int rc = ::pclose(f);
   if (status) *status = rc;
   return out;
+}
+
+// One line a command printed, and when it arrived: seconds since the command was started.
+struct TimedLine {
+  double seconds = 0;
+  std::string text;  // without its newline
+};
+
+// Runs `cmd` through the shell and returns every line it printed on stdout, each stamped as it arrived
+// (exact to the reader's wake-up only when the command flushes its lines as it prints them); `status`
+// (optional) as run_command's.
+inline std::vector<TimedLine> run_command_timed(const std::string& cmd, int* status = nullptr) {
+  std::vector<TimedLine> out;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) {
+    if (status) *status = -1;
+    return out;
+  }
+  std::string line;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, f)) {
+    line += buf;
+    if (line.back() != '\n') continue;  // a line longer than the buffer: read on
+    line.pop_back();
+    out.push_back({seconds_since(t0), line});
+    line.clear();
+  }
+  if (!line.empty()) out.push_back({seconds_since(t0), line});
+  const int rc = ::pclose(f);
+  if (status) *status = rc;
+  return out;
+}
+
+// A --filter flag's selection: whether `label` is one of its '|'-separated labels (an empty filter
+// selects every label).
+inline bool selected(const std::string& filter, const std::string& label) {
+  return filter.empty() || ("|" + filter + "|").find("|" + label + "|") != std::string::npos;
 }
 
 // Every JSON object a peer printed, one per line (from the line's first '{' to its end), in order; lines

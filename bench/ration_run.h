@@ -1,11 +1,14 @@
 // ration_run.h — run the `ration` CLI built beside the benches and read back its JSON report (bench
 // programs only, not part of the library).
 // Owns: the command line's common tail (--report, --json, --set overrides, silenced output), the report's
-// temporary file, and the quiet `ration train` (optionally under `ration launch`) the data-parallel and
-// parameter-server benches start from. Does not own: which model, world size and settings a bench runs.
+// temporary file, the quiet `ration train` (optionally under `ration launch`) the data-parallel and
+// parameter-server benches start from, and a run whose progress lines are kept with their arrival times.
+// Does not own: which model, world size and settings a bench runs.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <unistd.h>
+
+#include "bench_util.h"
 
 #include <cstdint>
 #include <cstdlib>
@@ -45,6 +48,34 @@ inline nlohmann::json run_ration_report(const std::string& binary_dir, const std
   nlohmann::json r;
   std::ifstream in(report);
   if (in.good()) in >> r;
+  fs::remove(report);
+  return r;
+}
+
+// A run whose output was kept: its report (empty when it wrote none) and every line it printed, stdout and
+// stderr together (under `ration launch`, each prefixed "[rank k] "), stamped as it arrived.
+struct TimedReport {
+  nlohmann::json report;
+  std::vector<TimedLine> lines;
+  int status = 0;  // the shell's status (0: every rank exited 0)
+};
+
+// Runs `<binary_dir>/ration <args> --report TMP --set <extra>...` like run_ration_report but without
+// --json, so rank 0's progress and evaluation lines come back with the times they were printed at
+// (`ration train` flushes each line; set train.log_every for the step lines wanted).
+inline TimedReport run_ration_timed(const std::string& binary_dir, const std::string& args,
+                                    const std::vector<std::string>& extra, const std::string& tag) {
+  namespace fs = std::filesystem;
+  const fs::path report = fs::temp_directory_path() / ("ration-" + tag + "-bench-" + std::to_string(::getpid()) + ".json");
+  std::ostringstream cmd;
+  cmd << binary_dir << "/ration " << args << " --report " << report;
+  for (const auto& e : extra) cmd << " --set " << e;
+  cmd << " 2>&1";
+  TimedReport r;
+  r.lines = run_command_timed(cmd.str(), &r.status);
+  if (r.status != 0) std::cerr << "command failed: " << cmd.str() << "\n";
+  std::ifstream in(report);
+  if (in.good()) in >> r.report;
   fs::remove(report);
   return r;
 }

@@ -33,7 +33,7 @@ declare -A TARGETS=(
   [memory]="bench_budget_curve bench_chain_yardstick"
   [offload]="bench_offload bench_joint_plan"
   [planner]="bench_plan_scaling"
-  [distributed]="bench_dp_scaling ration_cli"
+  [distributed]="bench_dp_scaling bench_dp_convergence ration_cli"
   [ps]="bench_ps_store bench_ps_grpc bench_ps_ctr_synthetic bench_ps_evict bench_ps_modes bench_ps_online ration_cli"
   [sequence]="bench_seq_memory bench_seq_bptt_budget"
   [trace]="bench_trace_overhead"
@@ -123,6 +123,8 @@ section_distributed() {
     --conv-filter 'N=2 onebit + EF, fp32 warm-up' --out $R/dp_convergence_gpt_warmup.json
   run "$B"/bench_dp_scaling --skip-speed --skip-convergence --reps 2 --out $R/dp_topologies.json
   run "$B"/bench_dp_scaling --skip-speed --skip-convergence --reps 1 --topo-n 3 --out $R/dp_topologies_n3.json
+  # Samples and wall time to 85 % test accuracy, every topology x mode at N = 2, 3, 4, without / with a straggler.
+  run "$B"/bench_dp_convergence --n 2,3,4 --max-steps 600 --target 85 --out $R/dp_convergence.json
 }
 
 section_ps() {

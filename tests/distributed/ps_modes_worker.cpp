@@ -17,6 +17,7 @@
 #include <chrono>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -210,6 +211,128 @@ TEST(PsModes, AsyncNeverLetsAWorkerRunMoreThanSPushesAhead) {
     const auto& losses = rep["loss"];
     EXPECT_LT(losses.back().get<double>(), losses.front().get<double>());
   }
+  w.barrier();
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// ---- dist.weights and data.sampling = "local_shuffle" -----------------------------------------------------
+// Equal user weights are the sample-count default bitwise (equal batches on every rank); unequal ones
+// change the model and are reported; a list of the wrong length is named. Local shuffle trains and is
+// reported, with another model than the global permutation's.
+TEST(DataParallelKeys, UserWeightsAndLocalShuffle) {
+  const World& w = world();
+  const int n = w.size();
+  const std::filesystem::path dir = shared_dir("weights");
+  auto list = [&](auto weight_of) {
+    std::string s = "dist.weights=[";
+    for (int r = 0; r < n; ++r) s += (r ? "," : "") + std::to_string(weight_of(r));
+    return s + "]";
+  };
+  const nlohmann::json plain = train_mlp(dir / "samples", {"dist.topology=allreduce"});
+  const nlohmann::json equal = train_mlp(dir / "equal", {"dist.topology=allreduce", list([](int) { return 1; })});
+  const nlohmann::json skewed = train_mlp(dir / "skewed", {"dist.topology=allreduce", list([](int r) { return r + 1; })});
+  EXPECT_EQ(plain["dist"]["weights"], "samples");
+  EXPECT_EQ(skewed["dist"]["weights"][static_cast<size_t>(n - 1)].get<double>(), n);
+  w.barrier();
+  expect_bitwise_same_weights((dir / "samples" / "ckpt-20").string(), (dir / "equal" / "ckpt-20").string());
+  const train::Checkpoint a = train::load_checkpoint((dir / "samples" / "ckpt-20").string());
+  const train::Checkpoint b = train::load_checkpoint((dir / "skewed" / "ckpt-20").string());
+  EXPECT_FALSE(at::equal(a.weights[0].second, b.weights[0].second)) << "other weights, another model";
+  try {
+    (void)train_mlp(dir / "bad", {"dist.topology=allreduce", "dist.weights=[1,1,1,1,1]"}, 1);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dist.weights must hold one weight per rank: " + std::to_string(n) +
+                                         " ranks, got 5 weights"),
+              std::string::npos)
+        << e.what();
+  }
+  const nlohmann::json local = train_mlp(dir / "local", {"dist.topology=allreduce", "data.sampling=local_shuffle"});
+  EXPECT_EQ(local["dist"]["sampling"], "local_shuffle");
+  EXPECT_LT(local["loss"].back().get<double>(), local["loss"].front().get<double>()) << "it trains";
+  w.barrier();
+  const train::Checkpoint c = train::load_checkpoint((dir / "local" / "ckpt-20").string());
+  EXPECT_FALSE(at::equal(a.weights[0].second, c.weights[0].second)) << "each rank's own shard: other batches";
+  w.barrier();
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// ---- ensembles (dist.aggregate = "ensemble") ------------------------------------------------------------
+// Each rank trains its own member on its own bootstrap sample, with no exchange; the evaluation combines
+// the members: every member's accuracy, the mean probability's and the majority vote's, on every rank.
+// The members differ, and the ensemble beats the mean member. A checkpoint holds every member: resumed
+// at step 30, every member ends bitwise as in the straight run.
+TEST(Ensemble, MembersTrainApartAndTheEnsembleBeatsTheMeanMember) {
+  const World& w = world();
+  const int n = w.size();
+  const std::filesystem::path dir = shared_dir("ensemble");
+  const std::vector<std::string> keys = {"dist.topology=allreduce", "dist.aggregate=ensemble", "train.eval_batches=40",
+                                         "train.eval_every=60", "train.keep_checkpoints=10"};
+  const nlohmann::json rep = train_mlp(dir / "straight", keys, 60);
+  EXPECT_EQ(rep["dist"]["aggregate"], "ensemble");
+  EXPECT_EQ(rep["dist"]["members"], n);
+  EXPECT_EQ(rep["dist"]["sampling"], "bootstrap");
+  EXPECT_EQ(rep["dist"]["bytes_sent_per_step"].get<double>(), 0.0) << "no exchange while training";
+  const nlohmann::json& e = rep["eval"].back()["ensemble"];
+  ASSERT_EQ(e["member_accuracy"].size(), static_cast<size_t>(n));
+  std::set<double> distinct;
+  for (const auto& a : e["member_accuracy"]) distinct.insert(a.get<double>());
+  EXPECT_GT(distinct.size(), 1u) << "every member trained on its own sample";
+  EXPECT_GT(e["soft_vote_accuracy"].get<double>(), e["mean_member_accuracy"].get<double>()) << e.dump();
+  EXPECT_GE(e["vote_accuracy"].get<double>(), *std::min_element(distinct.begin(), distinct.end())) << e.dump();
+  EXPECT_EQ(rep["eval"].back()["accuracy"], e["soft_vote_accuracy"]);
+  if (w.rank() == 0)
+    std::printf("ensemble N=%d: members %s, mean %.4f, soft vote %.4f, majority vote %.4f\n", n,
+                e["member_accuracy"].dump().c_str(), e["mean_member_accuracy"].get<double>(),
+                e["soft_vote_accuracy"].get<double>(), e["vote_accuracy"].get<double>());
+  // Resume at 30: every member continues from its own state.
+  train::TrainOptions o;
+  o.config_path = std::string(RATION_SOURCE_DIR) + "/configs/mlp.toml";
+  o.overrides = {"train.threads=1", "train.checkpoint_dir=" + (dir / "resumed").string(), "train.checkpoint_every=10",
+                 "train.keep_checkpoints=3", "train.batch_size=16", "model.dropout=0", "train.eval_batches=1",
+                 "train.eval_every=0", "train.log_every=1000", "dist.topology=ps"};
+  o.overrides.insert(o.overrides.end(), keys.begin(), keys.end());
+  o.steps = 60;
+  o.json = true;
+  o.world = w;
+  o.resume = (dir / "straight" / "ckpt-30").string();
+  (void)train::run_training(o);
+  w.barrier();
+  const train::Checkpoint a = train::load_checkpoint((dir / "straight" / "ckpt-60").string());
+  const train::Checkpoint b = train::load_checkpoint((dir / "resumed" / "ckpt-60").string());
+  int members = 0;
+  for (size_t i = 0; i < a.optimizer.size(); ++i) {
+    if (a.optimizer[i].first.rfind("dist.member", 0) != 0) continue;
+    ASSERT_LT(i, b.optimizer.size());
+    ASSERT_EQ(a.optimizer[i].first, b.optimizer[i].first);
+    EXPECT_TRUE(at::equal(a.optimizer[i].second, b.optimizer[i].second)) << a.optimizer[i].first;
+    members += a.optimizer[i].first.find(".param.") != std::string::npos &&
+               a.optimizer[i].first.find("out.weight") != std::string::npos;
+  }
+  EXPECT_EQ(members, n) << "the checkpoint holds every member";
+  w.barrier();
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// ---- evolution strategies (optim.name = "es") -------------------------------------------------------------
+// Forward passes only: each rank evaluates its antithetic pairs, one all-reduce of the population's losses
+// per step (4 bytes each, whatever the model's size), and the accuracy rises over the evaluations.
+TEST(EvolutionStrategies, MlpLearnsFromThePopulationsLossesAlone) {
+  const World& w = world();
+  const std::filesystem::path dir = shared_dir("es");
+  const nlohmann::json rep = train_mlp(dir / "es", {"dist.topology=allreduce", "optim.name=es", "optim.lr=0.0005",
+                                                    "optim.es_population=32", "train.eval_every=50",
+                                                    "train.eval_batches=20"},
+                                       150);
+  EXPECT_EQ(rep["dist"]["es"]["bytes_sent_per_step"], 4 * 32);
+  EXPECT_EQ(rep["dist"]["es"]["population"], 32);
+  ASSERT_GE(rep["eval"].size(), 3u);
+  std::string curve;
+  for (const auto& e : rep["eval"]) curve += std::to_string(e["accuracy"].get<double>()) + " ";
+  EXPECT_GT(rep["eval"].back()["accuracy"].get<double>(), 0.3) << curve;
+  EXPECT_GT(rep["eval"].back()["accuracy"].get<double>(), rep["eval"].front()["accuracy"].get<double>()) << curve;
+  EXPECT_LT(rep["loss"].back().get<double>(), rep["loss"].front().get<double>());
+  if (w.rank() == 0) std::printf("es N=%d: accuracy at steps 50/100/150: %s\n", w.size(), curve.c_str());
   w.barrier();
   if (w.rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -19,6 +19,7 @@ struct Row {
   bool compresses;   // dist.compress may be "fp16" or "onebit"
   const char* what;  // the row as the user names it, for messages
   Builder build;
+  AggregationTraits traits = {};
 };
 
 const std::vector<Row>& table() {
@@ -44,6 +45,10 @@ const std::vector<Row>& table() {
        [](const DataParallelSettings& s, optim::Optimizer*, const std::string&) {
          return make_partial_ps_aggregator(s.ps);
        }},
+      {Topology::AllReduce, Aggregate::Ensemble, PsAggregation::Synchronous, false,
+       "dist.aggregate = \"ensemble\"",
+       [](const DataParallelSettings&, optim::Optimizer*, const std::string&) { return make_ensemble_aggregator(); },
+       {/*members=*/true}},
       {Topology::Gossip, Aggregate::Gradients, PsAggregation::Synchronous, false, "dist.topology = \"gossip\"",
        [](const DataParallelSettings& s, optim::Optimizer*, const std::string&) {
          return make_gossip_aggregator(s.gossip);
@@ -80,6 +85,10 @@ const Row& row_of(const DataParallelSettings& s, const std::string& origin) {
 }
 
 }  // namespace
+
+AggregationTraits aggregation_traits(const DataParallelSettings& settings, const std::string& origin) {
+  return row_of(settings, origin).traits;
+}
 
 void check_aggregation(const DataParallelSettings& settings, const std::string& origin) {
   (void)row_of(settings, origin);

@@ -12,6 +12,14 @@
 
 namespace ration::dist {
 
+// What a run's loop must know of its aggregator besides the interface: `members` — each rank trains a
+// model of its own on its own sample of the whole training set (bootstrap, its own seed; no shards), and
+// evaluation combines the members' predictions.
+struct AggregationTraits {
+  bool members = false;
+};
+AggregationTraits aggregation_traits(const DataParallelSettings& settings, const std::string& origin);
+
 // Throws ration::Error naming `origin` and the keys when the settings' topology, aggregate, parameter
 // server mode and compression have no row in the table.
 void check_aggregation(const DataParallelSettings& settings, const std::string& origin);

@@ -32,5 +32,7 @@ struct GossipOptions {
 std::unique_ptr<Aggregator> make_gossip_aggregator(const GossipOptions& options = {});
 // averaging_aggregator.cpp: local steps, parameters averaged (weighted) every `every` steps.
 std::unique_ptr<Aggregator> make_averaging_aggregator(int64_t every);
+// ensemble_aggregator.cpp: no exchange; each rank trains its own member (checkpoints hold every member).
+std::unique_ptr<Aggregator> make_ensemble_aggregator();
 
 }  // namespace ration::dist

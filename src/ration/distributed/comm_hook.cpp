@@ -255,7 +255,8 @@ const char kResidualPrefix[] = "dist.onebit_residual.rank";
 std::string residual_name(int rank, size_t bucket) {
   return kResidualPrefix + std::to_string(rank) + ".bucket" + std::to_string(bucket);
 }
-bool is_hook_state(const std::string& name) { return name.rfind("dist.onebit_residual", 0) == 0; }
+// Every aggregator's checkpoint entries start with "dist." (onebit's residuals, ensemble members).
+bool is_hook_state(const std::string& name) { return name.rfind("dist.", 0) == 0; }
 
 }  // namespace
 
@@ -285,7 +286,7 @@ std::string restore_hook_state(const World& world, CommHook& hook, const NamedTe
   std::map<std::string, at::Tensor> saved;
   int saved_ranks = 0;
   for (const auto& [name, t] : entries) {
-    if (!is_hook_state(name)) continue;
+    if (name.rfind(kResidualPrefix, 0) != 0) continue;
     saved[name] = t;
     if (name.rfind(kResidualPrefix, 0) == 0)
       saved_ranks = std::max(saved_ranks, 1 + std::stoi(name.substr(sizeof(kResidualPrefix) - 1)));

@@ -191,7 +191,7 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // Collective (every rank calls it): rank 0 receives every rank's residuals as named entries; other ranks
 // get nothing. Empty on every rank when the hook keeps no state.
 NamedTensors gather_hook_state(const World& world, const CommHook& hook);
-// The entries that are not hook state (what the optimiser imports).
+// The entries that are not hook or aggregator state ("dist." entries): what the optimiser imports.
 NamedTensors without_hook_state(const NamedTensors& entries);
 // This rank takes its residuals from `entries` when they were saved by the same number of ranks; returns
 // a note for the user when the checkpoint's state cannot be used (residuals then start at zero).

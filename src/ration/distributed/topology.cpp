@@ -48,12 +48,19 @@ Topology parse_topology(const std::string& text, const std::string& origin) {
                           "\""));
 }
 
-const char* to_string(Aggregate a) { return a == Aggregate::Gradients ? "gradients" : "parameters"; }
+const char* to_string(Aggregate a) {
+  switch (a) {
+    case Aggregate::Gradients: return "gradients";
+    case Aggregate::Parameters: return "parameters";
+    case Aggregate::Ensemble: return "ensemble";
+  }
+  return "?";
+}
 
 Aggregate parse_aggregate(const std::string& text, const std::string& origin) {
-  for (Aggregate a : {Aggregate::Gradients, Aggregate::Parameters})
+  for (Aggregate a : {Aggregate::Gradients, Aggregate::Parameters, Aggregate::Ensemble})
     if (text == to_string(a)) return a;
-  throw Error(detail::str(origin, ": dist.aggregate must be one of \"gradients\", \"parameters\"; got \"", text,
+  throw Error(detail::str(origin, ": dist.aggregate must be one of \"gradients\", \"parameters\", \"ensemble\"; got \"", text,
                           "\""));
 }
 

@@ -37,11 +37,12 @@ Traffic reduce_to_server(const World& world, int bucket, at::Tensor& flat);
 Traffic send_parameters_from_server(const World& world, const std::vector<at::Tensor>& params);
 
 // What the ranks combine (dist.aggregate): their gradients before every optimiser step (full or partial
-// aggregation), or their parameters every K steps after local steps (model averaging, local SGD: the
-// ensemble-style aggregation of docs/METHODS.md, "Distributed training").
-enum class Aggregate { Gradients, Parameters };
+// aggregation), their parameters every K steps after local steps (model averaging, local SGD: model
+// fusion), or nothing while training and their predictions at evaluation (an ensemble of members, each
+// trained on its own bootstrap sample, combined by voting; docs/METHODS.md, "Distributed training").
+enum class Aggregate { Gradients, Parameters, Ensemble };
 const char* to_string(Aggregate a);
-// "gradients" | "parameters"; anything else: ration::Error naming `origin`, dist.aggregate and the choices.
+// "gradients" | "parameters" | "ensemble"; anything else: ration::Error naming `origin`, dist.aggregate and the choices.
 Aggregate parse_aggregate(const std::string& text, const std::string& origin);
 
 // Model averaging: every rank's parameters become the weighted mean over ranks, sum_r w_r p_r / sum_r w_r

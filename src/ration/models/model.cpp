@@ -89,7 +89,13 @@ EvalStats Classifier::evaluate(const data::Batch& batch) {
   NoGradGuard no_grad;
   ClassBatch b = class_batch(batch, *this);
   Value lg = logits(b.images);  // (B, K)
-  return stats_of(lg, b.labels, ops::cross_entropy(lg, b.labels));
+  EvalStats s = stats_of(lg, b.labels, ops::cross_entropy(lg, b.labels));
+  const at::Tensor p = lg.tensor().softmax(-1).to(at::kCPU, at::kFloat).contiguous();  // (B, K)
+  const at::Tensor t = b.labels.tensor().to(at::kCPU, at::kLong).contiguous();          // (B)
+  s.classes = p.size(1);
+  s.probabilities.assign(p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
+  s.targets.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  return s;
 }
 
 Value LanguageModel::loss(const data::Batch& batch) {

@@ -25,6 +25,11 @@ struct EvalStats {
   // Binary tasks (ctr): each item's predicted probability and its label, for AUC over a whole pass.
   std::vector<float> scores;
   std::vector<float> labels;
+  // Classifiers: each item's class probabilities (items x classes, row-major) and its class, for
+  // combining an ensemble's members (train/evaluation.h); classes = 0 otherwise.
+  std::vector<float> probabilities;
+  std::vector<int64_t> targets;
+  int64_t classes = 0;
 };
 
 class Model : public nn::Module {

@@ -6,8 +6,10 @@
 
 #include "ration/base/check.h"
 #include "ration/distributed/aggregator_factory.h"
+#include "ration/base/allocator.h"
 #include "ration/distributed/reducer.h"
 #include "ration/optim/clip.h"
+#include "ration/train/es_step.h"
 #include "ration/train/signals.h"
 
 namespace ration::train {
@@ -22,6 +24,8 @@ DataParallelKeys read_data_parallel_keys(Config& cfg) {
                : sampling == "local_shuffle" ? data::Sampling::LocalShuffle
                                              : data::Sampling::Shuffle;
   k.drop_last = cfg.get_bool("data.drop_last", true);
+  k.members = dist::aggregation_traits(k.dp, cfg.origin()).members;
+  if (k.members) k.sampling = data::Sampling::Bootstrap;  // each member its own bootstrap sample
   return k;
 }
 
@@ -49,33 +53,52 @@ class DataParallelStep::ReducerHook : public StepHook {
 
 DataParallelStep::DataParallelStep(const dist::World& world, const DataParallelKeys& keys,
                                    const optim::NamedParams& params, optim::Optimizer& optimizer,
-                                   const RunSettings& run, std::string origin)
-    : world_(world), keys_(keys), params_(params), optimizer_(optimizer), run_(run), origin_(std::move(origin)) {
+                                   const RunSettings& run, uint64_t seed, std::string origin)
+    : world_(world), keys_(keys), params_(params), optimizer_(optimizer), run_(run), seed_(seed),
+      origin_(std::move(origin)) {
+  const int n = world_.size();
+  RATION_CHECK(keys_.dp.weights.empty() || static_cast<int>(keys_.dp.weights.size()) == n, origin_,
+               ": dist.weights must hold one weight per rank: ", n, " ranks, got ", keys_.dp.weights.size(),
+               " weights");
   // One process has no server to wait for: a parameter server's partial modes are its synchronous one.
   dist::DataParallelSettings settings = keys_.dp;
   if (world_.size() <= 1) settings.ps.mode = dist::PsAggregation::Synchronous;
   owned_aggregator_ = dist::make_aggregator(settings, &optimizer_, origin_);
   aggregator_ = owned_aggregator_.get();
+  RATION_CHECK(!evolution_strategies() || (keys_.dp.topology == dist::Topology::AllReduce &&
+                                           keys_.dp.aggregate == dist::Aggregate::Gradients &&
+                                           keys_.dp.compress == "none" && keys_.dp.reducer.sync_every == 1 &&
+                                           keys_.drop_last && !keys_.members),
+               origin_, ": optim.name = \"es\" sends only the population's losses (one all-reduce per step): "
+               "dist.topology, dist.aggregate, dist.compress and dist.sync_every must keep their defaults and "
+               "data.drop_last must be true (every rank evaluates its pairs on a batch)");
 }
 
 DataParallelStep::~DataParallelStep() = default;
 
-bool DataParallelStep::active() const { return world_.size() > 1 || keys_.dp.reducer.sync_every > 1; }
+bool DataParallelStep::active() const {
+  return world_.size() > 1 || keys_.dp.reducer.sync_every > 1 || evolution_strategies();
+}
 
 bool DataParallelStep::central() const { return reducer_ && aggregator_->central(); }
 
 int64_t DataParallelStep::fixed_bytes(int64_t num_parameters) const {
   if (!active()) return 0;
+  if (evolution_strategies()) return 2 * 4 * num_parameters;  // the parameters' copy and the estimate
   return 4 * num_parameters + aggregator_->fixed_bytes(num_parameters);  // the buckets, the aggregator's state
 }
 
 std::string DataParallelStep::attach(StepRuntime& runtime, const optim::WarmupCosine& schedule, int64_t first_step,
                                      const optim::NamedTensors& resumed) {
   if (!active()) return {};
+  if (evolution_strategies()) {
+    optim::NamedParams trainable;
+    for (const auto& [name, p] : params_)
+      if (p.requires_grad()) trainable.emplace_back(name, p);
+    es_ = std::make_unique<EsStep>(world_, trainable, EsSettings{run_.es_population, run_.es_sigma}, seed_);
+    return {};
+  }
   const int n = world_.size();
-  RATION_CHECK(keys_.dp.weights.empty() || static_cast<int>(keys_.dp.weights.size()) == n, origin_,
-               ": dist.weights must hold one weight per rank: ", n, " ranks, got ", keys_.dp.weights.size(),
-               " weights");
   RATION_CHECK(keys_.dp.debug_delay_ms == 0 || keys_.dp.debug_delay_rank < n, origin_,
                ": dist.debug_delay_rank must name a rank in [0, ", n, ") or be -1, got ", keys_.dp.debug_delay_rank);
   RATION_CHECK(keys_.dp.ps.mode != dist::PsAggregation::BackupWorkers || n <= 1 || keys_.dp.ps.backup_workers < n,
@@ -116,6 +139,7 @@ double DataParallelStep::rank_share(const std::vector<std::vector<int64_t>>& mic
 StepStats DataParallelStep::step(StepRuntime& runtime, models::Model& model, data::Loader& loader,
                                  const data::Dataset& set, int64_t& step,
                                  const std::function<StepOptions(uint64_t)>& options, int64_t& items_out) {
+  if (es_) return es_step(model, loader, set, step, items_out);
   const auto t0 = SteadyClock::now();
   // Test aid (dist.debug_delay_ms): this rank computes slowly, so its gradient comes late.
   if (keys_.dp.debug_delay_ms > 0 && world_.rank() == keys_.dp.debug_delay_rank)
@@ -157,17 +181,45 @@ StepStats DataParallelStep::step(StepRuntime& runtime, models::Model& model, dat
   }
   if (!aggregator_->steps_locally())
     return exchange_with_server(st, t0, loss_sum, samples, items, share, loader, step, items_out);
-  // The step's loss: the mean over every rank's samples. The same message carries each rank's stop
-  // request (SIGINT / SIGTERM seen so far), so every rank stops after the same step.
+  st.ms = ms;
+  return agree(st, loss_sum, samples, items, items_out);
+}
+
+// The step's loss: the mean over every rank's samples. The same message carries each rank's stop request
+// (SIGINT / SIGTERM seen so far), so every rank stops after the same step.
+StepStats DataParallelStep::agree(StepStats st, double loss_sum, int64_t samples, int64_t items, int64_t& items_out) {
   const int signal = InterruptScope::requested();
   const std::vector<double> sums = dist::all_reduce_doubles(
       world_, {loss_sum, static_cast<double>(samples), static_cast<double>(items), signal == SIGINT ? 1.0 : 0.0,
                signal != 0 && signal != SIGINT ? 1.0 : 0.0});
   agreed_stop_ = sums[3] > 0 ? SIGINT : sums[4] > 0 ? SIGTERM : 0;
   st.loss = sums[0] / std::max(sums[1], 1.0);
-  st.ms = ms;
   items_out = static_cast<int64_t>(sums[2]);
   return st;
+}
+
+// Evolution strategies: this rank's pairs on its shard of the step's batch, the losses all-reduced, the
+// estimate as every parameter's gradient, then clipping and the run's optimiser (its schedule was applied).
+StepStats DataParallelStep::es_step(models::Model& model, data::Loader& loader, const data::Dataset& set,
+                                    int64_t step, int64_t& items_out) {
+  const auto t0 = SteadyClock::now();
+  const std::vector<int64_t> indices = loader.next_indices();
+  RATION_CHECK(!indices.empty(), origin_, ": optim.name = \"es\": rank ", world_.rank(), " got no batch at step ",
+               step, " (more ranks than items in a batch?)");
+  const data::Batch batch = set.get(indices);
+  memory::reset_peak();
+  const double loss = es_->estimate(model, &batch, step);
+  if (run_.clip_grad_norm > 0) optim::clip_grad_norm(params_, run_.clip_grad_norm);
+  optimizer_.step();
+  optimizer_.zero_grad();
+  StepStats st;
+  st.step = step;
+  st.ms = ms_since(t0);
+  st.memory = memory::stats();
+  st.peak_bytes = memory::device_peak_bytes(st.memory);
+  // Every rank's losses are in the population's mean already; the agreement adds the items and stops.
+  return agree(st, loss * static_cast<double>(indices.size()), static_cast<int64_t>(indices.size()), batch.items,
+               items_out);
 }
 
 // A server steps (partial / asynchronous aggregation): hand it this rank's weighted gradient, take the
@@ -217,6 +269,11 @@ int64_t DataParallelStep::bucket_bytes() const { return reducer_ ? reducer_->buc
 
 nlohmann::json DataParallelStep::report() const {
   nlohmann::json d = {{"world_size", world_.size()}, {"rank", world_.rank()}};
+  if (es_) {
+    d["es"] = {{"population", es_->settings().population}, {"sigma", es_->settings().sigma},
+               {"bytes_sent_per_step", es_->bytes_per_step()}};
+    return d;
+  }
   if (!reducer_) return d;
   const dist::ReducerStats& st = reducer_->stats();
   const double syncs = static_cast<double>(std::max<int64_t>(st.synchronizations, 1));

@@ -34,11 +34,16 @@ class Reducer;
 
 namespace ration::train {
 
+class EsStep;
+
 // The data-parallel keys of a run, read with the others before the world is joined.
 struct DataParallelKeys {
   dist::DataParallelSettings dp;
   data::Sampling sampling = data::Sampling::Shuffle;
   bool drop_last = true;
+  // Each rank trains a member of its own on its own bootstrap sample of the whole set (no shards, its own
+  // seed); evaluation combines the members' predictions (the aggregator's traits).
+  bool members = false;
 };
 DataParallelKeys read_data_parallel_keys(Config& cfg);
 
@@ -46,7 +51,7 @@ class DataParallelStep {
  public:
   // Makes the run's aggregator (which checks the keys against the optimiser).
   DataParallelStep(const dist::World& world, const DataParallelKeys& keys, const optim::NamedParams& params,
-                   optim::Optimizer& optimizer, const RunSettings& run, std::string origin);
+                   optim::Optimizer& optimizer, const RunSettings& run, uint64_t seed, std::string origin);
   ~DataParallelStep();
   DataParallelStep(const DataParallelStep&) = delete;
   DataParallelStep& operator=(const DataParallelStep&) = delete;
@@ -90,17 +95,24 @@ class DataParallelStep {
   double rank_share(const std::vector<std::vector<int64_t>>& micro, int64_t step_samples) const;
   dist::Aggregator& aggregator() const { return *aggregator_; }
   void finish_without_batch();
+  bool evolution_strategies() const { return run_.optimizer == "es"; }
+  StepStats es_step(models::Model& model, data::Loader& loader, const data::Dataset& set, int64_t step,
+                    int64_t& items_out);
+  // The step's loss sums and stop requests, agreed by every rank (one all-reduce of five doubles).
+  StepStats agree(StepStats st, double loss_sum, int64_t samples, int64_t items, int64_t& items_out);
 
   dist::World world_;
   const DataParallelKeys& keys_;
   optim::NamedParams params_;
   optim::Optimizer& optimizer_;
   const RunSettings& run_;
+  uint64_t seed_;  // train.seed (evolution strategies' shared noise)
   std::string origin_;
   std::unique_ptr<dist::Aggregator> owned_aggregator_;  // until attach() hands it to the reducer
   dist::Aggregator* aggregator_ = nullptr;
   std::unique_ptr<dist::Reducer> reducer_;
   std::unique_ptr<ReducerHook> reducer_hook_;
+  std::unique_ptr<EsStep> es_;  // optim.name = "es": forward-only steps, losses all-reduced
   int agreed_stop_ = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "ration/train/setup.h"
 
+#include <cmath>
 #include <algorithm>
 #include <limits>
 #include <sstream>
@@ -94,7 +95,7 @@ const DataKind& data_kind(Config& cfg) {
 }  // namespace
 
 std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params) {
-  if (r.optimizer == "sgd") {
+  if (r.optimizer == "sgd" || r.optimizer == "es") {
     optim::SGDOptions o;
     o.lr = r.lr;
     o.momentum = r.momentum;
@@ -115,12 +116,20 @@ std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const op
 
 RunSettings read_run_settings(Config& cfg) {
   RunSettings r;
-  r.optimizer = cfg.get_choice("optim.name", r.optimizer, {"adamw", "sgd"});
+  r.optimizer = cfg.get_choice("optim.name", r.optimizer, {"adamw", "sgd", "es"});
   r.lr = cfg.get_double("optim.lr", r.lr);
   // The update runs in float32: a rate it cannot hold (overflow, or rounding to 0) is an input error.
   RATION_CHECK(r.lr >= std::numeric_limits<float>::min() && r.lr <= std::numeric_limits<float>::max(), cfg.origin(),
                ": optim.lr must be a number > 0 that float32 holds (from 1.2e-38 to 3.4e+38), got ", r.lr);
-  const bool sgd = r.optimizer == "sgd";
+  const bool sgd = r.optimizer == "sgd" || r.optimizer == "es";
+  if (r.optimizer == "es") {
+    r.es_population = cfg.get_int("optim.es_population", r.es_population);
+    RATION_CHECK(r.es_population >= 2 && r.es_population % 2 == 0, cfg.origin(), ": optim.es_population must be an "
+                 "even integer >= 2 (antithetic pairs: theta + sigma eps and theta - sigma eps), got ", r.es_population);
+    r.es_sigma = cfg.get_double("optim.es_sigma", r.es_sigma);
+    RATION_CHECK(r.es_sigma > 0 && std::isfinite(r.es_sigma), cfg.origin(),
+                 ": optim.es_sigma must be a number > 0 (the perturbations' scale), got ", r.es_sigma);
+  }
   r.weight_decay = cfg.get_double("optim.weight_decay", sgd ? 0.0 : r.weight_decay);
   if (sgd) {
     r.momentum = cfg.get_double("optim.momentum", r.momentum);

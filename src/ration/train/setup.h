@@ -42,7 +42,7 @@ struct Setup {
 
 // The [optim] and remaining [train] keys: read once, validated, shared by train and gradcheck.
 struct RunSettings {
-  std::string optimizer = "adamw";  // "adamw" | "sgd"
+  std::string optimizer = "adamw";  // "adamw" | "sgd" | "es" (SGD on an evolution-strategies estimate)
   double lr = 1e-3, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double momentum = 0.9, dampening = 0, min_lr = 1e-4, clip_grad_norm = 0;
   bool nesterov = false, amsgrad = false;
@@ -52,9 +52,12 @@ struct RunSettings {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0, keep_checkpoints = 2;
   int64_t tbptt = 0;  // train.tbptt: truncated-BPTT chunk length (0: not set, full backpropagation)
+  // optim.name = "es" (train/es_step.h): perturbations per step over every rank (even), their scale.
+  int64_t es_population = 32;
+  double es_sigma = 0.01;
 };
 RunSettings read_run_settings(Config& cfg);
-// The optimiser the run settings name (sgd or adamw, with their keys), over `params`.
+// The optimiser the run settings name (sgd or adamw, with their keys; "es" steps with SGD), over `params`.
 std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params);
 
 // Reads [data], [model] and train.seed/batch_size/threads. Leaves other sections for the caller.

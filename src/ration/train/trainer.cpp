@@ -20,6 +20,7 @@
 #include "ration/streaming/tbptt.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/data_parallel_step.h"
+#include "ration/train/evaluation.h"
 #include "ration/train/op_profile.h"
 #include "ration/train/progress.h"
 #include "ration/train/signals.h"
@@ -30,59 +31,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return ms_since(t0) / 1000.0; }
-
-struct EvalResult {
-  double loss = 0;      // mean per item (nats)
-  double accuracy = 0;  // fraction
-  int64_t count = 0;
-  std::optional<double> auc;  // binary tasks (ctr)
-};
-
-// Data parallel: each rank evaluates its shard of every global batch and the sums are all-reduced, so
-// every rank reports the one-process figures.
-EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& set, int64_t batch_size,
-                    int64_t max_batches, const dist::World& world) {
-  data::LoaderOptions lo{batch_size, /*shuffle=*/false, 0, /*drop_last=*/false};
-  lo.shard_rank = world.rank();
-  lo.shard_count = world.size();
-  data::Loader loader(set, lo);
-  models::EvalStats total;
-  const bool was_training = model.is_training();
-  model.eval();
-  int64_t batches = 0;
-  {
-    NoGradGuard no_grad;
-    while (loader.has_next_in_epoch() && (max_batches <= 0 || batches < max_batches)) {
-      const std::vector<int64_t> indices = loader.next_indices();
-      ++batches;
-      if (indices.empty()) continue;  // a short last batch left this rank nothing
-      data::Batch b = set->get(indices);
-      const auto s = model.evaluate(b);
-      total.loss_sum += s.loss_sum;
-      total.correct += s.correct;
-      total.count += s.count;
-      total.scores.insert(total.scores.end(), s.scores.begin(), s.scores.end());
-      total.labels.insert(total.labels.end(), s.labels.begin(), s.labels.end());
-    }
-  }
-  model.train(was_training);
-  const std::vector<double> sums = dist::all_reduce_doubles(
-      world, {total.loss_sum, static_cast<double>(total.correct), static_cast<double>(total.count)});
-  total.loss_sum = sums[0];
-  total.correct = static_cast<int64_t>(sums[1]);
-  total.count = static_cast<int64_t>(sums[2]);
-  EvalResult r;
-  r.count = total.count;
-  if (total.count > 0) {
-    r.loss = total.loss_sum / static_cast<double>(total.count);
-    r.accuracy = static_cast<double>(total.correct) / static_cast<double>(total.count);
-  }
-  // AUC is not a sum: every rank ranks the scores of the whole evaluation set (all-gathered).
-  const std::vector<float> scores = dist::all_gather_floats(world, total.scores);
-  const std::vector<float> labels = dist::all_gather_floats(world, total.labels);
-  if (!scores.empty()) r.auc = data::roc_auc(scores, labels);
-  return r;
-}
 
 // Keys that do not change the weights a run computes: a run differing only in these is the same run
 // (checkpoints it writes at a step hold the same weights). Budgets and offload are bitwise-neutral.
@@ -130,10 +78,13 @@ class TrainingRun {
         progress_(options.json || world_.rank() != 0, run_.log_every) {
     Config& c = setup_.config;
     if (world_.size() > 1) liveness_ = std::make_unique<dist::Liveness>(world_);
+    RATION_CHECK(!keys_.members || setup_.task.kind == Task::Kind::Classification, c.origin(),
+                 ": dist.aggregate = \"ensemble\" combines the members' class predictions; it needs a classification "
+                 "model (mlp, cnn), got model.type = \"", model_.family(), "\"");
     const std::string refusal = world_.size() > 1 ? model_.data_parallel_refusal() : std::string();
     RATION_CHECK(refusal.empty(), c.origin(), ": ", world_.size(), " ranks: ", refusal);
     optimizer_ = build_optimizer(run_, params_);
-    sync_ = std::make_unique<DataParallelStep>(world_, keys_, params_, *optimizer_, run_, c.origin());
+    sync_ = std::make_unique<DataParallelStep>(world_, keys_, params_, *optimizer_, run_, setup_.seed, c.origin());
     per_epoch_ = (loader_.batches_per_epoch() + keys_.dp.reducer.sync_every - 1) / keys_.dp.reducer.sync_every;
     RATION_CHECK(per_epoch_ > 0, c.origin(), ": train.batch_size ", setup_.batch_size,
                  " is larger than the training set (", setup_.train_set->size(), " items)");
@@ -142,6 +93,11 @@ class TrainingRun {
     schedule_ = std::make_unique<optim::WarmupCosine>(run_.lr, run_.schedule == "constant" ? run_.lr : run_.min_lr,
                                                       std::min(run_.warmup_steps, total_steps_), total_steps_);
     fingerprint_ = c.fingerprint(kWeightNeutralKeys) + "-" + std::to_string(total_steps_);
+    RATION_CHECK(run_.optimizer != "es" || (!runtime_.settings().budget.has_budget() && run_.tbptt == 0 &&
+                                             setup_.task.kind != Task::Kind::ClickThrough),
+                 c.origin(), ": optim.name = \"es\" trains on forward passes only: a memory budget (nothing to plan "
+                 "without backward), train.tbptt and the ctr model (its rows are pushed after backward) do not "
+                 "combine with it");
     if (run_.tbptt > 0) {  // each step: one sequence batch, run chunk by chunk (streaming/tbptt.h)
       seq::check_tbptt(model_, run_.tbptt, c.origin());
       RATION_CHECK(!runtime_.settings().budget.has_budget(), c.origin(), ": train.tbptt and a memory budget do ",
@@ -243,12 +199,18 @@ class TrainingRun {
     setup_.config.check_all_used();
     return options_.world.defined() ? options_.world : dist::join_world(keys_.dp);
   }
-  // This rank's shard of every global batch.
+  // This rank's shard of every global batch; or, for a member of an ensemble, its own bootstrap sample
+  // of the whole set (its own seed).
   data::LoaderOptions shard_options() const {
     data::LoaderOptions o{setup_.batch_size, /*shuffle=*/true, setup_.seed, keys_.drop_last};
     o.sampling = keys_.sampling;
     o.shard_rank = world_.rank();
     o.shard_count = world_.size();
+    if (keys_.members) {
+      o.seed = setup_.seed + kSeedSpread * static_cast<uint64_t>(world_.rank() + 1);
+      o.shard_rank = 0;
+      o.shard_count = 1;
+    }
     o.prefetch = true;  // the next batch is prepared on a thread while the step runs (data/dataset.h)
     return o;
   }
@@ -384,11 +346,23 @@ class TrainingRun {
     const auto t0 = Clock::now();
     // Partial / asynchronous aggregation: rank 0 evaluates the whole set alone (no rank waits for another).
     if (sync_->central() && world_.rank() != 0) return;
-    // Buffers (batch-norm running statistics) are each rank's own: evaluate rank 0's everywhere.
-    if (!sync_->central()) dist::broadcast_from_rank0(world_, {}, model_.named_buffers());
-    const EvalResult r = evaluate(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches,
-                                  sync_->central() ? dist::World::init_single() : world_);
+    // Buffers (batch-norm running statistics) are each rank's own: evaluate rank 0's everywhere (an
+    // ensemble's members keep their own).
+    if (!sync_->central() && !keys_.members) dist::broadcast_from_rank0(world_, {}, model_.named_buffers());
+    const EvalResult r =
+        keys_.members ? evaluate_members(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches, world_)
+                      : evaluate(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches,
+                                 sync_->central() ? dist::World::init_single() : world_);
     nlohmann::json e = {{"step", at_step}, {"loss", r.loss}, {"items", r.count}, {"seconds", seconds_since(t0)}};
+    if (r.vote_accuracy) {
+      double mean = 0;
+      for (double a : r.member_accuracy) mean += a / static_cast<double>(r.member_accuracy.size());
+      e["ensemble"] = {{"member_accuracy", r.member_accuracy}, {"mean_member_accuracy", mean},
+                       {"soft_vote_accuracy", r.accuracy}, {"vote_accuracy", *r.vote_accuracy}};
+      progress_.note(detail::str("ensemble @", at_step, ": ", r.member_accuracy.size(), " members, mean member accuracy ",
+                                 100 * mean, "%, ensemble ", 100 * r.accuracy, "% (mean probability), ",
+                                 100 * *r.vote_accuracy, "% (majority vote)"));
+    }
     char line[256];
     if (setup_.task.kind == Task::Kind::LanguageModel) {
       e["bits_per_byte"] = r.loss / std::log(2.0);
