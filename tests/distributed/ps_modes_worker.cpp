@@ -337,6 +337,42 @@ TEST(EvolutionStrategies, MlpLearnsFromThePopulationsLossesAlone) {
   if (w.rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// ---- K-FAC (optim.name = "kfac") ---------------------------------------------------------------------------
+// N ranks on their shards equal one process on the global batch: the factors are the global batch's (each
+// rank's sums all-reduced), the inverses computed round-robin and broadcast, so after 12 steps with two
+// factor updates (update_every = 5: steps 0, 5, 10) the weights agree within 1e-5.
+TEST(Kfac, RanksOnShardsEqualOneProcessOnTheGlobalBatch) {
+  const World& w = world();
+  const int n = w.size();
+  const std::filesystem::path dir = shared_dir("kfac");
+  const std::vector<std::string> keys = {"dist.topology=allreduce", "optim.name=kfac", "optim.lr=0.1",
+                                         "optim.kfac_damping=0.1", "optim.kfac_update_every=5"};
+  const nlohmann::json rep = train_mlp(dir / "ranks", keys, 12);
+  EXPECT_EQ(rep["dist"]["kfac"]["updates"], 3);
+  train::TrainOptions one;
+  one.config_path = std::string(RATION_SOURCE_DIR) + "/configs/mlp.toml";
+  const std::filesystem::path mine = dir / ("one-" + std::to_string(w.rank()));
+  one.overrides = {"train.threads=1", "train.checkpoint_dir=" + mine.string(), "train.checkpoint_every=12",
+                   "train.batch_size=" + std::to_string(16 * n), "model.dropout=0", "train.eval_batches=1",
+                   "train.eval_every=0", "train.log_every=1000"};
+  one.overrides.insert(one.overrides.end(), keys.begin(), keys.end());
+  one.steps = 12;
+  one.json = true;
+  one.world = World::init_single();
+  (void)train::run_training(one);
+  w.barrier();
+  const train::Checkpoint a = train::load_checkpoint((dir / "ranks" / "ckpt-12").string());
+  const train::Checkpoint b = train::load_checkpoint((mine / "ckpt-12").string());
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (size_t i = 0; i < a.weights.size(); ++i) {
+    const double scale = b.weights[i].second.abs().max().item<double>();
+    const double diff = (a.weights[i].second - b.weights[i].second).abs().max().item<double>();
+    EXPECT_LE(diff / scale, 1e-5) << a.weights[i].first;
+  }
+  w.barrier();
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
 // ---- model averaging (dist.aggregate = "parameters") ------------------------------------------------
 TEST(ModelAveraging, AverageIsTheSampleWeightedMeanOverRanks) {
   const World& w = world();

@@ -74,6 +74,10 @@ const Row& row_of(const DataParallelSettings& s, const std::string& origin) {
     RATION_CHECK(r.compresses || s.compress == "none", origin, ": ", r.what, " sends fp32 gradients or parameters; "
                  "dist.compress must be \"none\" with it (compression applies to dist.topology = \"allreduce\" with "
                  "dist.aggregate = \"gradients\" only), got \"", s.compress, "\"");
+    RATION_CHECK(r.topology == Topology::Gossip || !s.gossip.async, origin, ": dist.gossip_async = true applies to "
+                 "dist.topology = \"gossip\" only (asynchrony for \"ps\" is dist.sync = \"async\"), got dist.topology = \"",
+                 to_string(s.topology), "\"", s.aggregate != Aggregate::Gradients ? " with dist.aggregate = \"" +
+                 std::string(to_string(s.aggregate)) + "\"" : std::string());
     RATION_CHECK(r.topology == Topology::Gossip || s.gossip.graph == GossipGraph::Ring, origin,
                  ": dist.gossip_graph = \"", to_string(s.gossip.graph), "\" applies to dist.topology = \"gossip\" only, "
                  "got dist.topology = \"", to_string(s.topology), "\"");

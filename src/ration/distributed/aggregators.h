@@ -24,10 +24,13 @@ std::unique_ptr<Aggregator> make_allreduce_aggregator(std::unique_ptr<CommHook> 
 std::unique_ptr<Aggregator> make_sync_ps_aggregator();
 // ps_partial_aggregator.cpp: backup workers or bounded asynchrony on a server copy of the model on rank 0.
 std::unique_ptr<Aggregator> make_partial_ps_aggregator(const PsAggregationOptions& options);
-// gossip_aggregator.cpp: each rank steps on its own gradient, then averages with its neighbours.
+// gossip_aggregator.cpp: each rank steps on its own gradient, then averages with its neighbours
+// (synchronously, or with `async` by the push-sum protocol of distributed/gossip_async.h).
 struct GossipOptions {
   GossipGraph graph = GossipGraph::Ring;
   int64_t disagreement_every = 0;  // measure the ranks' disagreement every this many steps (0: never)
+  bool async = false;              // dist.gossip_async: wait for a neighbour only beyond max_staleness steps
+  int64_t max_staleness = 1;       // dist.max_staleness (async only)
 };
 std::unique_ptr<Aggregator> make_gossip_aggregator(const GossipOptions& options = {});
 // averaging_aggregator.cpp: local steps, parameters averaged (weighted) every `every` steps.

@@ -78,7 +78,10 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
                s.timeout_s);
   read_partial_aggregation(cfg, s);
   s.gossip.graph = parse_gossip_graph(cfg.get_string("dist.gossip_graph", "ring"), cfg.origin());
-  s.gossip.disagreement_every = cfg.get_int("dist.disagreement_every", 10);
+  s.gossip.async = cfg.get_bool("dist.gossip_async", false);
+  s.gossip.max_staleness = s.ps.max_staleness;
+  // Asynchronous gossip: the measurement is an all-reduce of every rank (a barrier), so it is off unless asked for.
+  s.gossip.disagreement_every = cfg.get_int("dist.disagreement_every", s.gossip.async ? 0 : 10);
   RATION_CHECK(s.gossip.disagreement_every >= 0, cfg.origin(), ": dist.disagreement_every must be an integer >= 0 "
                "(steps between measurements of the ranks' disagreement; 0: never), got ", s.gossip.disagreement_every);
   s.weights = cfg.get_double_list("dist.weights", {});

@@ -22,13 +22,17 @@
 //                                                 within about this long
 //   backup_workers      integer >= 0, default 0   topology "ps": each round aggregates the first N-k pushes
 //   sync                "sync" | "async"          topology "ps": "async" applies each push as it arrives
-//   max_staleness       integer >= 0, default 1   async: a worker runs at most this many pushes ahead
+//   max_staleness       integer >= 0, default 1   async: a worker runs at most this many pushes ahead; with
+//                                                 gossip_async: steps a neighbour's message may lag
 //   aggregate           "gradients" | "parameters"  "parameters": local steps, parameters averaged every
 //                                                 sync_every steps (model averaging; allreduce only)
 //   gossip_graph        "ring" | "exponential"    topology "gossip": both ring neighbours every step, or one
 //                                                 peer per step at distance 2^(step mod ceil(log2 N)), push-sum
+//   gossip_async        bool, default false       topology "gossip": push-sum without waiting for a neighbour
+//                                                 beyond max_staleness steps (distributed/gossip_async.h)
 //   disagreement_every  integer >= 0, default 10  topology "gossip": measure the ranks' disagreement every
-//                                                 this many steps for the report (0: never)
+//                                                 this many steps for the report (0: never); default 0 with
+//                                                 gossip_async (the measurement is a barrier of every rank)
 //   weights             array of numbers > 0, one per rank (default: none)   each rank's share of every
 //                                                 step is weights[r] / sum(weights) instead of its share of
 //                                                 the step's samples
@@ -58,7 +62,7 @@ struct DataParallelSettings {
   Topology topology = Topology::AllReduce;
   Aggregate aggregate = Aggregate::Gradients;
   int64_t average_every = 1;      // Aggregate::Parameters: local steps between averages
-  // dist.gossip_graph, dist.disagreement_every (topology "gossip").
+  // dist.gossip_graph, dist.disagreement_every, dist.gossip_async, dist.max_staleness (topology "gossip").
   GossipOptions gossip;
   // dist.weights: one per rank, each > 0 (empty: every rank weighs its share of the step's samples).
   std::vector<double> weights;

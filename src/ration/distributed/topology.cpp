@@ -12,14 +12,18 @@ namespace {
 
 constexpr int kParameterTag = 1 << 20;  // above every bucket index (bucket tags are the index)
 
-at::Tensor pack(const std::vector<at::Tensor>& params) {
+int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+}  // namespace
+
+at::Tensor pack_parameters(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> flat;
   flat.reserve(params.size());
   for (const at::Tensor& p : params) flat.push_back(p.reshape({-1}));
   return at::cat(flat);
 }
 
-void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& params) {
+void unpack_parameters(const at::Tensor& flat, const std::vector<at::Tensor>& params) {
   at::NoGradGuard no_grad;
   int64_t offset = 0;
   for (const at::Tensor& p : params) {
@@ -28,9 +32,21 @@ void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& params) {
   }
 }
 
-int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+at::Tensor push_sum_share(const at::Tensor& flat, double weight, int parts) {
+  at::NoGradGuard no_grad;
+  const int64_t numel = flat.numel();
+  at::Tensor share = at::empty({numel + 1}, at::kFloat);  // (P + 1): w x / parts, then w / parts
+  share.narrow(0, 0, numel).copy_(flat).mul_(weight / parts);
+  share[numel] = static_cast<float>(weight / parts);
+  return share;
+}
 
-}  // namespace
+double push_sum_debias(const at::Tensor& acc, const std::vector<at::Tensor>& params) {
+  const int64_t numel = acc.numel() - 1;
+  const double weight = acc[numel].item<double>();
+  unpack_parameters(acc.narrow(0, 0, numel).div(weight), params);
+  return weight;
+}
 
 const char* to_string(Topology t) {
   switch (t) {
@@ -67,7 +83,7 @@ Aggregate parse_aggregate(const std::string& text, const std::string& origin) {
 Traffic average_parameters(const World& world, const std::vector<at::Tensor>& params, double weight) {
   if (world.size() <= 1) return {};
   at::NoGradGuard no_grad;
-  const at::Tensor mine = pack(params);
+  const at::Tensor mine = pack_parameters(params);
   at::Tensor flat = at::empty({mine.numel() + 1}, at::kFloat);  // (P + 1) w * params, then w
   flat.narrow(0, 0, mine.numel()).copy_(mine).mul_(weight);
   flat[mine.numel()] = static_cast<float>(weight);
@@ -75,7 +91,7 @@ Traffic average_parameters(const World& world, const std::vector<at::Tensor>& pa
   const float total = flat[mine.numel()].item<float>();
   at::Tensor mean = flat.narrow(0, 0, mine.numel());
   if (total > 0) mean.div_(total);
-  unpack(mean, params);
+  unpack_parameters(mean, params);
   Traffic traffic;
   traffic.payload_bytes = bytes_of(flat);
   traffic.wire_bytes = 2 * (world.size() - 1) * bytes_of(flat) / world.size();
@@ -105,7 +121,7 @@ Traffic send_parameters_from_server(const World& world, const std::vector<at::Te
   if (n <= 1) return {};
   Traffic traffic;
   if (world.rank() == kServerRank) {
-    const at::Tensor flat = pack(params);
+    const at::Tensor flat = pack_parameters(params);
     World::PeerTensors to_workers;
     for (int r = 0; r < n; ++r)
       if (r != kServerRank) to_workers.emplace_back(r, flat);
@@ -117,7 +133,7 @@ Traffic send_parameters_from_server(const World& world, const std::vector<at::Te
   for (const at::Tensor& p : params) numel += p.numel();
   at::Tensor flat = at::empty({numel}, at::kFloat);
   world.send_recv({}, {{kServerRank, flat}}, kParameterTag);
-  unpack(flat, params);
+  unpack_parameters(flat, params);
   return traffic;
 }
 
@@ -125,7 +141,7 @@ Traffic average_with_ring_neighbours(const World& world, const std::vector<at::T
   const int n = world.size();
   if (n <= 1) return {};
   const int rank = world.rank();
-  const at::Tensor mine = pack(params);
+  const at::Tensor mine = pack_parameters(params);
   const int left = (rank + n - 1) % n, right = (rank + 1) % n;
   World::PeerTensors sends{{right, mine}}, recvs{{left, at::empty_like(mine)}};
   if (n > 2) {
@@ -139,7 +155,7 @@ Traffic average_with_ring_neighbours(const World& world, const std::vector<at::T
   at::Tensor mean = mine.clone();
   for (const auto& [peer, t] : recvs) mean.add_(t);
   mean.div_(static_cast<double>(recvs.size() + 1));
-  unpack(mean, params);
+  unpack_parameters(mean, params);
   Traffic traffic;
   traffic.payload_bytes = traffic.wire_bytes = bytes_of(mine) * static_cast<int64_t>(sends.size());
   return traffic;
@@ -161,15 +177,11 @@ Traffic push_sum_exponential(const World& world, const std::vector<at::Tensor>& 
   const int d = 1 << static_cast<int>(step % distances);
   const int to = (world.rank() + d) % n, from = (world.rank() - d % n + n) % n;
   at::NoGradGuard no_grad;
-  const at::Tensor mine = pack(params);
-  at::Tensor half = at::empty({mine.numel() + 1}, at::kFloat);  // (P + 1): w x / 2, then w / 2
-  half.narrow(0, 0, mine.numel()).copy_(mine).mul_(weight / 2);
-  half[mine.numel()] = static_cast<float>(weight / 2);
+  at::Tensor half = push_sum_share(pack_parameters(params), weight, 2);
   at::Tensor received = at::empty_like(half);
   world.send_recv({{to, half}}, {{from, received}}, kParameterTag + 3);
   half.add_(received);  // this rank's kept half plus the sender's
-  weight = half[mine.numel()].item<double>();
-  unpack(half.narrow(0, 0, mine.numel()).div(weight), params);
+  weight = push_sum_debias(half, params);
   Traffic traffic;
   traffic.payload_bytes = traffic.wire_bytes = bytes_of(half);
   return traffic;
@@ -178,7 +190,7 @@ Traffic push_sum_exponential(const World& world, const std::vector<at::Tensor>& 
 double parameter_disagreement(const World& world, const std::vector<at::Tensor>& params) {
   if (world.size() <= 1) return 0;
   at::NoGradGuard no_grad;
-  const at::Tensor mine = pack(params).to(at::kDouble);
+  const at::Tensor mine = pack_parameters(params).to(at::kDouble);
   at::Tensor mean = mine.clone();
   world.all_reduce_sum(mean);
   mean.div_(world.size());

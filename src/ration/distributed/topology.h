@@ -3,8 +3,9 @@
 // parameters back) or gossip (each rank steps on its own gradient, then averages its parameters with its
 // ring neighbours). See docs/DISTRIBUTED.md, "Topologies", and docs/METHODS.md.
 // Owns: the Topology and Aggregate names, the server's gradient gather-and-sum, the server's parameter
-//       send, the gossip neighbour average, the weighted parameter average (model averaging), and the
-//       exact bytes each of them hands to c10d.
+//       send, the gossip neighbour average and synchronous push-sum step, the push-sum share and de-biasing
+//       both gossip variants use (the asynchronous protocol is distributed/gossip_async.h), the weighted
+//       parameter average (model averaging), and the exact bytes each of them hands to c10d.
 // Does not own: bucketing, weighting and when a bucket leaves (distributed/reducer.h), how an all-reduce bucket
 //       is coded (distributed/comm_hook.h), the optimiser.
 #pragma once
@@ -69,6 +70,16 @@ GossipGraph parse_gossip_graph(const std::string& text, const std::string& origi
 // rank's push-sum weight (1 at the start; it stays 1 while every rank sends every step, since each rank
 // then has exactly one sender). Traffic: the parameters' bytes plus one float, to one peer.
 Traffic push_sum_exponential(const World& world, const std::vector<at::Tensor>& params, int64_t step, double& weight);
+
+// Parameters packed into one (sum of numels) float32 tensor, in order, and written back from one.
+at::Tensor pack_parameters(const std::vector<at::Tensor>& params);
+void unpack_parameters(const at::Tensor& flat, const std::vector<at::Tensor>& params);
+// Push-sum: 1/parts of (weight * flat, weight) as one (numel + 1) float32 tensor (what a rank sends to
+// each of parts - 1 peers and keeps itself). Both gossip variants compute their shares with it, so that
+// the asynchronous one with max_staleness 0 is the synchronous one bitwise.
+at::Tensor push_sum_share(const at::Tensor& flat, double weight, int parts);
+// Push-sum: `acc` (numel + 1: the summed shares) de-biased into `params` (x / w); returns w.
+double push_sum_debias(const at::Tensor& acc, const std::vector<at::Tensor>& params);
 
 // How far apart the ranks' parameters are: sqrt(mean_r ||p_r - mean p||^2) / ||mean p|| (0 when every rank
 // holds the same; two all-reduces, every rank must call it). A diagnostic: its bytes are not a topology's.

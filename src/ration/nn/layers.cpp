@@ -2,14 +2,25 @@
 // Owns: composition of ops into layers. Does not own op maths (ops/*.cpp) or naming rules (module.cpp).
 #include "ration/nn/layers.h"
 
+#include <atomic>
 #include <cmath>
 #include <string>
 
 #include "ration/base/check.h"
+#include "ration/nn/observe.h"
 #include "ration/ops/ops.h"
 
 namespace ration::nn {
 namespace {
+
+std::atomic<LayerObserver*> installed_observer{nullptr};
+
+// The layer's output, observed in backward when an observer is installed (nn/observe.h).
+Value observed(const Value& y, const std::string& layer) {
+  LayerObserver* o = installed_observer.load();
+  if (o == nullptr) return y;
+  return ops::observe_grad(y, [o, layer](const at::Tensor& g) { o->output_grad(layer, g); });
+}
 
 // U(-bound, bound) from ATen's default generator, float32 CPU.
 at::Tensor uniform(std::vector<int64_t> shape, double bound) {
@@ -17,6 +28,10 @@ at::Tensor uniform(std::vector<int64_t> shape, double bound) {
 }
 
 }  // namespace
+
+LayerObserver* layer_observer() { return installed_observer.load(); }
+LayerObserverScope::LayerObserverScope(LayerObserver* observer) : previous_(installed_observer.exchange(observer)) {}
+LayerObserverScope::~LayerObserverScope() { installed_observer.store(previous_); }
 
 // ---- Linear ---------------------------------------------------------------------------------------
 Linear::Linear(int64_t in, int64_t out, bool with_bias) : in_features(in), out_features(out) {
@@ -30,7 +45,8 @@ Value Linear::forward(const Value& x) {
   ScopeGuard scope(name());
   RATION_CHECK(x.dim() >= 1 && x.size(-1) == in_features, "Linear(", in_features, " -> ", out_features,
                ") expects input (..., ", in_features, "); got ", x.sizes());
-  return ops::linear(x, weight, bias);
+  if (LayerObserver* o = layer_observer()) o->linear_input(name(), x.tensor());
+  return observed(ops::linear(x, weight, bias), name());
 }
 
 // ---- Conv2d ---------------------------------------------------------------------------------------
@@ -47,7 +63,8 @@ Value Conv2d::forward(const Value& x) {
   ScopeGuard scope(name());
   RATION_CHECK(x.dim() == 4 && x.size(1) == in_channels, "Conv2d(", in_channels, " -> ", out_channels,
                ") expects input (B, ", in_channels, ", H, W); got ", x.sizes());
-  return ops::conv2d(x, weight, bias, {stride, stride}, {padding, padding});
+  if (LayerObserver* o = layer_observer()) o->conv_input(name(), *this, x.tensor());
+  return observed(ops::conv2d(x, weight, bias, {stride, stride}, {padding, padding}), name());
 }
 
 // ---- pooling --------------------------------------------------------------------------------------

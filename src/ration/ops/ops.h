@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,9 @@ Value mse_loss(const Value& input, const Value& target);
 // ---- shape --------------------------------------------------------------------------------------
 Value reshape(const Value& x, std::vector<int64_t> shape);
 Value view(const Value& x, std::vector<int64_t> shape);
+// x itself (a view) whose backward hands the incoming gradient to `observer` before passing it on
+// unchanged: how natural-gradient methods see a layer's output gradient (nn/observe.h).
+Value observe_grad(const Value& x, std::function<void(const at::Tensor&)> observer);
 Value flatten(const Value& x, int64_t start_dim = 1, int64_t end_dim = -1);
 Value transpose(const Value& x, int64_t dim0, int64_t dim1);
 Value permute(const Value& x, std::vector<int64_t> dims);

@@ -30,6 +30,15 @@ Value view(const Value& x, std::vector<int64_t> shape) {
       [](BackwardCtx& ctx, const Tensors& g) { return Tensors{g[0].reshape(input_sizes(ctx, 0))}; }));
 }
 
+Value observe_grad(const Value& x, std::function<void(const at::Tensor&)> observer) {
+  return single(apply_op(
+      spec("observe_grad"), {x}, [](const Tensors& in, ForwardCtx&) { return Tensors{in[0].view(in[0].sizes())}; },
+      [observer = std::move(observer)](BackwardCtx& ctx, const Tensors& g) {
+        observer(g[0]);
+        return Tensors{g[0]};
+      }));
+}
+
 Value flatten(const Value& x, int64_t start_dim, int64_t end_dim) {
   return single(apply_op(
       spec("flatten"), {x},

@@ -7,6 +7,7 @@
 #include "ration/base/check.h"
 #include "ration/distributed/aggregator_factory.h"
 #include "ration/base/allocator.h"
+#include "ration/distributed/kfac.h"
 #include "ration/distributed/reducer.h"
 #include "ration/optim/clip.h"
 #include "ration/train/es_step.h"
@@ -51,6 +52,30 @@ class DataParallelStep::ReducerHook : public StepHook {
   double weight_ = 1;
 };
 
+// K-FAC: on a collecting step the layer observer is installed from the first forward to the optimiser; the
+// natural gradient replaces the (reduced) gradient before clipping and the optimiser. Registered after the
+// reducer's hook, so its before_optimizer sees the finalised gradients.
+class DataParallelStep::KfacHook : public StepHook {
+ public:
+  KfacHook(dist::Kfac& kfac, optim::Optimizer& optimizer) : kfac_(kfac), optimizer_(optimizer) {}
+  void before_forward(int64_t step, data::Batch& batch) override {
+    if (step == observing_step_ || !kfac_.collects(step)) return;
+    observing_step_ = step;
+    kfac_.begin_statistics();
+    scope_ = std::make_unique<nn::LayerObserverScope>(&kfac_);
+  }
+  void before_optimizer(int64_t step) override {
+    scope_.reset();
+    kfac_.precondition(step, optimizer_.lr());
+  }
+
+ private:
+  dist::Kfac& kfac_;
+  optim::Optimizer& optimizer_;
+  int64_t observing_step_ = -1;
+  std::unique_ptr<nn::LayerObserverScope> scope_;
+};
+
 DataParallelStep::DataParallelStep(const dist::World& world, const DataParallelKeys& keys,
                                    const optim::NamedParams& params, optim::Optimizer& optimizer,
                                    const RunSettings& run, uint64_t seed, std::string origin)
@@ -72,12 +97,18 @@ DataParallelStep::DataParallelStep(const dist::World& world, const DataParallelK
                origin_, ": optim.name = \"es\" sends only the population's losses (one all-reduce per step): "
                "dist.topology, dist.aggregate, dist.compress and dist.sync_every must keep their defaults and "
                "data.drop_last must be true (every rank evaluates its pairs on a batch)");
+  RATION_CHECK(!natural_gradient() || (keys_.dp.topology == dist::Topology::AllReduce &&
+                                       keys_.dp.aggregate == dist::Aggregate::Gradients &&
+                                       keys_.dp.compress == "none" && keys_.drop_last),
+               origin_, ": optim.name = \"kfac\" preconditions the global gradient with factors all-reduced over "
+               "every rank: it needs dist.topology = \"allreduce\", dist.aggregate = \"gradients\", dist.compress = "
+               "\"none\" and data.drop_last = true (every rank observes a batch at every step)");
 }
 
 DataParallelStep::~DataParallelStep() = default;
 
 bool DataParallelStep::active() const {
-  return world_.size() > 1 || keys_.dp.reducer.sync_every > 1 || evolution_strategies();
+  return world_.size() > 1 || keys_.dp.reducer.sync_every > 1 || evolution_strategies() || natural_gradient();
 }
 
 bool DataParallelStep::central() const { return reducer_ && aggregator_->central(); }
@@ -85,6 +116,15 @@ bool DataParallelStep::central() const { return reducer_ && aggregator_->central
 int64_t DataParallelStep::fixed_bytes(int64_t num_parameters) const {
   if (!active()) return 0;
   if (evolution_strategies()) return 2 * 4 * num_parameters;  // the parameters' copy and the estimate
+  if (natural_gradient()) {  // the factors and their inverses: (in+1)^2 + out^2 floats each, twice
+    int64_t factors = 0;
+    for (const auto& [name, p] : params_)
+      if (p.dim() == 2 || p.dim() == 4) {
+        const int64_t out = p.size(0), in = p.numel() / p.size(0) + 1;
+        factors += 2 * 4 * (in * in + out * out);
+      }
+    return 4 * num_parameters + aggregator_->fixed_bytes(num_parameters) + factors;
+  }
   return 4 * num_parameters + aggregator_->fixed_bytes(num_parameters);  // the buckets, the aggregator's state
 }
 
@@ -118,6 +158,13 @@ std::string DataParallelStep::attach(StepRuntime& runtime, const optim::WarmupCo
   context.origin = origin_;
   const std::string note = aggregator_->attach(context);
   runtime.add_hook(reducer_hook_.get());
+  if (natural_gradient()) {
+    kfac_ = std::make_unique<dist::Kfac>(
+        world_, params_,
+        dist::KfacOptions{run_.kfac_update_every, run_.kfac_damping, run_.kfac_stat_decay, run_.kfac_kl_clip});
+    kfac_hook_ = std::make_unique<KfacHook>(*kfac_, optimizer_);
+    runtime.add_hook(kfac_hook_.get());
+  }
   return note;
 }
 
@@ -269,6 +316,9 @@ int64_t DataParallelStep::bucket_bytes() const { return reducer_ ? reducer_->buc
 
 nlohmann::json DataParallelStep::report() const {
   nlohmann::json d = {{"world_size", world_.size()}, {"rank", world_.rank()}};
+  if (kfac_)
+    d["kfac"] = {{"updates", kfac_->updates()}, {"last_nu", kfac_->last_nu()}, {"state_bytes", kfac_->state_bytes()},
+                 {"update_every", run_.kfac_update_every}, {"damping", run_.kfac_damping}};
   if (es_) {
     d["es"] = {{"population", es_->settings().population}, {"sigma", es_->settings().sigma},
                {"bytes_sent_per_step", es_->bytes_per_step()}};

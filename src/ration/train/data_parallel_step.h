@@ -29,6 +29,7 @@
 
 namespace ration::dist {
 class Aggregator;
+class Kfac;
 class Reducer;
 }
 
@@ -96,6 +97,7 @@ class DataParallelStep {
   dist::Aggregator& aggregator() const { return *aggregator_; }
   void finish_without_batch();
   bool evolution_strategies() const { return run_.optimizer == "es"; }
+  bool natural_gradient() const { return run_.optimizer == "kfac"; }
   StepStats es_step(models::Model& model, data::Loader& loader, const data::Dataset& set, int64_t step,
                     int64_t& items_out);
   // The step's loss sums and stop requests, agreed by every rank (one all-reduce of five doubles).
@@ -113,6 +115,9 @@ class DataParallelStep {
   std::unique_ptr<dist::Reducer> reducer_;
   std::unique_ptr<ReducerHook> reducer_hook_;
   std::unique_ptr<EsStep> es_;  // optim.name = "es": forward-only steps, losses all-reduced
+  class KfacHook;
+  std::unique_ptr<dist::Kfac> kfac_;  // optim.name = "kfac": natural gradients before the optimiser
+  std::unique_ptr<KfacHook> kfac_hook_;
   int agreed_stop_ = 0;
 };
 

@@ -95,7 +95,7 @@ const DataKind& data_kind(Config& cfg) {
 }  // namespace
 
 std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params) {
-  if (r.optimizer == "sgd" || r.optimizer == "es") {
+  if (r.optimizer == "sgd" || r.optimizer == "es" || r.optimizer == "kfac") {
     optim::SGDOptions o;
     o.lr = r.lr;
     o.momentum = r.momentum;
@@ -116,12 +116,23 @@ std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const op
 
 RunSettings read_run_settings(Config& cfg) {
   RunSettings r;
-  r.optimizer = cfg.get_choice("optim.name", r.optimizer, {"adamw", "sgd", "es"});
+  r.optimizer = cfg.get_choice("optim.name", r.optimizer, {"adamw", "sgd", "es", "kfac"});
   r.lr = cfg.get_double("optim.lr", r.lr);
   // The update runs in float32: a rate it cannot hold (overflow, or rounding to 0) is an input error.
   RATION_CHECK(r.lr >= std::numeric_limits<float>::min() && r.lr <= std::numeric_limits<float>::max(), cfg.origin(),
                ": optim.lr must be a number > 0 that float32 holds (from 1.2e-38 to 3.4e+38), got ", r.lr);
-  const bool sgd = r.optimizer == "sgd" || r.optimizer == "es";
+  const bool sgd = r.optimizer == "sgd" || r.optimizer == "es" || r.optimizer == "kfac";
+  if (r.optimizer == "kfac") {
+    r.kfac_update_every = cfg.get_int("optim.kfac_update_every", r.kfac_update_every);
+    r.kfac_damping = cfg.get_double("optim.kfac_damping", r.kfac_damping);
+    r.kfac_stat_decay = cfg.get_double("optim.kfac_stat_decay", r.kfac_stat_decay);
+    r.kfac_kl_clip = cfg.get_double("optim.kfac_kl_clip", r.kfac_kl_clip);
+    RATION_CHECK(r.kfac_update_every >= 1 && r.kfac_damping > 0 && r.kfac_stat_decay >= 0 && r.kfac_stat_decay < 1 &&
+                     r.kfac_kl_clip >= 0,
+                 cfg.origin(), ": optim.kfac_update_every must be an integer >= 1, optim.kfac_damping a number > 0, "
+                 "optim.kfac_stat_decay in [0, 1) and optim.kfac_kl_clip >= 0 (0: no clipping); got ",
+                 r.kfac_update_every, ", ", r.kfac_damping, ", ", r.kfac_stat_decay, ", ", r.kfac_kl_clip);
+  }
   if (r.optimizer == "es") {
     r.es_population = cfg.get_int("optim.es_population", r.es_population);
     RATION_CHECK(r.es_population >= 2 && r.es_population % 2 == 0, cfg.origin(), ": optim.es_population must be an "

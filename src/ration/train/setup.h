@@ -42,7 +42,8 @@ struct Setup {
 
 // The [optim] and remaining [train] keys: read once, validated, shared by train and gradcheck.
 struct RunSettings {
-  std::string optimizer = "adamw";  // "adamw" | "sgd" | "es" (SGD on an evolution-strategies estimate)
+  // "adamw" | "sgd" | "es" (SGD on an evolution-strategies estimate) | "kfac" (SGD on K-FAC's natural gradient)
+  std::string optimizer = "adamw";
   double lr = 1e-3, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double momentum = 0.9, dampening = 0, min_lr = 1e-4, clip_grad_norm = 0;
   bool nesterov = false, amsgrad = false;
@@ -55,6 +56,9 @@ struct RunSettings {
   // optim.name = "es" (train/es_step.h): perturbations per step over every rank (even), their scale.
   int64_t es_population = 32;
   double es_sigma = 0.01;
+  // optim.name = "kfac" (distributed/kfac.h): optim.kfac_update_every, _damping, _stat_decay, _kl_clip.
+  int64_t kfac_update_every = 10;
+  double kfac_damping = 0.1, kfac_stat_decay = 0.95, kfac_kl_clip = 1e-3;
 };
 RunSettings read_run_settings(Config& cfg);
 // The optimiser the run settings name (sgd or adamw, with their keys; "es" steps with SGD), over `params`.
