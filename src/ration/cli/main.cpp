@@ -9,6 +9,7 @@
 #include <functional>
 #include <iostream>
 
+#include "ration/base/blas.h"
 #include "ration/cli/seq_commands.h"
 #include "ration/cli/validators.h"
 #include "ps_command.h"
@@ -304,6 +305,7 @@ int parse_command_line(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ration::blas::select_core(argv);  // may restart this process once with OpenBLAS's best kernels
   if (argc > 1 && std::string(argv[1]) == "launch") {
     try {
       return cmd_launch(argc, argv);

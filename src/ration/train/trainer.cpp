@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include "ration/base/allocator.h"
+#include "ration/base/blas.h"
 #include "ration/base/check.h"
 #include "ration/base/timing.h"
 #include "ration/core/node.h"
@@ -31,6 +33,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return ms_since(t0) / 1000.0; }
+
+// Which BLAS kernels ran (base/blas.h): OpenBLAS's core and threads, who chose them.
+nlohmann::json blas_report() {
+  nlohmann::json b = {{"core", blas::core()}, {"threads", blas::threads()}, {"chosen_by", blas::chosen_by()}};
+  if (const char* library = std::getenv("RATION_BLAS_SELECTED")) b["library_choice"] = library;
+  return b;
+}
 
 // Keys that do not change the weights a run computes: a run differing only in these is the same run
 // (checkpoints it writes at a step hold the same weights). Budgets and offload are bitwise-neutral.
@@ -139,6 +148,9 @@ class TrainingRun {
       prepare_checkpoint_dir();
       check_report_path();
     }
+    if (!blas::core().empty())
+      progress_.note(detail::str("BLAS: OpenBLAS '", blas::core(), "' kernels, ", blas::threads(), " threads (chosen by ",
+                                 blas::chosen_by(), ")"));
     // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
     const InterruptScope interrupt;
     // Data parallel: every rank starts from rank 0's parameters (fresh or resumed).
@@ -468,6 +480,7 @@ class TrainingRun {
       report["exit_status"] = InterruptScope::exit_status(stop_signal_);
     }
     report["dist"] = sync_->report();
+    report["blas"] = blas_report();
     if (sync_->active()) report["memory"]["dist_bucket_bytes"] = sync_->bucket_bytes();
     return report;
   }
