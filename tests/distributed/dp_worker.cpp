@@ -192,88 +192,6 @@ TEST(DataParallelTopology, GossipKeepsRanksCloseWhileTheLossFalls) {
               w.rank(), n, before, after, worst, gossip.back(), local.back());
 }
 
-// Exponential gossip (one peer per step at distance 2^(step mod ceil(log2 N)), push-sum weights).
-// Consensus: from parameters that differ per rank, with no gradient in between, the disagreement shrinks
-// faster than on the ring: at N = 4 two steps (distances 1, 2) give every rank the exact mean, having sent
-// the parameters twice — what the ring sends in one step, after which it has only shrunk by 1/3. Training:
-// the aggregator measures and reports the disagreement every step, the push-sum weight stays 1, and the
-// bytes are one peer's per step.
-TEST(DataParallelTopology, ExponentialGossipReachesConsensusFasterThanTheRing) {
-  const World& w = world();
-  const int n = w.size();
-  auto consensus = [&](GossipGraph graph) {
-    TinyModel m;
-    {
-      at::NoGradGuard no_grad;
-      m.w.impl()->tensor.add_(static_cast<double>(w.rank()) * 0.5);  // the ranks start apart
-      m.b.impl()->tensor.sub_(static_cast<double>(w.rank() * w.rank()) * 0.1);
-    }
-    std::vector<at::Tensor> params = {m.w.impl()->tensor, m.b.impl()->tensor};
-    std::vector<double> curve = {parameter_disagreement(w, params)};
-    double weight = 1;
-    for (int step = 0; step < 4; ++step) {
-      if (graph == GossipGraph::Ring) (void)average_with_ring_neighbours(w, params);
-      else (void)push_sum_exponential(w, params, step, weight);
-      curve.push_back(parameter_disagreement(w, params));
-    }
-    return curve;
-  };
-  const std::vector<double> ring = consensus(GossipGraph::Ring), expo = consensus(GossipGraph::Exponential);
-  ASSERT_GT(ring[0], 0.01);
-  if ((n & (n - 1)) == 0) {  // a power of two: log2 N steps give the exact mean
-    int steps = 0;
-    while ((1 << steps) < n) ++steps;
-    EXPECT_LE(expo[static_cast<size_t>(steps)], 1e-6 * expo[0]) << "exact after log2 N steps";
-  }
-  if (n >= 4) {
-    EXPECT_LT(expo[2], 0.01 * ring[2]) << "after two steps the exponential graph is far closer to consensus";
-    EXPECT_GT(ring[1], 0.3 * ring[0]) << "one ring step shrinks the disagreement by about 1/3";
-  }
-  std::printf("[rank %d] consensus N=%d (disagreement per step) ring %.3g %.3g %.3g %.3g %.3g | exponential %.3g %.3g "
-              "%.3g %.3g %.3g\n", w.rank(), n, ring[0], ring[1], ring[2], ring[3], ring[4], expo[0], expo[1], expo[2],
-              expo[3], expo[4]);
-
-  // Training with the aggregator: the disagreement is reported per step.
-  auto set = std::make_shared<TinySet>();
-  data::LoaderOptions shard{4, true, 5, /*drop_last=*/true};
-  shard.shard_rank = w.rank();
-  shard.shard_count = n;
-  data::Loader loader(set, shard);
-  TinyModel m;
-  Reducer reducer(w, m.params(), make_gossip_aggregator({GossipGraph::Exponential, 1}), {});
-  const double before = mean_loss_over_ranks(w, m, *set);
-  for (int step = 0; step < 40; ++step) {
-    const std::vector<int64_t> idx = loader.next_indices();
-    reducer.set_window_context({step});
-    reducer.prepare_backward(static_cast<double>(idx.size()) / static_cast<double>(loader.last_global_items()));
-    if (!idx.empty()) m.loss(set->get(idx)).backward();
-    reducer.finalize();
-    m.sgd(0.3);
-    reducer.after_optimizer_step();
-  }
-  EXPECT_LT(mean_loss_over_ranks(w, m, *set), 0.9 * before) << "the loss falls";
-  const nlohmann::json report = reducer.aggregator().report();
-  EXPECT_EQ(report["gossip_graph"], "exponential");
-  EXPECT_NEAR(report["push_sum_weight"].get<double>(), 1.0, 1e-6) << "every rank has one sender per step";
-  ASSERT_EQ(report["disagreement"].size(), 40u);
-  EXPECT_EQ(report["disagreement"][39]["step"], 39);
-  if (n == 2) EXPECT_LE(report["disagreement"][39]["disagreement"].get<double>(), 1e-6) << "N = 2: the peer is every rank";
-  const int64_t params = 4 * 8 + 4;
-  EXPECT_EQ(reducer.stats().traffic.payload_bytes, 40 * (params + 1) * 4) << "one peer per step: parameters and weight";
-}
-
-TEST(DataParallelTopology, BadTopologyIsNamed) {
-  try {
-    (void)parse_topology("ring", "run.toml");
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("run.toml: dist.topology must be one of \"allreduce\", \"ps\", \"gossip\""),
-              std::string::npos)
-        << e.what();
-  }
-}
-
-// ---- asynchronous gossip (dist.gossip_async, distributed/gossip_async.h) --------------------------------
 struct GossipRun {
   std::vector<at::Tensor> after_step;  // this rank's packed parameters after each step's exchange
   at::Tensor final_params;             // after the aggregator's finish (the drain)
@@ -321,6 +239,73 @@ GossipRun run_gossip(const GossipOptions& options, int slow = -1, int delay_ms =
   r.bytes = reducer.stats().traffic.payload_bytes;
   return r;
 }
+
+// Exponential gossip (one peer per step at distance 2^(step mod ceil(log2 N)), push-sum weights).
+// Consensus: from parameters that differ per rank, with no gradient in between, the disagreement shrinks
+// faster than on the ring: at N = 4 two steps (distances 1, 2) give every rank the exact mean, having sent
+// the parameters twice — what the ring sends in one step, after which it has only shrunk by 1/3. Training:
+// the aggregator measures and reports the disagreement every step, the push-sum weight stays 1, and the
+// bytes are one peer's per step.
+TEST(DataParallelTopology, ExponentialGossipReachesConsensusFasterThanTheRing) {
+  const World& w = world();
+  const int n = w.size();
+  auto consensus = [&](GossipGraph graph) {
+    TinyModel m;
+    {
+      at::NoGradGuard no_grad;
+      m.w.impl()->tensor.add_(static_cast<double>(w.rank()) * 0.5);  // the ranks start apart
+      m.b.impl()->tensor.sub_(static_cast<double>(w.rank() * w.rank()) * 0.1);
+    }
+    std::vector<at::Tensor> params = {m.w.impl()->tensor, m.b.impl()->tensor};
+    std::vector<double> curve = {parameter_disagreement(w, params)};
+    double weight = 1;
+    for (int step = 0; step < 4; ++step) {
+      if (graph == GossipGraph::Ring) (void)average_with_ring_neighbours(w, params);
+      else (void)push_sum_exponential(w, params, step, weight);
+      curve.push_back(parameter_disagreement(w, params));
+    }
+    return curve;
+  };
+  const std::vector<double> ring = consensus(GossipGraph::Ring), expo = consensus(GossipGraph::Exponential);
+  ASSERT_GT(ring[0], 0.01);
+  if ((n & (n - 1)) == 0) {  // a power of two: log2 N steps give the exact mean
+    int steps = 0;
+    while ((1 << steps) < n) ++steps;
+    EXPECT_LE(expo[static_cast<size_t>(steps)], 1e-6 * expo[0]) << "exact after log2 N steps";
+  }
+  if (n >= 4) {
+    EXPECT_LT(expo[2], 0.01 * ring[2]) << "after two steps the exponential graph is far closer to consensus";
+    EXPECT_GT(ring[1], 0.3 * ring[0]) << "one ring step shrinks the disagreement by about 1/3";
+  }
+  std::printf("[rank %d] consensus N=%d (disagreement per step) ring %.3g %.3g %.3g %.3g %.3g | exponential %.3g %.3g "
+              "%.3g %.3g %.3g\n", w.rank(), n, ring[0], ring[1], ring[2], ring[3], ring[4], expo[0], expo[1], expo[2],
+              expo[3], expo[4]);
+
+  // Training with the aggregator: the disagreement is reported per step.
+  const GossipRun run = run_gossip({GossipGraph::Exponential, 1});
+  EXPECT_LT(run.loss_after, 0.9 * run.loss_before) << "the loss falls";
+  const nlohmann::json& report = run.report;
+  EXPECT_EQ(report["gossip_graph"], "exponential");
+  EXPECT_NEAR(report["push_sum_weight"].get<double>(), 1.0, 1e-6) << "every rank has one sender per step";
+  ASSERT_EQ(report["disagreement"].size(), 40u);
+  EXPECT_EQ(report["disagreement"][39]["step"], 39);
+  if (n == 2) EXPECT_LE(report["disagreement"][39]["disagreement"].get<double>(), 1e-6) << "N = 2: the peer is every rank";
+  const int64_t params = 4 * 8 + 4;
+  EXPECT_EQ(run.bytes, 40 * (params + 1) * 4) << "one peer per step: parameters and weight";
+}
+
+TEST(DataParallelTopology, BadTopologyIsNamed) {
+  try {
+    (void)parse_topology("ring", "run.toml");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run.toml: dist.topology must be one of \"allreduce\", \"ps\", \"gossip\""),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- asynchronous gossip (dist.gossip_async, distributed/gossip_async.h) --------------------------------
 
 // With no delay and max_staleness = 0 every exchange mixes exactly the messages of its own step. On the
 // exponential graph that is synchronous push-sum bitwise, step after step. On the ring the asynchronous

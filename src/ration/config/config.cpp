@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iomanip>
 #include <sstream>
+#include <type_traits>
 
 #include "ration/base/check.h"
 #include "ration/base/allocator.h"
@@ -223,47 +224,39 @@ std::string Config::get_choice(const std::string& key, const std::string& def, c
   RATION_CHECK(false, origin_, ": key '", key, "' must be one of ", os.str(), ", got \"", s, "\"");
 }
 
-std::vector<int64_t> Config::get_int_list(const std::string& key, const std::vector<int64_t>& def) {
+// A list key: one number (a scalar), or "[a, b, ...]" (TOML arrays and --set overrides), each item read
+// whole by `parse` (stoll / stod); anything else is a type error naming `expected`.
+template <typename T, typename Parse>
+std::vector<T> Config::get_list(const std::string& key, const std::vector<T>& def, const char* expected, Parse parse) {
   const Scalar* v = find(key);
   if (!v) return def;
-  if (const auto* i = std::get_if<int64_t>(v)) return {*i};
+  if (const auto* i = std::get_if<int64_t>(v)) return {static_cast<T>(*i)};
+  if (const auto* d = std::get_if<double>(v); d && std::is_floating_point_v<T>) return {static_cast<T>(*d)};
   const auto* s = std::get_if<std::string>(v);
-  if (s == nullptr || s->size() < 2 || s->front() != '[' || s->back() != ']') type_error(key, "an array of integers like [256, 128]");
-  std::vector<int64_t> out;
+  if (s == nullptr || s->size() < 2 || s->front() != '[' || s->back() != ']') type_error(key, expected);
+  std::vector<T> out;
   std::stringstream ss(s->substr(1, s->size() - 2));
   std::string item;
   while (std::getline(ss, item, ',')) {
     try {
       size_t pos = 0;
-      out.push_back(std::stoll(item, &pos));
-      RATION_CHECK(item.find_first_not_of(" \t", pos) == std::string::npos, "not an integer");
+      out.push_back(parse(item, &pos));
+      RATION_CHECK(item.find_first_not_of(" \t", pos) == std::string::npos, "trailing characters");
     } catch (const std::exception&) {
-      type_error(key, "an array of integers like [256, 128]");
+      type_error(key, expected);
     }
   }
   return out;
 }
 
+std::vector<int64_t> Config::get_int_list(const std::string& key, const std::vector<int64_t>& def) {
+  return get_list<int64_t>(key, def, "an array of integers like [256, 128]",
+                           [](const std::string& t, size_t* pos) { return static_cast<int64_t>(std::stoll(t, pos)); });
+}
+
 std::vector<double> Config::get_double_list(const std::string& key, const std::vector<double>& def) {
-  const Scalar* v = find(key);
-  if (!v) return def;
-  if (const auto* i = std::get_if<int64_t>(v)) return {static_cast<double>(*i)};
-  if (const auto* d = std::get_if<double>(v)) return {*d};
-  const auto* s = std::get_if<std::string>(v);
-  if (s == nullptr || s->size() < 2 || s->front() != '[' || s->back() != ']') type_error(key, "an array of numbers like [1, 0.5]");
-  std::vector<double> out;
-  std::stringstream ss(s->substr(1, s->size() - 2));
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t pos = 0;
-      out.push_back(std::stod(item, &pos));
-      RATION_CHECK(item.find_first_not_of(" \t", pos) == std::string::npos, "not a number");
-    } catch (const std::exception&) {
-      type_error(key, "an array of numbers like [1, 0.5]");
-    }
-  }
-  return out;
+  return get_list<double>(key, def, "an array of numbers like [1, 0.5]",
+                          [](const std::string& t, size_t* pos) { return std::stod(t, pos); });
 }
 
 int64_t Config::get_bytes(const std::string& key, int64_t def) {

@@ -49,6 +49,8 @@ class Config {
  private:
   const Scalar* find(const std::string& key);
   [[noreturn]] void type_error(const std::string& key, const char* expected) const;
+  template <typename T, typename Parse>
+  std::vector<T> get_list(const std::string& key, const std::vector<T>& def, const char* expected, Parse parse);
   std::string origin_ = "<none>";
   std::map<std::string, Scalar> values_;
   std::map<std::string, std::vector<int64_t>> lists_;
