@@ -62,6 +62,7 @@ class AllReduceAggregator : public Aggregator {
     const OneBitOptions& o = onebit_->options();
     const OneBitHook::Counts& c = onebit_->counts();
     nlohmann::json d;
+    d["error_feedback"] = o.feedback == ErrorFeedback::On;
     d["onebit_lambda"] = onebit_->last_lambda();
     d["onebit"] = {{"warmup_steps", c.warmup_windows},
                    {"compressed_steps", c.compressed_windows},

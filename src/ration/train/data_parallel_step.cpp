@@ -332,7 +332,6 @@ nlohmann::json DataParallelStep::report() const {
   d.update({{"backend", dist::to_string(world_.backend())},
             {"topology", aggregator_->name()},
             {"compress", keys_.dp.compress},
-            {"error_feedback", keys_.dp.onebit.feedback == dist::ErrorFeedback::On},
             {"sync_every", keys_.dp.reducer.sync_every},
             {"sampling", data::to_string(keys_.sampling)},
             {"weights", keys_.dp.weights.empty() ? nlohmann::json("samples") : nlohmann::json(keys_.dp.weights)},
