@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "ration/base/check.h"
+#include "ration/base/paths.h"
 #include "ration/offload/engine.h"
 #include "ration/offload/tier.h"
 #include "ration/train/checkpoint.h"
@@ -515,6 +516,31 @@ TEST(Reliability, CommandLineValuesAreCheckedAndErrorsHideSourceLocations) {
   ::unsetenv("RATION_DEBUG");
   EXPECT_NE(debug.output.find("src/ration/train/"), std::string::npos) << debug.output;
   EXPECT_NE(debug.output.find("failed: "), std::string::npos) << debug.output;
+}
+
+}  // namespace
+}  // namespace ration
+
+namespace ration {
+namespace {
+
+// A file or folder name over 255 bytes is named with the flag or key that gave it, before the
+// filesystem's raw "File name too long".
+TEST(Reliability, OverlongPathComponentIsNamedWithItsFlagOrKey) {
+  TempDir dir(test_name());
+  const std::string long_name(300, 'a');
+  train::TrainOptions opt;
+  opt.config_path = dir.write("gpt.toml", tiny_gpt((dir.path / long_name).string(), 1, ""));
+  opt.json = true;
+  expect_error_containing([&] { train::run_training(opt); },
+                          {"gpt.toml: train.checkpoint_dir", "is 300 bytes long", "may be at most 255 bytes"});
+  opt.config_path = dir.write("gpt2.toml", tiny_gpt((dir.path / "ckpt").string(), 1, ""));
+  opt.report_path = (dir.path / long_name / "r.json").string();
+  expect_error_containing([&] { train::run_training(opt); },
+                          {"--report", "is 300 bytes long", "may be at most 255 bytes"});
+  expect_error_containing([&] { check_path_length(std::string(5000, 'b'), "--trace"); },
+                          {"--trace", "the path is 5000 bytes long"});
+  check_path_length("/tmp/" + std::string(255, 'c') + "/x", "ok");  // 255 is allowed
 }
 
 }  // namespace

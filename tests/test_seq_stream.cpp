@@ -249,3 +249,36 @@ TEST(SeqStream, ErrorsNameTheProblem) {
 
 }  // namespace
 }  // namespace ration::testing
+
+namespace ration::testing {
+namespace {
+
+// A byte the model has no token for (>= model.vocab_size) is named with its offset and the vocabulary,
+// in scoring and in a prompt, instead of ATen's "index out of range in self".
+TEST(SeqStream, BytesOutsideTheVocabularyAreNamed) {
+  auto model = build(std::string(kLstm) + "\n");  // vocab_size = 11
+  std::string text = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2};
+  text[7] = 40;
+  std::istringstream in(text);
+  seq::StreamExecutor ex(*model, 4);
+  EXPECT_EQ(ex.vocab_size(), 11);
+  try {
+    (void)seq::score_bytes(ex, in, "--input notes.txt");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--input notes.txt: byte 40 at offset 7 is outside the model's vocabulary "
+                                         "(model.vocab_size = 11: it knows bytes 0..10)"),
+              std::string::npos)
+        << e.what();
+  }
+  seq::StreamExecutor gen(*model, 4);
+  try {
+    (void)seq::generate(gen, std::string("\x01\x02\x30", 3), 2, 0, 1);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--prompt: byte 48 at offset 2 is outside"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ration::testing

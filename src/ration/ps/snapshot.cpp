@@ -23,6 +23,7 @@
 
 #include "proto/ps.pb.h"
 #include "ration/base/check.h"
+#include "ration/base/paths.h"
 #include "ration/ps/shard.h"
 
 namespace ration::ps {
@@ -97,6 +98,7 @@ void remove_dead_writers_leftovers(const std::string& dir) {
 SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir, int64_t version, int keep) {
   RATION_CHECK(version >= 0, "snapshot version must be >= 0; got ", version);
   std::error_code ec;
+  check_path_length(dir, "snapshot directory");
   RATION_CHECK(!fs::exists(dir) || fs::is_directory(dir), "snapshot directory '", dir, "' is a file; expected a directory");
   fs::create_directories(dir, ec);
   RATION_CHECK(!ec, "snapshot directory '", dir, "' cannot be created: ", ec.message());

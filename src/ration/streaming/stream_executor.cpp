@@ -9,6 +9,7 @@
 
 #include "ration/base/check.h"
 #include "ration/base/allocator.h"
+#include "ration/models/families.h"
 #include "ration/ops/ops.h"
 
 namespace ration::seq {
@@ -31,6 +32,18 @@ StreamExecutor::StreamExecutor(models::Model& model, int64_t chunk, int64_t batc
   layers_ = streamable_.sequence_layers();
   require_streamable(layers_, model.family());
   buffers_ = std::make_unique<StreamBuffers>(layers_, batch, model.parameter_options());
+}
+
+int64_t StreamExecutor::vocab_size() const {
+  const auto* lm = dynamic_cast<const models::LanguageModel*>(&model_);
+  return lm != nullptr ? lm->vocab_size() : 256;
+}
+
+// A byte the model has no token for is named, with where it is, instead of failing inside an embedding.
+static void check_byte(int64_t byte, int64_t vocab, const std::string& what, int64_t offset) {
+  RATION_CHECK(byte < vocab, what, ": byte ", byte, " at offset ", offset, " is outside the model's vocabulary "
+               "(model.vocab_size = ", vocab, ": it knows bytes 0..", vocab - 1, "); give text whose bytes are all below ",
+               vocab, ", or a model trained with a larger model.vocab_size");
 }
 
 Value StreamExecutor::feed_chunk(const Value& tokens) {
@@ -63,7 +76,9 @@ StreamScore score_bytes(StreamExecutor& executor, std::istream& in, const std::s
   std::vector<char> block(static_cast<size_t>(C));
   char first = 0;
   RATION_CHECK(in.get(first), what, ": empty input; bits per byte needs at least 2 bytes");
+  const int64_t vocab = executor.vocab_size();
   int64_t prev = static_cast<unsigned char>(first);
+  check_byte(prev, vocab, what, 0);
   double nats = 0;
   while (in) {
     in.read(block.data(), C);
@@ -72,7 +87,10 @@ StreamScore score_bytes(StreamExecutor& executor, std::istream& in, const std::s
     at::Tensor seq = at::empty({m + 1}, at::kLong);  // [prev, block...]
     auto* p = seq.data_ptr<int64_t>();
     p[0] = prev;
-    for (int64_t i = 0; i < m; ++i) p[i + 1] = static_cast<unsigned char>(block[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < m; ++i) {
+      p[i + 1] = static_cast<unsigned char>(block[static_cast<size_t>(i)]);
+      check_byte(p[i + 1], vocab, what, score.tokens + 1 + i);
+    }
     const at::Tensor inputs = seq.narrow(0, 0, m).reshape({1, m});
     const at::Tensor targets = seq.narrow(0, 1, m);
     const at::Tensor logits = executor.feed_chunk(Value(inputs)).tensor().reshape({m, -1});  // (m, V)
@@ -97,7 +115,11 @@ Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t 
   memory::reset_peak();
   const auto t0 = std::chrono::steady_clock::now();
   at::Tensor ids = at::empty({1, static_cast<int64_t>(prompt.size())}, at::kLong);
-  for (size_t i = 0; i < prompt.size(); ++i) ids[0][static_cast<int64_t>(i)] = static_cast<unsigned char>(prompt[i]);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const int64_t byte = static_cast<unsigned char>(prompt[i]);
+    check_byte(byte, executor.vocab_size(), "--prompt", static_cast<int64_t>(i));
+    ids[0][static_cast<int64_t>(i)] = byte;
+  }
   at::Tensor last;
   // The prompt in chunks; only the last step's logits are kept.
   for (int64_t s = 0; s < ids.size(1); s += executor.chunk()) {

@@ -35,6 +35,9 @@ class StreamExecutor {
   StreamBuffers& buffers() { return *buffers_; }
   int64_t chunk() const { return chunk_; }
   int64_t position() const { return buffers_->position; }
+  // Tokens the model knows: bytes must lie in [0, vocab_size()) (a language model's model.vocab_size; 256
+  // for a model that does not say).
+  int64_t vocab_size() const;
 
  private:
   models::Model& model_;

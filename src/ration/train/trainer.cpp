@@ -10,6 +10,7 @@
 
 #include "ration/base/allocator.h"
 #include "ration/base/blas.h"
+#include "ration/base/paths.h"
 #include "ration/base/check.h"
 #include "ration/base/timing.h"
 #include "ration/core/node.h"
@@ -257,6 +258,7 @@ class TrainingRun {
   // before the first step (not after the last).
   void prepare_checkpoint_dir() {
     if (run_.checkpoint_dir.empty()) return;
+    check_path_length(run_.checkpoint_dir, setup_.config.origin() + ": train.checkpoint_dir");
     checkpoint_lock_.emplace(run_.checkpoint_dir);
     check_run_may_write(run_.checkpoint_dir, step_, fingerprint_);
   }
@@ -489,6 +491,7 @@ class TrainingRun {
   // path that cannot be written is named before training rather than after it.
   void check_report_path() {
     if (options_.report_path.empty()) return;
+    check_path_length(options_.report_path, "--report");
     const std::filesystem::path p(options_.report_path);
     std::error_code ec;
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
