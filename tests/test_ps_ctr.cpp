@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "ration/base/check.h"
+#include "ration/config/config.h"
 #include "ration/data/ctr_synthetic.h"
 #include "ration/models/ctr.h"
 #include "ration/optim/adamw.h"
@@ -36,6 +37,21 @@ data::CtrSyntheticOptions small_data() {
   o.train_samples = 64;
   o.eval_samples = 16;
   return o;
+}
+
+// The trainer can match a server started with a small --max-ids: ps.max_ids_per_request reaches the client.
+TEST(PsCtr, MaxIdsPerRequestKeyReachesTheClient) {
+  Config cfg = Config::from_string("[ps]\nmax_ids_per_request = 64\n", "ctr.toml");
+  EXPECT_EQ(models::CtrOptions::from_config(cfg).client.max_ids_per_request, 64);
+  Config bad = Config::from_string("[ps]\nmax_ids_per_request = 0\n", "ctr.toml");
+  try {
+    (void)models::CtrOptions::from_config(bad);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ctr.toml: ps.max_ids_per_request must be an integer >= 1"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(PsCtr, WholeModelGradientsMatchLibtorch) {

@@ -104,6 +104,9 @@ TEST(PsServer, BadRequestsGetClearErrors) {
   for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i);
   const std::string too_many = error_of([&] { c.pull("user", many.data(), 500); });
   EXPECT_NE(too_many.find("exceeds the limit of 100 ids"), std::string::npos) << too_many;
+  EXPECT_NE(too_many.find("(this server's --max-ids); set ps.max_ids_per_request <= 100 on the trainer"),
+            std::string::npos)
+      << too_many;
   // Nothing lost and nothing half-applied: the refused push changed no row, the refused pull created none.
   EXPECT_TRUE(at::equal(before, c.pull("user", ids.data(), 3).rows));
   EXPECT_EQ(c.stats().at(0).stats.rows(), 3);

@@ -38,6 +38,10 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
   o.client.retries = static_cast<int>(cfg.get_int("ps.retries", o.client.retries));
   o.client.timeout_ms = cfg.get_int("ps.timeout_ms", o.client.timeout_ms);
   RATION_CHECK(o.client.timeout_ms >= 1, cfg.origin(), ": ps.timeout_ms must be >= 1");
+  // A server started with a smaller --max-ids than the default request size: send fewer ids per request.
+  o.client.max_ids_per_request = cfg.get_int("ps.max_ids_per_request", o.client.max_ids_per_request);
+  RATION_CHECK(o.client.max_ids_per_request >= 1, cfg.origin(), ": ps.max_ids_per_request must be an integer >= 1 "
+               "(ids per Pull/Push request; at most the servers' --max-ids), got ", o.client.max_ids_per_request);
   const std::string token_file = cfg.get_string("ps.auth_token_file", "");
   if (!token_file.empty()) o.client.auth_token = ps::read_token_file(token_file);
   o.client.tls_ca = cfg.get_string("ps.tls_ca", "");

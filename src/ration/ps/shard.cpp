@@ -86,7 +86,10 @@ grpc::Status ShardCore::check_ids(const char* rpc, const std::string& table, int
   if (n > limits_.max_ids)
     return reject(grpc::StatusCode::INVALID_ARGUMENT, std::string(rpc) + " of " + std::to_string(n) +
                                                           " ids to table '" + table + "' exceeds the limit of " +
-                                                          std::to_string(limits_.max_ids) + " ids per request");
+                                                          std::to_string(limits_.max_ids) +
+                                                          " ids per request (this server's --max-ids); set "
+                                                          "ps.max_ids_per_request <= " +
+                                                          std::to_string(limits_.max_ids) + " on the trainer");
   return grpc::Status::OK;
 }
 
