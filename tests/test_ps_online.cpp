@@ -107,6 +107,31 @@ TEST(PsOnline, ChangesAndDisabledIdsReachTheMirrorAtTheNextSync) {
   EXPECT_EQ(st.versions_behind(), 1);
 }
 
+// A source that restarted (a new epoch, versions from 0 again) is followed by its new versions: Stats'
+// source_version does not keep the old epoch's maximum.
+TEST(PsOnline, SourceVersionFollowsANewEpoch) {
+  ps::OnlineStore store(1, "");
+  ps::Delta d;
+  d.table = "item";
+  d.options = table_opts("item", 3);
+  d.full = true;
+  d.epoch = 1;
+  d.to_version = 50;
+  ASSERT_EQ(store.apply(d), ps::ApplyResult::Applied);
+  d.epoch = 2;
+  d.to_version = 3;
+  ASSERT_EQ(store.apply(d), ps::ApplyResult::Applied);
+  const std::vector<ps::MirrorInfo> m = store.mirrors();
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0].epoch, 2u);
+  EXPECT_EQ(m[0].source_version, 3) << "the restarted source's version, not the old epoch's 50";
+  d.full = false;
+  d.from_version = 3;
+  d.to_version = 7;
+  ASSERT_EQ(store.apply(d), ps::ApplyResult::Applied);
+  EXPECT_EQ(store.mirrors()[0].source_version, 7);
+}
+
 TEST(PsOnline, MissingOrOutOfOrderDeltaIsRefusedAndTheTableCopiedInFull) {
   ps::ShardCore core({0, 1}, "");
   ps::Table& t = core.store().ensure_table(table_opts("item", 3));

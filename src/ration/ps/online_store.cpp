@@ -312,9 +312,12 @@ ApplyResult OnlineStore::apply(const Delta& d) {
   } else {
     write_rows(*m->table);
   }
+  // A new epoch (the training shard restarted) starts its versions afresh: the old epoch's maximum is
+  // not this source's version any more.
+  const bool new_epoch = m->epoch != d.epoch;
   m->version = d.to_version;
   m->epoch = d.epoch;
-  m->source_version = std::max(m->source_version, d.to_version);
+  m->source_version = new_epoch ? d.to_version : std::max(m->source_version, d.to_version);
   delta_rows_ += static_cast<int64_t>(e.rows.size());
   tombstones_ += static_cast<int64_t>(e.tombs.size());
   write.unlock();
