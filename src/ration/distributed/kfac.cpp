@@ -70,26 +70,21 @@ void Kfac::conv_input(const std::string& layer, const nn::Conv2d& conv, const at
   s.a = s.a.defined() ? s.a.add_(outer) : outer;
   s.a_count += static_cast<double>(a.size(0));
   s.conv = true;
-  s.positions = patches.size(2);
 }
 
 void Kfac::output_grad(const std::string& layer, const at::Tensor& g) {
   if (!weights_.count(layer)) return;
   at::NoGradGuard no_grad;
-  at::Tensor rows;
-  double scale = 0;
+  bool conv = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const Sums& s = sums_[layer];
-    if (s.conv) {  // (B, C_out, H', W') -> (B T, C_out), times B T (kfac-pytorch's scaling)
-      rows = g.detach().to(at::kDouble).permute({0, 2, 3, 1}).reshape({-1, g.size(1)});
-      scale = static_cast<double>(rows.size(0));
-    } else {  // (..., out) -> (M, out): the per-sample (per-row) loss's gradient is M times the mean's
-      rows = g.detach().to(at::kDouble).reshape({-1, g.size(-1)});
-      scale = static_cast<double>(rows.size(0));
-    }
+    conv = sums_[layer].conv;
   }
-  const at::Tensor hat = rows * scale;
+  // A conv's (B, C_out, H', W') -> (B T, C_out), a linear's (..., out) -> (M, out); either way times its
+  // rows: the per-row loss's gradient (for a conv B T, kfac-pytorch's scaling).
+  const at::Tensor d = g.detach().to(at::kDouble);
+  const at::Tensor rows = conv ? d.permute({0, 2, 3, 1}).reshape({-1, g.size(1)}) : d.reshape({-1, g.size(-1)});
+  const at::Tensor hat = rows * static_cast<double>(rows.size(0));
   const at::Tensor outer = hat.t().mm(hat);  // (out, out)
   std::lock_guard<std::mutex> lock(mu_);
   Sums& s = sums_[layer];

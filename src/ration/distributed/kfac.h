@@ -73,7 +73,6 @@ class Kfac : public nn::LayerObserver {
     at::Tensor a, g;  // sums of outer products (float64)
     double a_count = 0, g_count = 0;
     bool conv = false;
-    int64_t positions = 1;  // a conv's output positions T (the last forward's)
   };
   bool update_factors();  // false when nothing was observed
   void invert(const std::string& layer, Factors& f);

@@ -131,13 +131,12 @@ at::Tensor PartialPsAggregator::pack_gradients() const {
 }
 
 void PartialPsAggregator::unpack_parameters(const at::Tensor& flat) {
-  at::NoGradGuard no_grad;
-  int64_t offset = 0;
+  std::vector<at::Tensor> tensors;
   for (auto& [name, p] : params_) {
-    p.impl()->tensor.copy_(flat.narrow(0, offset, p.numel()).view(p.tensor().sizes()));
+    tensors.push_back(p.impl()->tensor);
     p.impl()->grad = at::Tensor();
-    offset += p.numel();
   }
+  dist::unpack_parameters(flat, tensors);  // distributed/topology.h
 }
 
 ServerStep PartialPsAggregator::exchange(int64_t step, double share, double loss_sum, double samples, int stop_signal) {

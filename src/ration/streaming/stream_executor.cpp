@@ -115,9 +115,10 @@ Generated generate(StreamExecutor& executor, const std::string& prompt, int64_t 
   memory::reset_peak();
   const auto t0 = std::chrono::steady_clock::now();
   at::Tensor ids = at::empty({1, static_cast<int64_t>(prompt.size())}, at::kLong);
+  const int64_t vocab = executor.vocab_size();
   for (size_t i = 0; i < prompt.size(); ++i) {
     const int64_t byte = static_cast<unsigned char>(prompt[i]);
-    check_byte(byte, executor.vocab_size(), "--prompt", static_cast<int64_t>(i));
+    check_byte(byte, vocab, "--prompt", static_cast<int64_t>(i));
     ids[0][static_cast<int64_t>(i)] = byte;
   }
   at::Tensor last;

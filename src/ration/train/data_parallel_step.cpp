@@ -116,16 +116,14 @@ bool DataParallelStep::central() const { return reducer_ && aggregator_->central
 int64_t DataParallelStep::fixed_bytes(int64_t num_parameters) const {
   if (!active()) return 0;
   if (evolution_strategies()) return 2 * 4 * num_parameters;  // the parameters' copy and the estimate
-  if (natural_gradient()) {  // the factors and their inverses: (in+1)^2 + out^2 floats each, twice
-    int64_t factors = 0;
-    for (const auto& [name, p] : params_)
-      if (p.dim() == 2 || p.dim() == 4) {
-        const int64_t out = p.size(0), in = p.numel() / p.size(0) + 1;
-        factors += 2 * 4 * (in * in + out * out);
-      }
-    return 4 * num_parameters + aggregator_->fixed_bytes(num_parameters) + factors;
-  }
-  return 4 * num_parameters + aggregator_->fixed_bytes(num_parameters);  // the buckets, the aggregator's state
+  int64_t factors = 0;  // K-FAC: the factors and their inverses, (in+1)^2 + out^2 floats each, twice
+  for (const auto& [name, p] : params_)
+    if (natural_gradient() && (p.dim() == 2 || p.dim() == 4)) {
+      const int64_t out = p.size(0), in = p.numel() / p.size(0) + 1;
+      factors += 2 * 4 * (in * in + out * out);
+    }
+  // The buckets, the aggregator's state.
+  return 4 * num_parameters + aggregator_->fixed_bytes(num_parameters) + factors;
 }
 
 std::string DataParallelStep::attach(StepRuntime& runtime, const optim::WarmupCosine& schedule, int64_t first_step,
@@ -170,9 +168,7 @@ std::string DataParallelStep::attach(StepRuntime& runtime, const optim::WarmupCo
 
 // This rank's share of a step: its samples / the step's samples over every rank, or, with dist.weights,
 // its weight / their sum (0 when it has no samples this step).
-double DataParallelStep::rank_share(const std::vector<std::vector<int64_t>>& micro, int64_t step_samples) const {
-  int64_t mine = 0;
-  for (const auto& m : micro) mine += static_cast<int64_t>(m.size());
+double DataParallelStep::rank_share(int64_t mine, int64_t step_samples) const {
   if (mine == 0) return 0;
   if (keys_.dp.weights.empty()) return static_cast<double>(mine) / static_cast<double>(std::max<int64_t>(step_samples, 1));
   double total = 0;
@@ -198,9 +194,9 @@ StepStats DataParallelStep::step(StepRuntime& runtime, models::Model& model, dat
     m = loader.next_indices();
     step_samples += loader.last_global_items();
   }
-  const double share = rank_share(micro, step_samples);
   int64_t my_samples = 0;
   for (const auto& m : micro) my_samples += static_cast<int64_t>(m.size());
+  const double share = rank_share(my_samples, step_samples);
   StepStats st;
   double ms = 0, loss_sum = 0;
   int64_t samples = 0, items = 0;

@@ -93,7 +93,7 @@ class DataParallelStep {
   StepStats exchange_with_server(StepStats st, SteadyClock::time_point t0, double loss_sum, int64_t samples,
                                  int64_t items, double share, data::Loader& loader, int64_t& step,
                                  int64_t& items_out);
-  double rank_share(const std::vector<std::vector<int64_t>>& micro, int64_t step_samples) const;
+  double rank_share(int64_t my_samples, int64_t step_samples) const;
   dist::Aggregator& aggregator() const { return *aggregator_; }
   void finish_without_batch();
   bool evolution_strategies() const { return run_.optimizer == "es"; }
