@@ -1,6 +1,7 @@
 // dp_convergence.cpp — bench_dp_convergence: samples and wall time to a target test accuracy for every
 // data-parallel topology and mode (all-reduce with each compression, model averaging, the parameter server
-// synchronous / with a backup worker / bounded-asynchronous, gossip on the ring and the exponential graph)
+// synchronous / with a backup worker / bounded-asynchronous, on rank 0 or on 2 dedicated server processes,
+// gossip on the ring and the exponential graph and asynchronous, ensembles, K-FAC, evolution strategies)
 // at N = 2, 3, 4 ranks, each without and with one straggler (the last rank sleeps every step as long as
 // the plain all-reduce step at that N takes: +100 % of that step).
 // Owns: running `ration launch -n N -- train configs/mlp.toml` per cell, reading rank 0's timed
@@ -56,6 +57,7 @@ struct Mode {
   // other ranks still make rounds), with bounded staleness they soon wait for rank 0.
   bool rank0_evaluates_alone = false;
   bool trains_during_evaluation = false;
+  std::string launch_flags;  // e.g. "--servers 2" (dedicated parameter servers beside the N workers)
 };
 
 // One evaluation of a run: rank 0's step, accuracy and the line's arrival time.
@@ -164,6 +166,15 @@ int main(int argc, char** argv) try {
       {"ps async s=1", {"dist.topology=ps", "dist.sync=async", "dist.max_staleness=1"}, true},
       {"gossip ring", {"dist.topology=gossip", "dist.gossip_graph=ring"}},
       {"gossip exponential", {"dist.topology=gossip", "dist.gossip_graph=exponential"}},
+      {"gossip async s=1", {"dist.topology=gossip", "dist.gossip_async=true", "dist.max_staleness=1"}},
+      {"ps servers=2 sync", {"dist.topology=ps"}, true, false, "--servers 2"},
+      {"ps servers=2 backup=1", {"dist.topology=ps", "dist.backup_workers=1"}, true, true, "--servers 2"},
+      {"ps servers=2 async s=1", {"dist.topology=ps", "dist.sync=async", "dist.max_staleness=1"}, true, false,
+       "--servers 2"},
+      // Every member evaluates the same images (the ensemble's vote); each trains on its own bootstrap sample.
+      {"ensemble (soft vote)", {"dist.aggregate=ensemble"}, true},
+      {"K-FAC", {"optim.name=kfac", "optim.lr=0.1", "optim.kfac_damping=0.1"}},
+      {"ES (population 32)", {"optim.name=es"}},
   };
   const std::vector<int> ns = ration::bench::numbers<int>(n_list);
   for (int n : ns)
@@ -192,7 +203,7 @@ int main(int argc, char** argv) try {
       keys.push_back("dist.debug_delay_ms=" + std::to_string(delay_ms));
       keys.push_back("dist.debug_delay_rank=" + std::to_string(n - 1));
       const ration::bench::TimedReport r = ration::bench::run_ration_timed(
-          bin_dir, ration::bench::quiet_train_args(kSrc, "mlp", n, max_steps, batch), keys, "dpconv");
+          bin_dir, ration::bench::quiet_train_args(kSrc, "mlp", n, max_steps, batch, m.launch_flags), keys, "dpconv");
       c.report = r.report;
       if (r.status != 0 || r.report.is_null() || !r.report.contains("eval")) {
         // A refused combination or a failed run: its last lines say why.

@@ -25,9 +25,9 @@ namespace ration::bench {
 // process, no checkpoints, no progress lines, `batch` per process; `launch_n` > 0 runs it under
 // `ration launch -n launch_n`.
 inline std::string quiet_train_args(const std::string& source_dir, const std::string& model, int launch_n,
-                                    int64_t steps, int64_t batch) {
+                                    int64_t steps, int64_t batch, const std::string& launch_flags = "") {
   std::ostringstream args;
-  if (launch_n > 0) args << "launch -n " << launch_n << " --master-port 0 -- ";
+  if (launch_n > 0) args << "launch -n " << launch_n << " --master-port 0 " << launch_flags << " -- ";
   args << "train " << source_dir << "/configs/" << model << ".toml --steps " << steps
        << " --set train.threads=1 --set train.checkpoint_dir= --set train.log_every=100000"
        << " --set train.batch_size=" << batch;

@@ -125,7 +125,9 @@ Prepared prepare(const std::string& config_path, const std::vector<std::string>&
   p.runtime = std::make_unique<train::StepRuntime>(std::move(memory));
   // The optimiser a training run would build: its state is fixed memory the plan leaves room for.
   const auto optimizer = train::build_optimizer(run, model.named_parameters());
-  p.runtime->prepare(model, p.batch, p.setup.seed + 1, optimizer->unseen_state_bytes());
+  const int64_t prefetch_bytes = model.prefetches() ? model.prefetch_bytes(p.batch) : 0;  // as `train` plans
+  p.runtime->prepare(model, p.batch, p.setup.seed + 1, optimizer->unseen_state_bytes() + prefetch_bytes,
+                     optimizer->update_workspace_bytes());
   const memory::Plan* plan = p.runtime->current_plan();
   if (Trace* trace = current_trace(); trace != nullptr && plan != nullptr) trace->set_budget(plan->budget_bytes);
   return p;
@@ -213,12 +215,13 @@ int cmd_gradcheck(const std::string& config_path, const std::vector<std::string>
 }
 
 const char* const kLaunchUsage =
-    "usage: ration launch -n N [--master-addr A] [--master-port P] [--nnodes M --node-rank R] [--grace S] [--oversubscribe] "
+    "usage: ration launch -n N [--servers S] [--master-addr A] [--master-port P] [--nnodes M --node-rank R] [--grace S] [--oversubscribe] "
     "-- train CONFIG.toml [train flags...]\n"
     "  starts N ranks of this node with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set as torchrun "
     "does;\n  --master-port 0 picks a free port (one node); defaults 127.0.0.1:29500, --grace 15 (seconds the "
     "others get\n  to stop after one rank fails, before SIGTERM); -n is bounded by the machine (4 ranks per core, one "
-    "per 256 MiB)\n  unless --oversubscribe\n";
+    "per 256 MiB)\n  unless --oversubscribe; --servers S adds S dedicated parameter servers (dist.servers, "
+    "dist.topology = \"ps\"),\n  ranks N*M .. N*M+S-1, started on node 0\n";
 
 // `ration launch ... -- COMMAND...`: parsed by hand so that everything after `--` reaches the ranks as is.
 int cmd_launch(int argc, char** argv) {
@@ -252,6 +255,7 @@ int cmd_launch(int argc, char** argv) {
     RATION_CHECK(i + 1 < argc, "ration launch: unknown or incomplete argument '", a, "'\n", kLaunchUsage);
     const std::string v = argv[++i];
     if (a == "-n" || a == "--nproc-per-node") o.nproc_per_node = int_flag(a, v);
+    else if (a == "--servers") o.servers = int_flag(a, v);
     else if (a == "--master-addr") o.master_addr = v;
     else if (a == "--master-port") o.master_port = int_flag(a, v);
     else if (a == "--nnodes") o.nnodes = int_flag(a, v);

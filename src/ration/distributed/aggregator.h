@@ -7,7 +7,7 @@
 //       tensors out as the buckets are.
 // Does not own: bucketing, weighting, threads and overlap (distributed/reducer.h), choosing and checking
 //       an aggregator from the [dist] keys (distributed/aggregator_factory.h), the implementations (one file
-//       each: allreduce_aggregator, ps_sync_aggregator, ps_partial_aggregator, gossip_aggregator,
+//       each: allreduce_aggregator, ps_sync_aggregator, ps_partial_aggregator, ps_group_aggregator, gossip_aggregator,
 //       averaging_aggregator, ensemble_aggregator), the training loop (train/).
 //
 // Order of calls in one optimiser step of sync_every micro-batches (one rank):
@@ -52,7 +52,8 @@ std::vector<at::Tensor> lay_out_as_buckets(const std::vector<BucketLayout>& layo
 
 // What an aggregator may use around the optimiser step; given once by attach(), after the profiling step.
 struct AggregatorContext {
-  World world;
+  World world;                            // the workers (every rank of the job without dist.servers)
+  World everyone;                         // the whole job: the workers, then the dedicated servers
   optim::NamedParams params;              // the model's trainable parameters, in model order
   optim::Optimizer* optimizer = nullptr;  // the run's
   // An optimiser built like the run's for other parameters (a server's copy of the model), the run's

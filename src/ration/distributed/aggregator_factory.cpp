@@ -17,6 +17,7 @@ struct Row {
   Aggregate aggregate;
   PsAggregation mode;
   bool compresses;   // dist.compress may be "fp16" or "onebit"
+  bool servers;      // dist.servers > 0: dedicated parameter servers
   const char* what;  // the row as the user names it, for messages
   Builder build;
   AggregationTraits traits = {};
@@ -24,32 +25,47 @@ struct Row {
 
 const std::vector<Row>& table() {
   static const std::vector<Row> rows = {
-      {Topology::AllReduce, Aggregate::Gradients, PsAggregation::Synchronous, true, "dist.topology = \"allreduce\"",
+      {Topology::AllReduce, Aggregate::Gradients, PsAggregation::Synchronous, true, false, "dist.topology = \"allreduce\"",
        [](const DataParallelSettings& s, optim::Optimizer* optimizer, const std::string& origin) {
          return make_allreduce_aggregator(make_comm_hook(s.compress, s.onebit, origin), optimizer, origin);
        }},
-      {Topology::AllReduce, Aggregate::Parameters, PsAggregation::Synchronous, false,
+      {Topology::AllReduce, Aggregate::Parameters, PsAggregation::Synchronous, false, false,
        "dist.aggregate = \"parameters\" (model averaging)",
        [](const DataParallelSettings& s, optim::Optimizer*, const std::string&) {
          return make_averaging_aggregator(s.average_every);
        }},
-      {Topology::ParameterServer, Aggregate::Gradients, PsAggregation::Synchronous, false, "dist.topology = \"ps\"",
+      {Topology::ParameterServer, Aggregate::Gradients, PsAggregation::Synchronous, false, false, "dist.topology = \"ps\"",
        [](const DataParallelSettings&, optim::Optimizer*, const std::string&) { return make_sync_ps_aggregator(); }},
-      {Topology::ParameterServer, Aggregate::Gradients, PsAggregation::BackupWorkers, false,
+      {Topology::ParameterServer, Aggregate::Gradients, PsAggregation::BackupWorkers, false, false,
        "dist.topology = \"ps\" with dist.backup_workers",
        [](const DataParallelSettings& s, optim::Optimizer*, const std::string&) {
          return make_partial_ps_aggregator(s.ps);
        }},
-      {Topology::ParameterServer, Aggregate::Gradients, PsAggregation::BoundedAsync, false,
+      {Topology::ParameterServer, Aggregate::Gradients, PsAggregation::BoundedAsync, false, false,
        "dist.topology = \"ps\" with dist.sync = \"async\"",
        [](const DataParallelSettings& s, optim::Optimizer*, const std::string&) {
          return make_partial_ps_aggregator(s.ps);
        }},
-      {Topology::AllReduce, Aggregate::Ensemble, PsAggregation::Synchronous, false,
+      {Topology::ParameterServer, Aggregate::Gradients, PsAggregation::Synchronous, false, true,
+       "dist.topology = \"ps\" with dist.servers",
+       [](const DataParallelSettings& s, optim::Optimizer*, const std::string&) {
+         return make_ps_group_aggregator(s.ps, static_cast<int>(s.servers));
+       }},
+      {Topology::ParameterServer, Aggregate::Gradients, PsAggregation::BackupWorkers, false, true,
+       "dist.topology = \"ps\" with dist.servers and dist.backup_workers",
+       [](const DataParallelSettings& s, optim::Optimizer*, const std::string&) {
+         return make_ps_group_aggregator(s.ps, static_cast<int>(s.servers));
+       }},
+      {Topology::ParameterServer, Aggregate::Gradients, PsAggregation::BoundedAsync, false, true,
+       "dist.topology = \"ps\" with dist.servers and dist.sync = \"async\"",
+       [](const DataParallelSettings& s, optim::Optimizer*, const std::string&) {
+         return make_ps_group_aggregator(s.ps, static_cast<int>(s.servers));
+       }},
+      {Topology::AllReduce, Aggregate::Ensemble, PsAggregation::Synchronous, false, false,
        "dist.aggregate = \"ensemble\"",
        [](const DataParallelSettings&, optim::Optimizer*, const std::string&) { return make_ensemble_aggregator(); },
        {/*members=*/true}},
-      {Topology::Gossip, Aggregate::Gradients, PsAggregation::Synchronous, false, "dist.topology = \"gossip\"",
+      {Topology::Gossip, Aggregate::Gradients, PsAggregation::Synchronous, false, false, "dist.topology = \"gossip\"",
        [](const DataParallelSettings& s, optim::Optimizer*, const std::string&) {
          return make_gossip_aggregator(s.gossip);
        }},
@@ -69,8 +85,12 @@ const Row& row_of(const DataParallelSettings& s, const std::string& origin) {
                " needs dist.topology = \"ps\" (the server is where a late gradient can be dropped or a push applied "
                "on its own; \"allreduce\" and \"gossip\" sum every rank in every collective), got dist.topology = \"",
                to_string(s.topology), "\"");
+  RATION_CHECK(s.servers == 0 || (s.topology == Topology::ParameterServer && s.aggregate == Aggregate::Gradients),
+               origin, ": dist.servers = ", s.servers, " starts dedicated parameter servers; it needs dist.topology = "
+               "\"ps\" (and dist.aggregate = \"gradients\"), got dist.topology = \"", to_string(s.topology), "\"");
   for (const Row& r : table()) {
-    if (r.topology != s.topology || r.aggregate != s.aggregate || r.mode != s.ps.mode) continue;
+    if (r.topology != s.topology || r.aggregate != s.aggregate || r.mode != s.ps.mode || r.servers != (s.servers > 0))
+      continue;
     RATION_CHECK(r.compresses || s.compress == "none", origin, ": ", r.what, " sends fp32 gradients or parameters; "
                  "dist.compress must be \"none\" with it (compression applies to dist.topology = \"allreduce\" with "
                  "dist.aggregate = \"gradients\" only), got \"", s.compress, "\"");

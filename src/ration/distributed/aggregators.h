@@ -24,6 +24,14 @@ std::unique_ptr<Aggregator> make_allreduce_aggregator(std::unique_ptr<CommHook> 
 std::unique_ptr<Aggregator> make_sync_ps_aggregator();
 // ps_partial_aggregator.cpp: backup workers or bounded asynchrony on a server copy of the model on rank 0.
 std::unique_ptr<Aggregator> make_partial_ps_aggregator(const PsAggregationOptions& options);
+// ps_group_aggregator.cpp: dist.servers = `servers` dedicated server processes hold the dense parameters
+// (each server some whole parameters, balanced by size), with `options`' rule (sync, backup workers,
+// bounded asynchrony). The aggregator is a worker's side; serve_parameter_shard is a server's: it serves
+// until every worker has finished, sends worker 0 its final state and returns its report fragment.
+// context.everyone is the whole job: workers are its ranks [0, N), servers [N, N + servers).
+std::unique_ptr<Aggregator> make_ps_group_aggregator(const PsAggregationOptions& options, int servers);
+nlohmann::json serve_parameter_shard(const AggregatorContext& context, const PsAggregationOptions& options,
+                                     int servers);
 // gossip_aggregator.cpp: each rank steps on its own gradient, then averages with its neighbours
 // (synchronously, or with `async` by the push-sum protocol of distributed/gossip_async.h).
 struct GossipOptions {

@@ -39,6 +39,29 @@ void read_partial_aggregation(Config& cfg, DataParallelSettings& s) {
                "step), got ", s.debug_delay_ms, " and ", s.debug_delay_rank);
 }
 
+// dist.servers, which must agree with the servers the launcher started (RATION_PS_SERVERS, its default).
+void read_servers(Config& cfg, DataParallelSettings& s) {
+  const char* env = std::getenv("RATION_PS_SERVERS");
+  int64_t started = 0;
+  if (env != nullptr) {
+    char* end = nullptr;
+    started = std::strtoll(env, &end, 10);
+    RATION_CHECK(*env != '\0' && *end == '\0' && started >= 0 && started < 4096, "RATION_PS_SERVERS='", env,
+                 "' is not valid; expected the number of dedicated parameter servers, an integer >= 0 (ration "
+                 "launch --servers sets it)");
+  }
+  s.servers = cfg.get_int("dist.servers", started);
+  RATION_CHECK(s.servers >= 0, cfg.origin(), ": dist.servers must be an integer >= 0 (dedicated parameter "
+               "servers), got ", s.servers);
+  RATION_CHECK(s.servers == started || !environment_names_a_world(), cfg.origin(), ": dist.servers = ", s.servers,
+               " but ", started, " server processes were started with the workers; start the job with ration launch "
+               "-n WORKERS --servers ", s.servers, " -- train ... (by hand: RATION_PS_SERVERS=", s.servers,
+               " and WORLD_SIZE = workers + ", s.servers, " in every process)");
+  RATION_CHECK(s.servers == 0 || environment_names_a_world(), cfg.origin(), ": dist.servers = ", s.servers,
+               " needs server processes beside the workers; start the job with ration launch -n WORKERS --servers ",
+               s.servers, " -- train ...");
+}
+
 }  // namespace
 
 DataParallelSettings read_data_parallel_settings(Config& cfg) {
@@ -88,8 +111,30 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
   for (double w : s.weights)
     RATION_CHECK(std::isfinite(w) && w > 0, cfg.origin(), ": dist.weights must be an array of numbers > 0, one per "
                  "rank (each rank's share of a step is its weight / their sum), got ", w);
+  read_servers(cfg, s);
   check_aggregation(s, cfg.origin());
   return s;
+}
+
+JobRoles split_roles(const World& everyone, int64_t servers, const std::string& origin) {
+  JobRoles roles;
+  roles.everyone = everyone;
+  roles.workers_count = everyone.size() - static_cast<int>(servers);
+  RATION_CHECK(roles.workers_count >= 1, origin, ": dist.servers = ", servers, " leaves no worker among the job's ",
+               everyone.size(), " processes; start them with ration launch -n WORKERS --servers ", servers);
+  if (servers == 0) {
+    roles.workers = everyone;
+    return roles;
+  }
+  if (everyone.rank() >= roles.workers_count) {
+    roles.server = everyone.rank() - roles.workers_count;
+    roles.workers = World::init_single();
+    return roles;
+  }
+  std::vector<int> members(static_cast<size_t>(roles.workers_count));
+  for (int r = 0; r < roles.workers_count; ++r) members[static_cast<size_t>(r)] = r;
+  roles.workers = everyone.subgroup("workers", members);
+  return roles;
 }
 
 bool environment_names_a_world() { return std::getenv("WORLD_SIZE") != nullptr; }

@@ -33,6 +33,9 @@
 //   disagreement_every  integer >= 0, default 10  topology "gossip": measure the ranks' disagreement every
 //                                                 this many steps for the report (0: never); default 0 with
 //                                                 gossip_async (the measurement is a barrier of every rank)
+//   servers             integer >= 0, default 0 (or RATION_PS_SERVERS)  topology "ps": dedicated server
+//                                                 processes holding the dense parameters, started by
+//                                                 `ration launch --servers S` (ranks [N, N + S))
 //   weights             array of numbers > 0, one per rank (default: none)   each rank's share of every
 //                                                 step is weights[r] / sum(weights) instead of its share of
 //                                                 the step's samples
@@ -70,6 +73,7 @@ struct DataParallelSettings {
   OneBitOptions onebit;  // error_feedback, onebit_block, compress_warmup
   int64_t timeout_s = 60;
   PsAggregationOptions ps;        // backup_workers, sync, max_staleness (distributed/ps_aggregation.h)
+  int64_t servers = 0;            // dist.servers: dedicated parameter servers (distributed/aggregators.h)
   int64_t debug_delay_ms = 0;     // test aid: one rank made slow, deterministically
   int64_t debug_delay_rank = -1;
 };
@@ -80,6 +84,18 @@ bool environment_names_a_world();
 // The world from the environment (timeout from the settings unless RATION_DIST_TIMEOUT_S is set), or a
 // one-process world when WORLD_SIZE is not set.
 World join_world(const DataParallelSettings& settings);
+
+// The job's processes by role. With dist.servers = S (`ration launch --servers S` sets RATION_PS_SERVERS=S
+// in every process) ranks [0, N) of the world are workers and [N, N + S) dedicated parameter servers;
+// otherwise every rank is a worker. Workers call it together (they open their own process group).
+struct JobRoles {
+  World everyone;   // the whole job
+  World workers;    // on a worker: the workers' process group (everyone without servers); on a server: one
+                    // process of its own
+  int workers_count = 1;
+  int server = -1;  // on a server: its index in [0, S); -1 on a worker
+};
+JobRoles split_roles(const World& everyone, int64_t servers, const std::string& origin);
 
 // A 64-bit fingerprint of the effective configuration, leaving out keys that may differ per host
 // (train.threads, data.dir, data.files, train.checkpoint_dir, offload.*, memory.*).

@@ -15,7 +15,9 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -86,7 +88,8 @@ void emit_lines(const Rank& r, Stream& s, bool flush_partial) {
   std::fflush(s.to);
 }
 
-void spawn(Rank& r, const LaunchOptions& o, int world_size, int port, const std::string& program) {
+void spawn(Rank& r, const LaunchOptions& o, int world_size, int port, const std::string& program,
+           const std::string& store_file) {
   int out[2], err[2];
   RATION_CHECK(::pipe(out) == 0 && ::pipe(err) == 0, "ration launch: pipe failed: ", std::strerror(errno));
   const pid_t parent = ::getpid();
@@ -110,6 +113,8 @@ void spawn(Rank& r, const LaunchOptions& o, int world_size, int port, const std:
     ::setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
     ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
     ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    if (!store_file.empty()) ::setenv("RATION_STORE_FILE", store_file.c_str(), 1);
+    ::setenv("RATION_PS_SERVERS", std::to_string(o.servers).c_str(), 1);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(program.c_str()));
     for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -124,6 +129,31 @@ void spawn(Rank& r, const LaunchOptions& o, int world_size, int port, const std:
   r.out = {out[0], stdout, {}};
   r.err = {err[0], stderr, {}};
 }
+
+// The launcher's private directory for the job's FileStore (one node); removed when the launch returns.
+class RunDirectory {
+ public:
+  explicit RunDirectory(bool wanted) {
+    if (!wanted) return;
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ration-launch-XXXXXX";
+    RATION_CHECK(::mkdtemp(pattern.data()) != nullptr, "ration launch: cannot make a directory for the rendezvous ",
+                 "store under ", pattern.substr(0, pattern.rfind('/')), " (set TMPDIR to a writable folder): ",
+                 std::strerror(errno));
+    dir_ = pattern;
+  }
+  ~RunDirectory() {
+    if (dir_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+  std::string store() const { return dir_.empty() ? std::string() : dir_ + "/store"; }
+
+ private:
+  std::string dir_;
+};
 
 void signal_running(std::vector<Rank>& ranks, int sig) {
   for (auto& r : ranks) {
@@ -143,8 +173,12 @@ int max_ranks_per_node() {
 // Every flag against its rule (errors name the flag).
 static void check_options(const LaunchOptions& o) {
   RATION_CHECK(o.nproc_per_node >= 1, "ration launch: -n must be an integer >= 1, got ", o.nproc_per_node);
-  RATION_CHECK(o.oversubscribe || o.nproc_per_node <= max_ranks_per_node(), "ration launch: -n ", o.nproc_per_node,
-               " is more ranks than this machine runs (at most ", max_ranks_per_node(),
+  RATION_CHECK(o.servers >= 0, "ration launch: --servers must be an integer >= 0 (dedicated parameter servers), got ",
+               o.servers);
+  const int here = o.nproc_per_node + (o.node_rank == 0 ? o.servers : 0);
+  RATION_CHECK(o.oversubscribe || here <= max_ranks_per_node(), "ration launch: -n ", o.nproc_per_node,
+               o.servers > 0 && o.node_rank == 0 ? " and --servers " + std::to_string(o.servers) : std::string(),
+               " is more processes than this machine runs (at most ", max_ranks_per_node(),
                ": 4 per core, one per 256 MiB of memory); pass --oversubscribe to start them anyway");
   RATION_CHECK(o.nnodes >= 1, "ration launch: --nnodes must be an integer >= 1, got ", o.nnodes);
   RATION_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "ration launch: --node-rank must be in [0, --nnodes) = [0, ",
@@ -169,7 +203,13 @@ int launch(const LaunchOptions& o) {
     program.assign(buf, static_cast<size_t>(n));
   }
   const int port = o.master_port == 0 ? free_port(o.master_addr) : o.master_port;
-  const int world_size = o.nnodes * o.nproc_per_node;
+  // One node: the rendezvous goes through a file in a directory of the launcher's own (mode 0700), so no
+  // store listens on the network (a TCPStore binds every interface, unauthenticated). Several nodes need
+  // the TCPStore on the master (docs/DISTRIBUTED.md, "What is exposed").
+  const RunDirectory run_dir(o.nnodes == 1);
+  const int workers = o.nnodes * o.nproc_per_node;
+  const int world_size = workers + o.servers;
+  const int here = o.nproc_per_node + (o.node_rank == 0 ? o.servers : 0);  // this node's workers, then servers
 
   struct sigaction sa {};
   sa.sa_handler = remember_signal;
@@ -178,11 +218,13 @@ int launch(const LaunchOptions& o) {
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
 
-  std::vector<Rank> ranks(static_cast<size_t>(o.nproc_per_node));
+  std::vector<Rank> ranks(static_cast<size_t>(here));
   int started = 0;
-  for (; started < o.nproc_per_node && !g_pending_signal; ++started) {  // a signal stops the starting
-    ranks[static_cast<size_t>(started)].rank = o.node_rank * o.nproc_per_node + started;
-    spawn(ranks[static_cast<size_t>(started)], o, world_size, port, program);
+  for (; started < here && !g_pending_signal; ++started) {  // a signal stops the starting
+    ranks[static_cast<size_t>(started)].rank = started < o.nproc_per_node
+                                                   ? o.node_rank * o.nproc_per_node + started
+                                                   : workers + (started - o.nproc_per_node);
+    spawn(ranks[static_cast<size_t>(started)], o, world_size, port, program, run_dir.store());
   }
   ranks.resize(static_cast<size_t>(started));
 

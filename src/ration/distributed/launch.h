@@ -1,7 +1,8 @@
 // launch.h — `ration launch`: start this node's ranks of a data-parallel job, as torchrun does.
 // Owns: the per-rank environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-//       MASTER_PORT), the child processes, their output (each line prefixed "[rank k] "), forwarding
-//       SIGINT/SIGTERM, and the rule "one rank fails -> the job fails": the others get a grace period to
+//       MASTER_PORT; on one node RATION_STORE_FILE, a file in a private directory of the launcher's, so the
+//       rendezvous opens no network socket; RATION_PS_SERVERS), the child processes, their output (each
+//       line prefixed "[rank k] "), forwarding SIGINT/SIGTERM, and the rule "one rank fails -> the job fails": the others get a grace period to
 //       notice and name the lost rank themselves, then SIGTERM, then SIGKILL.
 // Does not own: what the ranks run (normally `ration train`, which joins the world from those
 //       variables: distributed/data_parallel.h) or the rendezvous itself (distributed/world.h).
@@ -16,6 +17,9 @@ namespace ration::dist {
 
 struct LaunchOptions {
   int nproc_per_node = 1;
+  // Dedicated parameter servers (dist.servers), started on node 0 after its workers: ranks
+  // [nnodes * nproc_per_node, + servers). Every process gets RATION_PS_SERVERS=servers.
+  int servers = 0;
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";

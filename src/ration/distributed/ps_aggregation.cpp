@@ -16,7 +16,7 @@ namespace {
 // gradient and the server's header and parameters never pair with each other).
 constexpr int kPushHeaderTag = 1, kPushGradientTag = 2, kReplyHeaderTag = 3, kReplyParamsTag = 4;
 constexpr int kHeaderDoubles = 8;
-enum class PushKind { Push = 1, Finished = 2 };
+enum class PushKind { Push = 1, Finished = 2, Snapshot = 3 };
 enum class ReplyKind { Parameters = 1, Failed = 3 };
 
 int64_t now_ns() {
@@ -226,6 +226,8 @@ PsAggregationStats PsAggregator::stats() {
 struct PsServerLinks::Shared {
   World channel;
   std::shared_ptr<PsAggregator> aggregator;
+  int worker_offset = 0;
+  std::function<void(const World&, int)> on_snapshot;
   std::mutex mu;
   std::condition_variable cv;
   int finished = 0;                    // workers that said they finished
@@ -234,10 +236,13 @@ struct PsServerLinks::Shared {
   std::atomic<int64_t> bytes_sent{0};
 };
 
-PsServerLinks::PsServerLinks(World channel, std::shared_ptr<PsAggregator> aggregator)
+PsServerLinks::PsServerLinks(World channel, std::shared_ptr<PsAggregator> aggregator, int worker_offset,
+                             std::function<void(const World&, int)> on_snapshot)
     : shared_(std::make_shared<Shared>()) {
   shared_->channel = std::move(channel);
   shared_->aggregator = std::move(aggregator);
+  shared_->worker_offset = worker_offset;
+  shared_->on_snapshot = std::move(on_snapshot);
   for (int r = 0; r < shared_->channel.size(); ++r) {
     if (r == 0) continue;
     std::shared_ptr<Shared> s = shared_;
@@ -251,7 +256,7 @@ PsServerLinks::~PsServerLinks() {
     std::lock_guard<std::mutex> lock(shared_->mu);
     all_ended = shared_->ended == static_cast<int>(threads_.size());
   }
-  if (!all_ended) shared_->aggregator->fail("rank 0 stopped serving the parameters");  // no apply from now on
+  if (!all_ended) shared_->aggregator->fail("the server stopped serving the parameters");  // no apply from now on
   for (std::thread& t : threads_) {
     if (all_ended) t.join();
     else t.detach();  // may be blocked in a receive from a lost rank; the process exits soon
@@ -263,6 +268,7 @@ int64_t PsServerLinks::bytes_sent() const { return shared_->bytes_sent.load(); }
 void PsServerLinks::serve(const std::shared_ptr<Shared>& s, int rank) {
   const World& ch = s->channel;
   PsAggregator& agg = *s->aggregator;
+  const int worker = rank - s->worker_offset;  // the aggregator's index of this channel rank
   auto end = [&](const std::optional<std::string>& failure) {
     std::lock_guard<std::mutex> lock(s->mu);
     ++s->ended;
@@ -279,12 +285,18 @@ void PsServerLinks::serve(const std::shared_ptr<Shared>& s, int rank) {
       ch.send_recv({}, {{rank, h}}, kPushHeaderTag);
       const double* hv = h.data_ptr<double>();
       if (static_cast<int>(hv[0]) == static_cast<int>(PushKind::Finished)) {
-        agg.finished(rank);
+        agg.finished(worker);
         end(std::nullopt);
         return;
       }
+      if (static_cast<int>(hv[0]) == static_cast<int>(PushKind::Snapshot)) {
+        RATION_CHECK(s->on_snapshot != nullptr, "rank ", rank, " asked for a snapshot this server does not give");
+        stage = "send a snapshot to";
+        s->on_snapshot(ch, rank);
+        continue;
+      }
       Push p;
-      p.rank = rank;
+      p.rank = worker;
       p.base_version = static_cast<int64_t>(hv[1]);
       p.step = static_cast<int64_t>(hv[2]);
       p.share = hv[3];
@@ -299,7 +311,7 @@ void PsServerLinks::serve(const std::shared_ptr<Shared>& s, int rank) {
       double* rv = reply.data_ptr<double>();
       try {
         agg.submit(std::move(p));
-        const Reply r = agg.await_reply(rank, params);
+        const Reply r = agg.await_reply(worker, params);
         rv[0] = static_cast<double>(ReplyKind::Parameters);
         rv[1] = static_cast<double>(r.version);
         rv[2] = r.stop_signal;
@@ -318,7 +330,9 @@ void PsServerLinks::serve(const std::shared_ptr<Shared>& s, int rank) {
       s->bytes_sent += (reply.numel() * 8 + params.numel() * 4);
     }
   } catch (const std::exception& e) {
-    const std::string why = detail::str("parameter server (rank 0) could not ", stage, " rank ", rank, ": ", e.what());
+    const std::string why = s->worker_offset == 0
+                                ? detail::str("parameter server (rank 0) could not ", stage, " rank ", rank, ": ", e.what())
+                                : detail::str("parameter server could not ", stage, " worker ", worker, ": ", e.what());
     agg.fail(why);
     end(why);
   }
@@ -331,11 +345,17 @@ void PsServerLinks::wait_for_workers() {
 }
 
 // ---- a worker --------------------------------------------------------------------------------------
-PsClient::PsClient(World channel, int64_t numel) : channel_(std::move(channel)), numel_(numel) {
-  RATION_CHECK(channel_.rank() != 0, "PsClient runs on workers; rank 0 serves the parameters");
+PsClient::PsClient(World channel, int64_t numel, std::string server)
+    : channel_(std::move(channel)), numel_(numel), server_(std::move(server)) {
+  RATION_CHECK(channel_.rank() != 0, "PsClient runs on workers; the channel's rank 0 serves the parameters");
 }
 
-Reply PsClient::exchange(const Push& push, at::Tensor& params) {
+Reply PsClient::exchange(const Push& p, at::Tensor& params) {
+  push(p);
+  return await_reply(params);
+}
+
+void PsClient::push(const Push& push) {
   RATION_CHECK(push.gradient.defined() && push.gradient.numel() == numel_ && push.gradient.is_contiguous(),
                "PsClient: the pushed gradient must be ", numel_, " contiguous floats");
   at::Tensor h = header();
@@ -351,12 +371,14 @@ Reply PsClient::exchange(const Push& push, at::Tensor& params) {
   channel_.send_recv({{0, h}}, {}, kPushHeaderTag);
   channel_.send_recv({{0, push.gradient}}, {}, kPushGradientTag);
   bytes_sent_ += h.numel() * 8 + numel_ * 4;
+}
+
+Reply PsClient::await_reply(at::Tensor& params) {
   at::Tensor reply = header();
   channel_.send_recv({}, {{0, reply}}, kReplyHeaderTag);
   const double* rv = reply.data_ptr<double>();
   if (static_cast<int>(rv[0]) == static_cast<int>(ReplyKind::Failed))
-    throw CollectiveError(detail::str("rank ", channel_.rank(), ": the parameter server (rank 0) reports that a "
-                                      "worker was lost"));
+    throw CollectiveError(detail::str("rank ", channel_.rank(), ": ", server_, " reports that a worker was lost"));
   channel_.send_recv({}, {{0, params}}, kReplyParamsTag);
   Reply r;
   r.version = static_cast<int64_t>(rv[1]);
@@ -366,10 +388,76 @@ Reply PsClient::exchange(const Push& push, at::Tensor& params) {
   return r;
 }
 
+void PsClient::request_snapshot() {
+  at::Tensor h = header();
+  h.data_ptr<double>()[0] = static_cast<double>(PushKind::Snapshot);
+  channel_.send_recv({{0, h}}, {}, kPushHeaderTag);
+}
+
 void PsClient::finish() {
   at::Tensor h = header();
   h.data_ptr<double>()[0] = static_cast<double>(PushKind::Finished);
   channel_.send_recv({{0, h}}, {}, kPushHeaderTag);  // not counted: bytes_sent() counts the pushes
+}
+
+// ---- named tensors over a channel ------------------------------------------------------------------------
+// First the description (int64: count, then per tensor: name length, dtype, rank, sizes), its length
+// sent before it; then the names' bytes; then each tensor's data.
+void send_named_tensors(const World& channel, int to, const optim::NamedTensors& tensors, int tag) {
+  std::vector<int64_t> desc = {static_cast<int64_t>(tensors.size())};
+  std::string names;
+  for (const auto& [name, t] : tensors) {
+    desc.push_back(static_cast<int64_t>(name.size()));
+    desc.push_back(static_cast<int64_t>(t.scalar_type()));
+    desc.push_back(t.dim());
+    for (int64_t d : t.sizes()) desc.push_back(d);
+    names += name;
+  }
+  at::Tensor length = at::full({1}, static_cast<int64_t>(desc.size()), at::kLong);
+  at::Tensor d = at::from_blob(desc.data(), {static_cast<int64_t>(desc.size())}, at::kLong).clone();
+  channel.send_recv({{to, length}}, {}, tag);
+  channel.send_recv({{to, d}}, {}, tag);
+  if (!names.empty()) {
+    at::Tensor bytes = at::from_blob(names.data(), {static_cast<int64_t>(names.size())}, at::kByte).clone();
+    channel.send_recv({{to, bytes}}, {}, tag);
+  }
+  for (const auto& [name, t] : tensors)
+    if (t.numel() > 0) channel.send_recv({{to, t.contiguous()}}, {}, tag);
+}
+
+optim::NamedTensors receive_named_tensors(const World& channel, int from, int tag) {
+  at::Tensor length = at::empty({1}, at::kLong);
+  channel.send_recv({}, {{from, length}}, tag);
+  at::Tensor d = at::empty({length.item<int64_t>()}, at::kLong);
+  channel.send_recv({}, {{from, d}}, tag);
+  const int64_t* desc = d.data_ptr<int64_t>();
+  const int64_t count = desc[0];
+  struct Entry {
+    int64_t name_length;
+    at::ScalarType dtype;
+    std::vector<int64_t> sizes;
+  };
+  std::vector<Entry> entries;
+  int64_t at_desc = 1, name_bytes = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    Entry e{desc[at_desc], static_cast<at::ScalarType>(desc[at_desc + 1]), {}};
+    const int64_t dims = desc[at_desc + 2];
+    e.sizes.assign(desc + at_desc + 3, desc + at_desc + 3 + dims);
+    at_desc += 3 + dims;
+    name_bytes += e.name_length;
+    entries.push_back(std::move(e));
+  }
+  at::Tensor bytes = at::empty({name_bytes}, at::kByte);
+  if (name_bytes > 0) channel.send_recv({}, {{from, bytes}}, tag);
+  optim::NamedTensors out;
+  const char* names = reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>());
+  for (const Entry& e : entries) {
+    at::Tensor t = at::empty(e.sizes, at::TensorOptions().dtype(e.dtype));
+    if (t.numel() > 0) channel.send_recv({}, {{from, t}}, tag);
+    out.emplace_back(std::string(names, static_cast<size_t>(e.name_length)), t);
+    names += e.name_length;
+  }
+  return out;
 }
 
 }  // namespace ration::dist

@@ -29,6 +29,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "ration/distributed/world.h"
+#include "ration/optim/optimizer.h"
 
 namespace ration::dist {
 
@@ -149,17 +151,21 @@ class PsAggregator {
   PsAggregationStats stats_;
 };
 
-// Rank 0's side of the wire: one thread per worker receives its pushes over `channel`, submits them and
-// sends back the reply (or, after a failure, a failure notice so the worker stops at once).
+// The server's side of the wire: one thread per worker receives its pushes over `channel`, submits them
+// and sends back the reply (or, after a failure, a failure notice so the worker stops at once). The server
+// is the channel's rank 0. worker_offset 0: rank 0 is also worker 0 (it pushes to the aggregator itself, no
+// thread); 1: a dedicated server, channel rank r + 1 is worker r. on_snapshot(channel, channel_rank): a
+// worker asked for the server's state (PsClient::request_snapshot); it sends it.
 class PsServerLinks {
  public:
-  PsServerLinks(World channel, std::shared_ptr<PsAggregator> aggregator);
+  PsServerLinks(World channel, std::shared_ptr<PsAggregator> aggregator, int worker_offset = 0,
+                std::function<void(const World&, int)> on_snapshot = {});
   // Joins the threads when every worker has finished; otherwise (after a failure) leaves them to the
   // process's exit (they may be blocked in a receive from a lost rank).
   ~PsServerLinks();
   // Blocks until every worker has said it finished; rethrows a lost worker as CollectiveError.
   void wait_for_workers();
-  // Bytes rank 0 handed to c10d for the workers so far (replies: headers and parameters).
+  // Bytes the server handed to c10d for the workers so far (replies: headers and parameters).
   int64_t bytes_sent() const;
 
  private:
@@ -169,21 +175,34 @@ class PsServerLinks {
   std::vector<std::thread> threads_;
 };
 
-// A worker's side: push a gradient, receive the reply and the parameters.
+// A worker's side: push a gradient, receive the reply and the parameters. `server` names the server in
+// messages ("the parameter server (rank 0)").
 class PsClient {
  public:
-  PsClient(World channel, int64_t numel);
+  PsClient(World channel, int64_t numel, std::string server = "the parameter server (rank 0)");
   // Sends `push` and waits for the reply; the parameters land in `params`. Throws CollectiveError when
   // the server reports a lost worker or cannot be reached.
   Reply exchange(const Push& push, at::Tensor& params);
+  // The two halves of exchange(), so a worker may push to several servers before waiting for any.
+  void push(const Push& push);
+  Reply await_reply(at::Tensor& params);
+  // Asks the server for its state; the caller then receives what the server's on_snapshot sends.
+  void request_snapshot();
   // Tells the server this worker trains no more (after its last exchange).
   void finish();
   int64_t bytes_sent() const { return bytes_sent_; }
+  const World& channel() const { return channel_; }
 
  private:
   World channel_;
   int64_t numel_;
+  std::string server_;
   int64_t bytes_sent_ = 0;
 };
+
+// Named tensors (a model slice, an optimiser's state) from one rank of `channel` to another, with their
+// names, dtypes and shapes: every tensor is sent with `tag`, the receiver needs to know nothing in advance.
+void send_named_tensors(const World& channel, int to, const optim::NamedTensors& tensors, int tag);
+optim::NamedTensors receive_named_tensors(const World& channel, int from, int tag);
 
 }  // namespace ration::dist

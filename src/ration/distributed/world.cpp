@@ -4,6 +4,8 @@
 #define USE_C10D_GLOO 1
 #include "ration/distributed/world.h"
 
+#include <algorithm>
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -39,6 +41,7 @@ struct World::State {
   std::chrono::milliseconds timeout{0};           // of rendezvous and every collective (open_channel reuses it)
   std::shared_ptr<::gloo::transport::Device> gloo_device;  // Gloo: the device the group binds (open_channel too)
   int channels_opened = 0;  // open_channel calls so far: each channel's store keys are its own
+  std::map<std::string, int> subgroups_opened;  // subgroup calls so far, per name (members only call them)
   std::mutex replica_mu;
   std::weak_ptr<ReplicaGroup> replica_group;      // weak: the group holds a World (no cycle)
 };
@@ -158,6 +161,7 @@ World World::init_from(const Env& env, const WorldOptions& options) {
     } catch (const std::exception& e) {
       RATION_CHECK(false, "distributed init: cannot open RATION_STORE_FILE='", *store_file, "': ", e.what());
     }
+    master = lookup(env, "MASTER_ADDR");  // only to choose Gloo's interface (loopback for a loopback address)
   } else {
     master = require(env, "MASTER_ADDR", "the host name or IP address of rank 0 (e.g. 127.0.0.1)");
     const std::string port_text = require(env, "MASTER_PORT", "a TCP port, an integer in [1, 65535]");
@@ -307,35 +311,30 @@ void World::barrier() const {
   run_collective("barrier", s.rank, s.size, [&] { return s.group->barrier(); });
 }
 
-World World::open_channel(const std::string& name) const {
+World World::open_group(const std::string& key, const std::string& name, int rank, int size) const {
   const State& s = state();
   World w;
   w.state_ = std::make_shared<State>();
-  if (!s.group) return w;  // one process
   State& c = *w.state_;
-  c.rank = s.rank;
-  c.size = s.size;
+  c.rank = rank;
+  c.size = size;
   c.backend = s.backend;
   c.device = s.device;
   c.store = s.store;
   c.timeout = s.timeout;
   c.gloo_device = s.gloo_device;
-  // Every rank opens channels in the same order, so the count names the same keys everywhere; a second
-  // channel of the same name (a second run in one process) must not meet the first one's addresses.
-  const int serial = const_cast<State&>(s).channels_opened++;
-  auto prefixed =
-      c10::make_intrusive<c10d::PrefixStore>("ration/" + name + "/" + std::to_string(serial), s.store);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key, s.store);
   try {
     if (s.backend == Backend::Gloo) {
       auto opts = c10d::ProcessGroupGloo::Options::create(s.timeout);
       opts->devices.push_back(s.gloo_device);
-      c.group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, s.rank, s.size, opts);
+      c.group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
     }
 #ifdef RATION_CUDA
     else {
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = s.timeout;
-      c.group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, s.rank, s.size, opts);
+      c.group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, size, opts);
     }
 #endif
   } catch (const std::exception& e) {
@@ -343,6 +342,36 @@ World World::open_channel(const std::string& name) const {
                                       "': ", e.what()));
   }
   return w;
+}
+
+World World::open_channel(const std::string& name) const {
+  const State& s = state();
+  if (!s.group) {
+    World w;
+    w.state_ = std::make_shared<State>();  // one process
+    return w;
+  }
+  // Every rank opens channels in the same order, so the count names the same keys everywhere; a second
+  // channel of the same name (a second run in one process) must not meet the first one's addresses.
+  const int serial = const_cast<State&>(s).channels_opened++;
+  return open_group("ration/" + name + "/" + std::to_string(serial), name, s.rank, s.size);
+}
+
+World World::subgroup(const std::string& name, const std::vector<int>& members) const {
+  const State& s = state();
+  const auto at = std::find(members.begin(), members.end(), s.rank);
+  RATION_CHECK(at != members.end(), "process group '", name, "': rank ", s.rank, " is not one of its members");
+  for (int m : members)
+    RATION_CHECK(m >= 0 && m < s.size && std::count(members.begin(), members.end(), m) == 1, "process group '", name,
+                 "': members must be distinct ranks in [0, ", s.size, ")");
+  if (!s.group) {
+    World w;
+    w.state_ = std::make_shared<State>();  // one process
+    return w;
+  }
+  const int serial = const_cast<State&>(s).subgroups_opened[name]++;
+  return open_group("ration/sub/" + name + "/" + std::to_string(serial), name, static_cast<int>(at - members.begin()),
+                    static_cast<int>(members.size()));
 }
 
 std::shared_ptr<ReplicaGroup> World::replica_group() const {

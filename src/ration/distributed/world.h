@@ -107,12 +107,19 @@ class World {
   // with the same name (store keys "ration/<name>/<how many channels this world opened before>"). A
   // one-process world returns another one-process world.
   World open_channel(const std::string& name) const;
+  // A process group of some of this world's ranks (`members`, distinct, in the order that gives their
+  // ranks in the group), over the same store, backend and timeout. Only members call it, each with the same
+  // name and members, in the same order among the subgroups of that name (store keys
+  // "ration/sub/<name>/<how many of that name this process opened before>"). Throws when this rank is not
+  // a member.
+  World subgroup(const std::string& name, const std::vector<int>& members) const;
 
   // This world as a memory ReplicaGroup (one shared instance per world).
   std::shared_ptr<ReplicaGroup> replica_group() const;
 
  private:
   struct State;
+  World open_group(const std::string& key, const std::string& name, int rank, int size) const;
   std::shared_ptr<State> state_;
   const State& state() const;
 };

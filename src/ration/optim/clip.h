@@ -17,6 +17,14 @@ double clip_grad_norm(const NamedParams& params, double max_norm, double norm_ty
 double clip_grad_norm(const std::vector<Value>& params, double max_norm, double norm_type = 2.0,
                       bool error_if_nonfinite = false);
 
+// The two halves of clip_grad_norm, for gradients spread over processes (a group of parameter servers,
+// each holding some parameters): every process computes its gradients' norms (in order), the norms of
+// every parameter are gathered in model order, and each process scales its own gradients by the total
+// of all of them. With all the norms of one process this is clip_grad_norm, bitwise.
+std::vector<at::Tensor> gradient_norms(const std::vector<Value>& params, double norm_type = 2.0);
+double clip_by_norms(const std::vector<Value>& params, double max_norm, const std::vector<at::Tensor>& all_norms,
+                     double norm_type = 2.0, bool error_if_nonfinite = false);
+
 // The total gradient norm without clipping (for logging).
 double grad_norm(const std::vector<Value>& params, double norm_type = 2.0);
 

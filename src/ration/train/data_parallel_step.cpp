@@ -76,11 +76,12 @@ class DataParallelStep::KfacHook : public StepHook {
   std::unique_ptr<nn::LayerObserverScope> scope_;
 };
 
-DataParallelStep::DataParallelStep(const dist::World& world, const DataParallelKeys& keys,
+DataParallelStep::DataParallelStep(const dist::JobRoles& roles, const DataParallelKeys& keys,
                                    const optim::NamedParams& params, optim::Optimizer& optimizer,
                                    const RunSettings& run, uint64_t seed, std::string origin)
-    : world_(world), keys_(keys), params_(params), optimizer_(optimizer), run_(run), seed_(seed),
-      origin_(std::move(origin)) {
+    : world_(roles.workers), everyone_(roles.everyone), server_(roles.server), keys_(keys), params_(params),
+      optimizer_(optimizer), run_(run), seed_(seed), origin_(std::move(origin)) {
+  if (server_ >= 0) return;  // a dedicated parameter server: serve() is all it does
   const int n = world_.size();
   RATION_CHECK(keys_.dp.weights.empty() || static_cast<int>(keys_.dp.weights.size()) == n, origin_,
                ": dist.weights must hold one weight per rank: ", n, " ranks, got ", keys_.dp.weights.size(),
@@ -108,7 +109,7 @@ DataParallelStep::DataParallelStep(const dist::World& world, const DataParallelK
 DataParallelStep::~DataParallelStep() = default;
 
 bool DataParallelStep::active() const {
-  return world_.size() > 1 || keys_.dp.reducer.sync_every > 1 || evolution_strategies() || natural_gradient();
+  return world_.size() > 1 || keys_.dp.servers > 0 || keys_.dp.reducer.sync_every > 1 || evolution_strategies() || natural_gradient();
 }
 
 bool DataParallelStep::central() const { return reducer_ && aggregator_->central(); }
@@ -144,16 +145,7 @@ std::string DataParallelStep::attach(StepRuntime& runtime, const optim::WarmupCo
                " ranks (each round aggregates the first N - k pushes), got ", keys_.dp.ps.backup_workers);
   reducer_ = std::make_unique<dist::Reducer>(world_, params_, std::move(owned_aggregator_), keys_.dp.reducer);
   reducer_hook_ = std::make_unique<ReducerHook>(*reducer_);
-  dist::AggregatorContext context;
-  context.world = world_;
-  context.params = params_;
-  context.optimizer = &optimizer_;
-  context.make_optimizer = [this](const optim::NamedParams& p) { return build_optimizer(run_, p); };
-  context.clip_grad_norm = run_.clip_grad_norm;
-  context.schedule = &schedule;
-  context.first_step = first_step;
-  context.resumed = resumed;
-  context.origin = origin_;
+  const dist::AggregatorContext context = make_context(schedule, first_step, resumed);
   const std::string note = aggregator_->attach(context);
   runtime.add_hook(reducer_hook_.get());
   if (natural_gradient()) {
@@ -164,6 +156,32 @@ std::string DataParallelStep::attach(StepRuntime& runtime, const optim::WarmupCo
     runtime.add_hook(kfac_hook_.get());
   }
   return note;
+}
+
+dist::AggregatorContext DataParallelStep::make_context(const optim::WarmupCosine& schedule, int64_t first_step,
+                                                       const optim::NamedTensors& resumed) {
+  dist::AggregatorContext context;
+  context.world = world_;
+  context.everyone = everyone_;
+  context.params = params_;
+  context.optimizer = &optimizer_;
+  context.make_optimizer = [this](const optim::NamedParams& p) { return build_optimizer(run_, p); };
+  context.clip_grad_norm = run_.clip_grad_norm;
+  context.schedule = &schedule;
+  context.first_step = first_step;
+  context.resumed = resumed;
+  context.origin = origin_;
+  return context;
+}
+
+nlohmann::json DataParallelStep::serve(const optim::WarmupCosine& schedule, int64_t first_step,
+                                       const optim::NamedTensors& resumed) {
+  RATION_CHECK(server_ >= 0, "DataParallelStep::serve runs on a dedicated parameter server");
+  dist::PsAggregationOptions rule = keys_.dp.ps;
+  // One worker has nothing to wait for: its partial modes are the synchronous one (as on the workers).
+  if (everyone_.size() - keys_.dp.servers <= 1) rule = {};
+  return dist::serve_parameter_shard(make_context(schedule, first_step, resumed), rule,
+                                     static_cast<int>(keys_.dp.servers));
 }
 
 // This rank's share of a step: its samples / the step's samples over every rank, or, with dist.weights,
@@ -182,11 +200,11 @@ double DataParallelStep::rank_share(int64_t mine, int64_t step_samples) const {
 StepStats DataParallelStep::step(StepRuntime& runtime, models::Model& model, data::Loader& loader,
                                  const data::Dataset& set, int64_t& step,
                                  const std::function<StepOptions(uint64_t)>& options, int64_t& items_out) {
-  if (es_) return es_step(model, loader, set, step, items_out);
   const auto t0 = SteadyClock::now();
-  // Test aid (dist.debug_delay_ms): this rank computes slowly, so its gradient comes late.
+  // Test aid (dist.debug_delay_ms): this rank computes slowly, so its gradient (or its losses) come late.
   if (keys_.dp.debug_delay_ms > 0 && world_.rank() == keys_.dp.debug_delay_rank)
     std::this_thread::sleep_for(std::chrono::milliseconds(keys_.dp.debug_delay_ms));
+  if (es_) return es_step(model, loader, set, step, items_out);
   const auto micro_batches = static_cast<size_t>(keys_.dp.reducer.sync_every);
   std::vector<std::vector<int64_t>> micro(micro_batches);
   int64_t step_samples = 0;

@@ -29,6 +29,7 @@
 
 namespace ration::dist {
 class Aggregator;
+struct AggregatorContext;
 class Kfac;
 class Reducer;
 }
@@ -50,8 +51,9 @@ DataParallelKeys read_data_parallel_keys(Config& cfg);
 
 class DataParallelStep {
  public:
-  // Makes the run's aggregator (which checks the keys against the optimiser).
-  DataParallelStep(const dist::World& world, const DataParallelKeys& keys, const optim::NamedParams& params,
+  // Makes the run's aggregator (which checks the keys against the optimiser); on a dedicated parameter
+  // server (roles.server >= 0) nothing: serve() is all it does.
+  DataParallelStep(const dist::JobRoles& roles, const DataParallelKeys& keys, const optim::NamedParams& params,
                    optim::Optimizer& optimizer, const RunSettings& run, uint64_t seed, std::string origin);
   ~DataParallelStep();
   DataParallelStep(const DataParallelStep&) = delete;
@@ -86,6 +88,9 @@ class DataParallelStep {
   // averaged model, ...).
   void finish();
   nlohmann::json report() const;  // the report's "dist"
+  // A dedicated parameter server (dist.servers): serves its share of the parameters until every worker has
+  // finished; returns its report.
+  nlohmann::json serve(const optim::WarmupCosine& schedule, int64_t first_step, const optim::NamedTensors& resumed);
   int64_t bucket_bytes() const;   // 0 when inactive
 
  private:
@@ -103,7 +108,12 @@ class DataParallelStep {
   // The step's loss sums and stop requests, agreed by every rank (one all-reduce of five doubles).
   StepStats agree(StepStats st, double loss_sum, int64_t samples, int64_t items, int64_t& items_out);
 
-  dist::World world_;
+  dist::AggregatorContext make_context(const optim::WarmupCosine& schedule, int64_t first_step,
+                                       const optim::NamedTensors& resumed);
+
+  dist::World world_;     // the workers
+  dist::World everyone_;  // the whole job (the workers, then any dedicated servers)
+  int server_ = -1;       // a dedicated server's index, or -1
   const DataParallelKeys& keys_;
   optim::NamedParams params_;
   optim::Optimizer& optimizer_;

@@ -84,17 +84,17 @@ class TrainingRun {
       : options_(options), setup_(build_setup(load_config(options.config_path, options.overrides))),
         model_(*setup_.model), params_(model_.named_parameters()), run_(read_run_settings(setup_.config)),
         keys_(read_data_parallel_keys(setup_.config)), runtime_(read_memory_settings(setup_.config)),
-        world_(checked_world()), loader_(setup_.train_set, shard_options()),
-        progress_(options.json || world_.rank() != 0, run_.log_every) {
+        roles_(dist::split_roles(checked_world(), keys_.dp.servers, setup_.config.origin())), world_(roles_.workers),
+        loader_(setup_.train_set, shard_options()), progress_(options.json || roles_.everyone.rank() != 0, run_.log_every) {
     Config& c = setup_.config;
-    if (world_.size() > 1) liveness_ = std::make_unique<dist::Liveness>(world_);
+    if (roles_.everyone.size() > 1) liveness_ = std::make_unique<dist::Liveness>(roles_.everyone);
     RATION_CHECK(!keys_.members || setup_.task.kind == Task::Kind::Classification, c.origin(),
                  ": dist.aggregate = \"ensemble\" combines the members' class predictions; it needs a classification "
                  "model (mlp, cnn), got model.type = \"", model_.family(), "\"");
     const std::string refusal = world_.size() > 1 ? model_.data_parallel_refusal() : std::string();
     RATION_CHECK(refusal.empty(), c.origin(), ": ", world_.size(), " ranks: ", refusal);
     optimizer_ = build_optimizer(run_, params_);
-    sync_ = std::make_unique<DataParallelStep>(world_, keys_, params_, *optimizer_, run_, setup_.seed, c.origin());
+    sync_ = std::make_unique<DataParallelStep>(roles_, keys_, params_, *optimizer_, run_, setup_.seed, c.origin());
     per_epoch_ = (loader_.batches_per_epoch() + keys_.dp.reducer.sync_every - 1) / keys_.dp.reducer.sync_every;
     RATION_CHECK(per_epoch_ > 0, c.origin(), ": train.batch_size ", setup_.batch_size,
                  " is larger than the training set (", setup_.train_set->size(), " items)");
@@ -120,15 +120,18 @@ class TrainingRun {
   // watches the heartbeats for the same window); any other error is left as this rank's note.
   nlohmann::json run_as_rank() {
     try {
-      dist::check_same_config(world_, setup_.config.effective(), setup_.config.origin());
+      dist::check_same_config(roles_.everyone, setup_.config.effective(), setup_.config.origin());
       nlohmann::json report = run();
-      world_.barrier();  // leave together: rank 0 serves the store the others still use
+      roles_.everyone.barrier();  // leave together: rank 0 serves the store the others still use
       return report;
     } catch (const dist::CollectiveError& e) {
       const auto window = std::chrono::milliseconds(std::min<int64_t>(3000, keys_.dp.timeout_s * 1000 / 3));
       const std::string diagnosis = liveness_ ? liveness_->diagnose(window, std::chrono::seconds(keys_.dp.timeout_s))
                                               : std::string("one process");
-      throw Error(detail::str("rank ", world_.rank(), " of ", world_.size(), ": ", diagnosis,
+      const int workers = roles_.workers_count, size = roles_.everyone.size();
+      const std::string servers = workers == size ? std::string() : detail::str(" (ranks ", workers, "-", size - 1,
+                                                                                 " are the parameter servers)");
+      throw Error(detail::str("rank ", roles_.everyone.rank(), " of ", size, ": ", diagnosis, servers,
                               "; stopping (resume from the last checkpoint with --resume, with any number of "
                               "ranks). The failed collective: ", e.what()));
     } catch (const std::exception& e) {
@@ -141,11 +144,11 @@ class TrainingRun {
   nlohmann::json run() {
     resume();
     // A rank with other steps or another resumed step would call a different number of collectives.
-    dist::check_same_numbers(world_, {{"total number of steps (--steps, --epochs, train.steps, train.epochs)", total_steps_},
+    dist::check_same_numbers(roles_.everyone, {{"total number of steps (--steps, --epochs, train.steps, train.epochs)", total_steps_},
                                       {"first step (--resume)", step_}},
                              setup_.config.origin());
     // Only rank 0 writes checkpoints, so only rank 0 locks and checks the directory.
-    if (world_.rank() == 0) {
+    if (roles_.everyone.rank() == 0) {
       prepare_checkpoint_dir();
       check_report_path();
     }
@@ -155,7 +158,8 @@ class TrainingRun {
     // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
     const InterruptScope interrupt;
     // Data parallel: every rank starts from rank 0's parameters (fresh or resumed).
-    dist::broadcast_from_rank0(world_, params_, model_.named_buffers());
+    dist::broadcast_from_rank0(roles_.everyone, params_, model_.named_buffers());
+    if (roles_.server >= 0) return sync_->serve(*schedule_, step_, resumed_hook_state_);  // a dedicated server
     model_.train();
     memory::reset_peak();
     first_step_ = step_;
@@ -169,14 +173,19 @@ class TrainingRun {
       op_profile_ = std::make_unique<OpProfile>(1, options_.profile_ops);
       runtime_.add_hook(op_profile_.get());
     }
-    for (; step_ < total_steps_; ++step_) {
-      step_begin_ = step_;
-      train_one_step();
-      after_step_duties();
-      if ((stop_signal_ = sync_->active() ? sync_->agreed_stop() : InterruptScope::requested()) != 0) {
-        ++step_;  // this step is done
-        break;
+    try {
+      for (; step_ < total_steps_; ++step_) {
+        step_begin_ = step_;
+        train_one_step();
+        after_step_duties();
+        if ((stop_signal_ = sync_->active() ? sync_->agreed_stop() : InterruptScope::requested()) != 0) {
+          ++step_;  // this step is done
+          break;
+        }
       }
+    } catch (const std::exception& e) {
+      write_failure_report(e.what());  // e.g. a periodic checkpoint on a full disk: what was trained is not lost
+      throw;
     }
     sync_->finish();  // the server's final model, or one averaged model
     progress_.finish();
@@ -218,7 +227,7 @@ class TrainingRun {
     data::LoaderOptions o{setup_.batch_size, /*shuffle=*/true, setup_.seed, keys_.drop_last};
     o.sampling = keys_.sampling;
     o.shard_rank = world_.rank();
-    o.shard_count = world_.size();
+    o.shard_count = roles_.workers_count;  // a dedicated server's loader counts as a worker's (its steps)
     if (keys_.members) {
       o.seed = setup_.seed + kSeedSpread * static_cast<uint64_t>(world_.rank() + 1);
       o.shard_rank = 0;
@@ -272,9 +281,11 @@ class TrainingRun {
     loader_.set_position(here);
     // Data parallel: what the aggregation holds (buckets, residuals, denominators) is fixed memory too.
     const int64_t dist_bytes = sync_->fixed_bytes(model_.num_parameters());
-    const memory::Plan* plan = runtime_.prepare(
-        model_, first, setup_.seed,
-        optimizer_->unseen_state_bytes() + dist_bytes);
+    // A model that prefetches holds the next batch and its fetched state during every step.
+    const int64_t prefetch_bytes = model_.prefetches() ? model_.prefetch_bytes(first) : 0;
+    const memory::Plan* plan = runtime_.prepare(model_, first, setup_.seed,
+                                                optimizer_->unseen_state_bytes() + dist_bytes + prefetch_bytes,
+                                                optimizer_->update_workspace_bytes());
     runtime_.correct_measured_peaks();
     progress_.note(plan->to_table());
   }
@@ -487,6 +498,19 @@ class TrainingRun {
     return report;
   }
 
+  // A run that fails after its first step still writes its report: what it trained and measured, and the
+  // error ("error", "failed_in_step"). A failure while writing it leaves the original error to be reported.
+  void write_failure_report(const std::string& why) {
+    if (options_.report_path.empty() || roles_.everyone.rank() != 0) return;
+    try {
+      nlohmann::json report = build_report("");
+      report["error"] = why;
+      report["failed_in_step"] = step_ + 1;  // 1-based, as the progress line counts (its duties included)
+      write_report(report, "");
+    } catch (const std::exception&) {
+    }
+  }
+
   // --report is checked before the first step (its folder made, a file written there and removed), so a
   // path that cannot be written is named before training rather than after it.
   void check_report_path() {
@@ -505,7 +529,7 @@ class TrainingRun {
 
   // `checkpoint_error`: the final save's failure, named too if the report cannot be written either.
   void write_report(const nlohmann::json& report, const std::string& checkpoint_error) {
-    if (options_.report_path.empty() || world_.rank() != 0) return;
+    if (options_.report_path.empty() || roles_.everyone.rank() != 0) return;
     const std::filesystem::path p(options_.report_path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     const std::string tmp = options_.report_path + ".tmp";
@@ -532,7 +556,8 @@ class TrainingRun {
   DataParallelKeys keys_;
   StepRuntime runtime_;
   std::unique_ptr<seq::ChunkedLoss> tbptt_;  // train.tbptt: the steps' chunks
-  dist::World world_;
+  dist::JobRoles roles_;  // the whole job, and this process's role in it (worker, or dedicated server)
+  dist::World world_;     // the workers' process group
   data::Loader loader_;
   std::optional<data::Batch> lookahead_;  // the next step's batch, taken early for Model::prefetch
   data::LoaderPosition lookahead_from_;   // the loader's position before it
