@@ -366,6 +366,28 @@ TEST(Reliability, FullDiskAtTheFinalSaveCleansUpAndStillWritesTheReport) {
   EXPECT_EQ(r["loss"].size(), 2u);
 }
 
+// A periodic checkpoint on a full disk ends the run (exit 2), and the report is still written: the steps
+// trained, the losses, and the error (docs/RELIABILITY.md, item 10). Before, the run ended without one.
+TEST(Reliability, FullDiskAtAPeriodicCheckpointStillWritesTheReport) {
+  TempDir dir(test_name());
+  SmallDisk disk(dir.path / "disk", "1m");
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  const fs::path ckpt = disk.dir / "ckpt";
+  fs::create_directories(ckpt);
+  fill_disk(disk.dir, 8 * 1024);  // room for the lock file, not for a checkpoint
+  train::TrainOptions opt;
+  opt.json = true;
+  opt.config_path = dir.write("a.toml", tiny_gpt(ckpt.string(), 4, "checkpoint_every=2\n"));
+  opt.report_path = (dir.path / "report.json").string();
+  expect_error_containing([&] { train::run_training(opt); }, {"No space left on device"});
+  ASSERT_TRUE(fs::exists(opt.report_path)) << "no report after the failed periodic checkpoint";
+  const auto r = nlohmann::json::parse(read_file(opt.report_path));
+  EXPECT_NE(r["error"].get<std::string>().find("No space left"), std::string::npos) << r["error"];
+  EXPECT_EQ(r["loss"].size(), 2u);  // steps 1 and 2 trained; the checkpoint after step 2 failed
+  EXPECT_EQ(r["failed_in_step"].get<int64_t>(), 2);
+  EXPECT_TRUE(tmp_entries(ckpt).empty()) << "temporaries left on the full disk";
+}
+
 // ---- 7. integrity on load -------------------------------------------------------------------------
 TEST(Reliability, CorruptTensorBytesFailTheirCrcOnLoad) {
   TempDir dir(test_name());

@@ -207,6 +207,20 @@ void Ctr::prefetch(const data::Batch& next) {
   ++counts_.started;
 }
 
+// The next batch the trainer took early (its tensors), and up to two prefetches in flight, each with a
+// row of embedding_dim floats per id of its batch (unique ids are at most all of them).
+int64_t Ctr::prefetch_bytes(const data::Batch& batch) const {
+  if (!options.prefetch) return 0;
+  int64_t batch_bytes = 0, ids = 0;
+  for (const Value* v : {&batch.input, &batch.target})
+    if (v->defined()) batch_bytes += static_cast<int64_t>(v->tensor().nbytes());
+  for (const auto& bag : batch.sparse) {
+    batch_bytes += static_cast<int64_t>(bag.ids.nbytes() + bag.offsets.nbytes());
+    ids += bag.ids.numel();
+  }
+  return batch_bytes + 2 * ids * options.embedding_dim * static_cast<int64_t>(sizeof(float));
+}
+
 void Ctr::settle_prefetches() {
   for (auto& p : prefetches_)
     if (p->rows.valid()) p->rows.wait();

@@ -111,6 +111,7 @@ class Ctr : public Model {
   // Starts pulling `next`'s rows on another thread (when ps.prefetch is on); a later training lookup of
   // the same ids collects them.
   void prefetch(const data::Batch& next) override;
+  int64_t prefetch_bytes(const data::Batch& batch) const override;
   // Waits until every prefetch in flight has landed (before a snapshot: the shards are then quiet).
   void settle_prefetches();
   const PrefetchCounts& prefetch_counts() const { return counts_; }

@@ -53,6 +53,10 @@ class Model : public nn::Module {
   // early and hands it to prefetch() before running the current step.
   virtual bool prefetches() const { return false; }
   virtual void prefetch(const data::Batch& next) {}
+  // What prefetching holds during a step beyond the step itself (which a profile of one step does not
+  // see): the next batch and what is fetched for it, at most, for batches like `batch` (a bound, exact
+  // in the sizes of its tensors). A memory plan leaves room for it.
+  virtual int64_t prefetch_bytes(const data::Batch& batch) const { return 0; }
   // Why this model, as configured, cannot be trained by more than one data-parallel rank ("" when it
   // can): state outside named_parameters that each process would keep privately (ctr's embedded
   // parameter-server shards) would make the ranks train unrelated models.

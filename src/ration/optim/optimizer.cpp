@@ -51,6 +51,30 @@ void Optimizer::step() {
   ++step_count_;
 }
 
+int64_t Optimizer::update_workspace_bytes() {
+  if (params_.empty()) return 0;
+  size_t largest = 0;
+  for (size_t i = 1; i < params_.size(); ++i)
+    if (params_[i].second.numel() > params_[largest].second.numel()) largest = i;
+  NoGradGuard ration_no_grad;
+  at::NoGradGuard torch_no_grad;
+  memory::CategoryGuard workspace(memory::Category::Workspace);
+  // Copies of the parameter, a gradient and the state, so the measured updates change nothing real.
+  at::Tensor param = params_[largest].second.tensor().clone();
+  const at::Tensor grad = at::zeros_like(param);
+  std::map<std::string, at::Tensor> kept = std::move(state_[largest]);
+  state_[largest].clear();
+  for (const auto& [name, t] : kept) state_[largest][name] = t.clone();
+  constexpr int kWorkspace = static_cast<int>(memory::Category::Workspace);
+  const int64_t before = memory::stats().current[kWorkspace];
+  memory::reset_peak();
+  update(largest, param, grad);  // a first update may create the state and take another path: twice
+  update(largest, param, grad);
+  const int64_t peak = memory::stats().peak[kWorkspace];
+  state_[largest] = std::move(kept);
+  return std::max<int64_t>(0, peak - before);
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   for (auto& [name, p] : params_) {
     at::Tensor& g = p.grad();

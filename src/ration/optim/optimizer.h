@@ -48,6 +48,11 @@ class Optimizer {
   // step must leave room for.
   virtual int64_t state_bytes() const = 0;
   int64_t unseen_state_bytes() const;
+  // Measured: the workspace bytes one update of the largest parameter allocates beyond the parameter, its
+  // gradient and its state (AdamW's and SGD's temporaries). Updates run one parameter at a time, so this is
+  // what step() adds to the memory live after backward (a plan must leave room for it). Runs two updates
+  // (the first may create the state) on copies; the parameters and the state are left as they were.
+  int64_t update_workspace_bytes();
 
   // Flat, named view of the state (no copies) (see the header comment for names). Tensors are the live
   // state; clone them if the optimiser keeps stepping while you hold them.

@@ -123,6 +123,7 @@ const memory::StepProfile& StepRuntime::profile(models::Model& model, const data
       memory::CategoryGuard workspace(memory::Category::Workspace);
       Value loss = model.loss(batch);
       loss.backward();
+      after_backward_bytes_ = memory::device_current_bytes(memory::stats());  // the gradients live: the update's base
       profile_ = profiler.finish();
     } catch (...) {
       use_policy(previous, previous_mode);
@@ -145,10 +146,33 @@ const memory::StepProfile& StepRuntime::step_profile() const {
 const memory::Plan& StepRuntime::plan(memory::PlanOptions options) {
   if (engine_ && !options.offload) options.offload = offload_costs();
   memory::Plan made = memory::make_plan(step_profile(), options);
+  add_optimizer_step(made, options.extra_fixed_bytes);
   plan_options_ = options;
   use_plan(std::move(made));
   planned_here_ = true;
   return *plan_;
+}
+
+// The optimiser step comes after backward: every gradient live, no saved value left (offload's copy-in
+// pool too, until the step ends), plus the update's workspace. It is part of the step's peak and of its
+// minimum; a budget below it fails here, before training, naming it.
+void StepRuntime::add_optimizer_step(memory::Plan& plan, int64_t extra_fixed_bytes) const {
+  if (update_bytes_ <= 0) return;
+  const int64_t peak = after_backward_bytes_ + extra_fixed_bytes + update_bytes_ +
+                       plan.prediction.copy_in_pool_bytes;
+  RATION_CHECK(peak <= plan.budget_bytes, "memory budget ", memory::format_bytes(plan.budget_bytes),
+               " is below the optimiser step's ", memory::format_bytes(peak), " (after backward ",
+               memory::format_bytes(after_backward_bytes_ + extra_fixed_bytes),
+               ": parameters, every gradient and the optimiser state; the update's own workspace ",
+               memory::format_bytes(update_bytes_), "); the feasible minimum is at least ",
+               memory::format_bytes(std::max(peak, plan.minimum_peak_bytes)),
+               "; hint: raise --memory-budget, or use an optimiser with less state (sgd)");
+  plan.minimum_peak_bytes = plan.minimum_peak_bytes > 0 ? std::max(plan.minimum_peak_bytes, peak) : 0;
+  plan.unconstrained_peak_bytes = std::max(plan.unconstrained_peak_bytes, peak);
+  if (peak > plan.prediction.peak_bytes) {
+    plan.prediction.peak_bytes = peak;
+    plan.prediction.peak_at = "optimizer update";
+  }
 }
 
 const memory::Plan& StepRuntime::use_plan(memory::Plan plan) {
@@ -178,12 +202,13 @@ const memory::Plan& StepRuntime::replan(int64_t budget_bytes) {
 }
 
 const memory::Plan* StepRuntime::prepare(models::Model& model, const data::Batch& batch, uint64_t seed,
-                                         int64_t extra_fixed_bytes) {
+                                         int64_t extra_fixed_bytes, int64_t update_bytes) {
   if (!settings_.budget.has_budget()) return nullptr;
   if (engine_) offload_costs();  // measured before profiling, while nothing of the step is live
   profile(model, batch, seed);
   memory::PlanOptions options = settings_.budget.plan;
   options.extra_fixed_bytes = extra_fixed_bytes;
+  update_bytes_ = update_bytes;
   return &plan(options);
 }
 

@@ -100,9 +100,11 @@ class StepRuntime {
   // ---- the plan
   // With a budget in the settings: profile one step of `model` on `batch` and plan for the settings'
   // [memory] options plus `extra_fixed_bytes` (memory the profile cannot see, e.g. optimiser state to
-  // come). Returns the plan, or null without a budget (nothing to do).
+  // come). `update_bytes`: the optimiser update's own workspace (Optimizer::update_workspace_bytes): the
+  // step's memory after backward (measured in the profile) plus the fixed extra plus this must fit the
+  // budget too, or planning fails naming it. Returns the plan, or null without a budget (nothing to do).
   const memory::Plan* prepare(models::Model& model, const data::Batch& batch, uint64_t seed,
-                              int64_t extra_fixed_bytes = 0);
+                              int64_t extra_fixed_bytes = 0, int64_t update_bytes = 0);
   // One measured forward+backward of `model` on `batch` under seed `seed`, keeping everything; no
   // update: gradients and buffers are restored afterwards. The runtime keeps the profile.
   const memory::StepProfile& profile(models::Model& model, const data::Batch& batch, uint64_t seed);
@@ -185,6 +187,11 @@ class StepRuntime {
   std::optional<memory::StepProfile> profile_;
   std::optional<memory::Plan> plan_;
   memory::PlanOptions plan_options_;
+  // The optimiser step, after backward: live bytes measured there in the profile, and what prepare() was
+  // told the update adds (its workspace); 0: not known (no optimiser in the step).
+  int64_t after_backward_bytes_ = 0;
+  int64_t update_bytes_ = 0;
+  void add_optimizer_step(memory::Plan& plan, int64_t extra_fixed_bytes) const;
   bool planned_here_ = false;  // plan_ was made by plan() (plan_options_ can re-make it), not use_plan()
   int copy_replans_ = 0;
   bool correct_peaks_ = false;
