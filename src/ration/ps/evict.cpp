@@ -89,7 +89,15 @@ bool Evictor::maybe_run(int64_t step) {
   return true;
 }
 
-EvictRound Evictor::run(int64_t step) {
+bool Evictor::make_room(int64_t need, int64_t step) {
+  if (!capped()) return true;
+  if (need > options_.max_bytes) return false;  // more than the whole cap: no round can make room
+  if (store_.stats().bytes + need <= options_.max_bytes) return true;
+  run_round(step, need, true);
+  return store_.stats().bytes + need <= options_.max_bytes;
+}
+
+EvictRound Evictor::run_round(int64_t step, int64_t reserve, bool admission) {
   const auto t0 = std::chrono::steady_clock::now();
   EvictRound r;
   r.step = step;
@@ -163,10 +171,12 @@ EvictRound Evictor::run(int64_t step) {
   forget();
   // The byte cap: rows cost about bytes/rows each; cut to headroom * cap, and again while still above
   // the cap (index and arena granularity, remembered disabled ids).
+  // With `reserve`, the target also leaves that much room below the cap.
   for (int pass = 0; options_.max_bytes > 0 && pass < 6 && kept > 0; ++pass) {
     const int64_t bytes = store_.stats().bytes;
-    const double target = options_.headroom * static_cast<double>(options_.max_bytes);
-    if (pass == 0 ? bytes <= options_.max_bytes : bytes <= target) break;
+    const double target = std::min(options_.headroom * static_cast<double>(options_.max_bytes),
+                                   static_cast<double>(options_.max_bytes - reserve));
+    if (pass == 0 ? bytes + reserve <= options_.max_bytes : bytes <= target) break;
     const double per_row = static_cast<double>(bytes) / static_cast<double>(kept);
     const int64_t fit = std::max<int64_t>(0, static_cast<int64_t>(std::floor(
         static_cast<double>(kept) - (static_cast<double>(bytes) - target) / per_row)));
@@ -182,7 +192,7 @@ EvictRound Evictor::run(int64_t step) {
   r.bytes_after = after.bytes;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(mu_);
-  ++rounds_;
+  ++(admission ? admission_rounds_ : rounds_);
   last_ = r;
   disabled_total_ += r.disabled;
   freed_total_ += std::max<int64_t>(0, r.bytes_before - r.bytes_after);
@@ -199,6 +209,7 @@ EvictTotals Evictor::totals() const {
   }
   std::lock_guard<std::mutex> lock(mu_);
   t.rounds = rounds_;
+  t.admission_rounds = admission_rounds_;
   t.disabled = disabled_total_;
   t.bytes_freed = freed_total_;
   return t;
