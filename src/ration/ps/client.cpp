@@ -134,7 +134,8 @@ class GrpcChannel final : public ShardChannel {
     if (it == md.end()) return s;
     const uint64_t now = std::strtoull(std::string(it->second.data(), it->second.size()).c_str(), nullptr, 16);
     uint64_t known = 0;
-    if (now == 0 || incarnation_.compare_exchange_strong(known, now) || known == now) return s;
+    // A refusal from the server itself (it names the snapshot it holds) says more than this check.
+    if (!s.ok() || now == 0 || incarnation_.compare_exchange_strong(known, now) || known == now) return s;
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, restarted_message(endpoint_, known, now, -1));
   }
 

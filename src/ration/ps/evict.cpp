@@ -93,8 +93,20 @@ bool Evictor::make_room(int64_t need, int64_t step) {
   if (!capped()) return true;
   if (need > options_.max_bytes) return false;  // more than the whole cap: no round can make room
   if (store_.stats().bytes + need <= options_.max_bytes) return true;
-  run_round(step, need, true);
-  return store_.stats().bytes + need <= options_.max_bytes;
+  // A cut frees memory in whole chunks (16 rows of a stripe): when one round stops short of the room,
+  // the next asks for more — at least a chunk in every stripe of every table — a few times at most.
+  int64_t reserve = need;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    run_round(step, reserve, true);
+    const StoreStats now = store_.stats();
+    const int64_t over = now.bytes + need - options_.max_bytes;
+    if (over <= 0) return true;
+    const int64_t per_row = now.rows > 0 ? now.bytes / now.rows : 0;
+    const int64_t chunks = static_cast<int64_t>(now.tables.size()) * Table::kStripes * Table::kChunkRows * per_row;
+    reserve += 2 * over + chunks;
+    if (reserve >= options_.max_bytes || now.rows == 0) return false;
+  }
+  return false;
 }
 
 EvictRound Evictor::run_round(int64_t step, int64_t reserve, bool admission) {

@@ -284,6 +284,7 @@ grpc::Status ShardCore::restore(const wire::RestoreRequest& req, wire::RestoreRe
     if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
     resp->set_rows(info.rows);
     snapshot_version_ = req.version();
+    last_step_ = req.version();
   } catch (const Error& e) {
     return reject(grpc::StatusCode::FAILED_PRECONDITION, std::string("Restore: ") + e.what());
   }
@@ -307,6 +308,7 @@ void ShardCore::restore_from(const std::string& dir, int64_t version) {
   read_snapshot(store_, dir, version, shard_);
   if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
   snapshot_version_ = version;
+  last_step_ = version;  // snapshots are numbered by step: admission rounds score rows at the same step
 }
 
 int64_t ShardCore::restore_latest() {
@@ -318,6 +320,7 @@ int64_t ShardCore::restore_latest() {
   read_snapshot(store_, snapshot_dir_, v, shard_);
   if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
   snapshot_version_ = v;
+  last_step_ = v;
   return v;
 }
 
