@@ -61,9 +61,8 @@ class ShardCore {
   ShardId shard() const { return shard_; }
   // Random at construction (never 0): the server's identity for this run of it (HealthResponse).
   uint64_t incarnation() const { return incarnation_; }
-  // Why this shard cannot snapshot ("" when it can): no directory, or one that cannot be written.
-  // The server states it at start and in Health, so a trainer that checkpoints fails before its first step.
-  void set_snapshot_problem(std::string problem) { snapshot_problem_ = std::move(problem); }
+  // Why this shard cannot snapshot ("" when it can: a server checks, makes and locks its directory at
+  // start). Health reports it, so a trainer that checkpoints fails before its first step.
   const std::string& snapshot_problem() const { return snapshot_problem_; }
   // The most accounted bytes held after any insert or eviction round (the byte cap's witness).
   int64_t peak_bytes() const { return peak_bytes_.load(); }
