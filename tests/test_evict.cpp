@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -18,6 +19,7 @@
 
 #include "ration/base/check.h"
 #include "ration/ps/evict.h"
+#include "ration/ps/shard.h"
 #include "ration/ps/snapshot.h"
 #include "ration/ps/store.h"
 #include "ration/train/trainer.h"
@@ -180,6 +182,74 @@ TEST(Evict, ByteCapIsMetAcrossTablesAndRoundsRunOnSchedule) {
   EXPECT_GT(store.stats().rows, 0);
   EXPECT_EQ(ev.rounds(), 1);
   EXPECT_GT(ev.last_round().disabled, 0);
+}
+
+// Item 11 (issue 42): the byte cap holds at every moment, not only after a round. A shard with no
+// scheduled round in sight (evict_every 10^6) takes 400 new ids a step for 60 steps, 24,000 rows against a
+// cap that holds about 5,000: after every pull and push its bytes are within the cap (rounds run on
+// insert, by importance, so the 100 ids pushed with large gradients every step all stay), the peak it
+// reports is within the cap, and a batch larger than the whole cap is refused admission (its rows read
+// their initial value and are not created).
+TEST(Evict, ByteCapHoldsAfterEveryInsertAndABatchBeyondTheCapIsRefused) {
+  ShardCore core({0, 1}, "");
+  wire::DeclareTablesRequest dq;
+  *dq.add_tables() = spec_from_table_options(opts("t", 16, OptimizerKind::Adagrad));
+  wire::DeclareTablesResponse dr;
+  ASSERT_TRUE(core.declare_tables(dq, &dr).ok());
+  EvictOptions o;
+  o.policy = EvictPolicy::Importance;
+  o.max_bytes = 1 << 20;
+  o.evict_every = 1000000;
+  core.set_eviction(o);
+  std::vector<uint64_t> hot(100);
+  std::iota(hot.begin(), hot.end(), 1);
+  uint64_t next = 1000;
+  int64_t most = 0;
+  for (int64_t step = 1; step <= 60; ++step) {
+    std::vector<uint64_t> ids = hot;
+    for (int k = 0; k < 400; ++k) ids.push_back(next++);
+    wire::PullRequest pq;
+    pq.set_table("t");
+    for (uint64_t id : ids) pq.add_ids(id);
+    wire::PullResponse pr;
+    ASSERT_TRUE(core.pull(pq, &pr).ok());
+    most = std::max(most, core.store().stats().bytes);
+    ASSERT_LE(core.store().stats().bytes, o.max_bytes) << "after the pull of step " << step;
+    wire::PushRequest q;
+    q.set_table("t");
+    q.set_step(step);
+    std::vector<float> g(ids.size() * 16, 0.001f);
+    std::fill(g.begin(), g.begin() + 100 * 16, 1.0f);  // the hot ids: large |w.g|, high importance
+    for (uint64_t id : ids) q.add_ids(id);
+    q.set_grads(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 4));
+    wire::PushResponse r;
+    ASSERT_TRUE(core.push(q, &r).ok());
+    most = std::max(most, core.store().stats().bytes);
+    ASSERT_LE(core.store().stats().bytes, o.max_bytes) << "after the push of step " << step;
+  }
+  Table& t = core.store().table("t");
+  EXPECT_GT(most, o.max_bytes * 8 / 10);  // the cap was used, not dodged
+  EXPECT_LE(core.peak_bytes(), o.max_bytes);
+  EXPECT_GE(core.peak_bytes(), most);
+  EXPECT_GT(core.evictor()->totals().admission_rounds, 0);
+  EXPECT_EQ(core.evictor()->rounds(), 0);  // no scheduled round ran: the inserts kept the cap
+  EXPECT_LT(t.size(), 24000);
+  for (uint64_t id : hot) EXPECT_TRUE(t.contains(id)) << "hot id " << id;
+  // One batch whose new rows alone exceed the cap: refused, nothing created, initial values read.
+  const int64_t rows = t.size();
+  wire::PullRequest big;
+  big.set_table("t");
+  for (uint64_t k = 0; k < 20000; ++k) big.add_ids(5000000 + k);
+  wire::PullResponse br;
+  ASSERT_TRUE(core.pull(big, &br).ok());
+  EXPECT_EQ(t.size(), rows);
+  EXPECT_EQ(core.refused_rows(), 20000);
+  std::vector<float> first(16);
+  std::memcpy(first.data(), br.values().data(), 64);
+  std::vector<float> initial(16);
+  t.initial_value(5000000, initial.data());
+  EXPECT_EQ(first, initial);
+  EXPECT_LE(core.store().stats().bytes, o.max_bytes);
 }
 
 TEST(Evict, EvictingHalfTheRowsReturnsAccountedBytesAndRss) {
@@ -470,6 +540,9 @@ TEST(Evict, TrainerKeysCapTheEmbeddedShardsAndReportTheRounds) {
   EXPECT_GT(ps["rows_readmitted"].get<double>(), 0);
   EXPECT_GT(ps["disabled_ids"].get<double>(), 0);
   EXPECT_LE(ps["bytes_after_round"].get<double>(), static_cast<double>(cap));
+  // Item 11 (issue 42): the cap held at every moment, not only after the rounds at steps 10 and 20.
+  EXPECT_LE(ps["peak_bytes"].get<double>(), static_cast<double>(cap));
+  EXPECT_GT(ps["peak_bytes"].get<double>(), 0.8 * static_cast<double>(cap));
   EXPECT_LT(ps["rows"].get<double>(), plain["ps"]["rows"].get<double>());
   EXPECT_LT(ps["bytes"].get<double>(), plain["ps"]["bytes"].get<double>());
   EXPECT_EQ(ps["max_bytes"].get<double>(), static_cast<double>(cap));

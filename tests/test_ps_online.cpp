@@ -520,9 +520,13 @@ TEST(PsOnline, TlsLookupNeedsTheRightCa) {
   testing::make_certificates(dir.path.string());
   ps::OnlineOptions o;
   o.sync_interval_s = 0;
-  o.listen = "0.0.0.0:0";  // all interfaces: allowed because it serves TLS
+  o.listen = "0.0.0.0:0";  // all interfaces: allowed because it serves mutual TLS
   o.tls_cert = (dir.path / "server.pem").string();
   o.tls_key = (dir.path / "server.key").string();
+  // Server-only TLS is refused off loopback (issue 42, item 1): it would let in anyone trusting the CA.
+  EXPECT_NE(testing::error_of([&] { OnlineServer s(o, sources_of(core)); }).find("do not authenticate clients"),
+            std::string::npos);
+  o.tls_ca = (dir.path / "ca.pem").string();
   OnlineServer online(o, sources_of(core));
   online.sync_now();
   const std::string ep = "127.0.0.1:" + std::to_string(online.port());
@@ -538,18 +542,73 @@ TEST(PsOnline, TlsLookupNeedsTheRightCa) {
     return std::make_pair(s.ok(), r);
   };
   EXPECT_FALSE(lookup(grpc::InsecureChannelCredentials()).first);
-  auto tls = [&](const std::string& ca) {
+  auto tls = [&](const std::string& ca, const std::string& client) {
     grpc::SslCredentialsOptions ssl;
-    std::ifstream in(ca);
-    ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    ssl.pem_root_certs = testing::read_file(dir.path / ca);
+    if (!client.empty()) {
+      ssl.pem_cert_chain = testing::read_file(dir.path / (client + ".pem"));
+      ssl.pem_private_key = testing::read_file(dir.path / (client + ".key"));
+    }
     return grpc::SslCredentials(ssl);
   };
-  EXPECT_FALSE(lookup(tls((dir.path / "other-ca.pem").string())).first);
-  const auto [ok, r] = lookup(tls((dir.path / "ca.pem").string()));
+  EXPECT_FALSE(lookup(tls("other-ca.pem", "client")).first);
+  EXPECT_FALSE(lookup(tls("ca.pem", "")).first);       // no client certificate
+  EXPECT_FALSE(lookup(tls("ca.pem", "rogue")).first);  // one another CA signed
+  const auto [ok, r] = lookup(tls("ca.pem", "client"));
   ASSERT_TRUE(ok);
   std::vector<float> got(4);
   std::memcpy(got.data(), r.values().data(), 16);
   EXPECT_EQ(got, training_row(t, 5));
+}
+
+// Item 3 (issue 42): the follower reaches a TLS training shard with TLS — here one that also requires a
+// client certificate and a token — and copies its rows; without --follow-tls-ca it cannot (the shard
+// speaks only TLS). The token goes only over TLS or to loopback: a non-loopback shard without TLS is
+// refused before any connection.
+TEST(PsOnline, FollowsATlsTrainingShardAndSendsTheTokenOnlyOverTlsOrLoopback) {
+  TempDir dir("online-follow-tls");
+  testing::make_certificates(dir.path.string());
+  const auto pem = [&](const char* name) { return (dir.path / name).string(); };
+  ps::ServeOptions so;
+  so.listen = "127.0.0.1:0";
+  so.tls_cert = pem("server.pem");
+  so.tls_key = pem("server.key");
+  so.tls_ca = pem("ca.pem");
+  so.auth_token_file = dir.write_secret("token", "follow-token-0123456789\n");
+  ps::PsServer training(so);
+  ps::Table& t = training.core().store().ensure_table(table_opts("user", 4));
+  const std::vector<uint64_t> ids = {5, 6, 7};
+  push_some(t, ids, 1);
+  ps::OnlineOptions o;
+  o.sync_interval_s = 0;
+  o.follow = {"127.0.0.1:" + std::to_string(training.port())};
+  o.auth_token_file = so.auth_token_file;
+  {
+    OnlineServer plain(o);  // plaintext to a TLS shard: the sync fails, nothing copied
+    EXPECT_THROW(plain.sync_now(), Error);
+  }
+  o.follow_tls_ca = pem("ca.pem");
+  o.follow_tls_cert = pem("client.pem");
+  o.follow_tls_key = pem("client.key");
+  OnlineServer online(o);
+  online.sync_now();
+  for (uint64_t id : ids) EXPECT_EQ(online_row(online.store(), "user", id), training_row(t, id)) << id;
+  EXPECT_EQ(training.core().auth_failures(), 0);
+  // The token never goes in clear off loopback; a client certificate needs the CA.
+  ps::OnlineOptions far = o;
+  far.follow = {"10.0.0.1:7070"};
+  far.follow_tls_ca.clear();
+  far.follow_tls_cert.clear();
+  far.follow_tls_key.clear();
+  std::string msg = testing::error_of([&] { far.validate(); });
+  EXPECT_NE(msg.find("--follow 10.0.0.1:7070 is not a loopback address and --follow-tls-ca is not given"),
+            std::string::npos) << msg;
+  far.follow_tls_cert = pem("client.pem");
+  far.follow_tls_key = pem("client.key");
+  msg = testing::error_of([&] { far.validate(); });
+  EXPECT_NE(msg.find("need --follow-tls-ca"), std::string::npos) << msg;
+  far.follow_tls_ca = pem("ca.pem");
+  far.validate();  // TLS: the token may go to another machine
 }
 
 TEST(PsOnline, BadFlagsNameTheFlag) {

@@ -1,8 +1,11 @@
 // Parameter server over gRPC on real loopback sockets: remote shards give exactly what embedded shards
 // give; request validation (unknown table, wrong dim, too many ids) with clear errors; a server that is
 // gone -> retries, then an error naming the endpoint; shard order checked; who may call (non-loopback
-// needs a token or TLS, missing/wrong token refused and counted, TLS without the right CA cannot
-// connect); `ration ps serve` exits cleanly on SIGTERM and restores its snapshot on restart.
+// needs a token or mutual TLS — server-only TLS is refused there —, missing/wrong token refused and
+// counted, TLS without the right CA or client certificate cannot connect, the token never goes in clear);
+// `ration ps serve` exits cleanly on SIGTERM and restores its snapshot on restart; a restarted server is
+// noticed by its clients (incarnation); a snapshot directory serves one server and its snapshots know
+// their shard; a trainer that checkpoints refuses a shard that cannot snapshot, at connect.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +16,7 @@
 #include "ration/base/net.h"
 #include "ration/ps/client.h"
 #include "ration/ps/server.h"
+#include "ration/ps/snapshot.h"
 #include "test_ps_util.h"
 #include "test_util.h"
 
@@ -222,6 +226,216 @@ TEST(PsServer, TlsClientNeedsTheRightCa) {
   ok.declare_tables({table("user", 4)});
   std::vector<int64_t> ids = {1, 2};
   EXPECT_EQ(ok.pull("user", ids.data(), 2).rows.size(0), 2);
+}
+
+// Item 1 (issue 42): off loopback, clients must authenticate. Server-only TLS is refused (anyone who
+// trusts the CA could push); mutual TLS admits only clients with a certificate the CA signed; a token
+// over server TLS admits only clients sending it. Over real sockets with generated certificates.
+TEST(PsServer, NonLoopbackServerOnlyTlsIsRefusedMutualTlsOrATokenAuthenticates) {
+  TempDir dir("ps-mtls");
+  ration::testing::make_certificates(dir.path.string());
+  const auto pem = [&](const char* name) { return (dir.path / name).string(); };
+  ServeOptions o = serve(0, 1);
+  o.listen = "0.0.0.0:0";
+  o.tls_cert = pem("server.pem");
+  o.tls_key = pem("server.key");
+  const std::string msg = error_of([&] { PsServer s(o); });
+  EXPECT_NE(msg.find("do not authenticate clients"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--tls-ca"), std::string::npos) << msg;
+  EXPECT_EQ(ration::testing::shell(ration::testing::ration_binary() + " ps serve --listen 0.0.0.0:0 --tls-cert " +
+                                   pem("server.pem") + " --tls-key " + pem("server.key") +
+                                   " 2>&1 | grep -q 'do not authenticate clients'"),
+            0);
+  {
+    ServeOptions m = o;  // mutual TLS
+    m.tls_ca = pem("ca.pem");
+    PsServer s(m);
+    ClientOptions co = remote({ep(s)});
+    co.timeout_ms = 1500;
+    co.tls_ca = pem("ca.pem");
+    {
+      PsClient no_cert(co);  // trusts the server, has no certificate of its own
+      EXPECT_NE(error_of([&] { no_cert.check_health(); }).find("failed after"), std::string::npos);
+    }
+    {
+      co.tls_cert = pem("rogue.pem");  // a certificate another CA signed
+      co.tls_key = pem("rogue.key");
+      PsClient rogue(co);
+      EXPECT_NE(error_of([&] { rogue.check_health(); }).find("failed after"), std::string::npos);
+    }
+    co.tls_cert = pem("client.pem");
+    co.tls_key = pem("client.key");
+    PsClient ok(co);
+    ok.check_health();
+    ok.declare_tables({table("user", 4)});
+    std::vector<int64_t> ids = {1, 2, 3};
+    EXPECT_EQ(ok.pull("user", ids.data(), 3).rows.size(0), 3);
+  }
+  ServeOptions t = o;  // server TLS and a token
+  t.auth_token_file = dir.write_secret("token", "s3cret-token-0123456789\n");
+  PsServer s(t);
+  ClientOptions co = remote({ep(s)});
+  co.tls_ca = pem("ca.pem");
+  {
+    PsClient no_token(co);
+    EXPECT_NE(error_of([&] { no_token.check_health(); }).find("UNAUTHENTICATED"), std::string::npos);
+  }
+  co.auth_token = "s3cret-token-0123456789";
+  PsClient ok(co);
+  ok.check_health();
+  EXPECT_EQ(s.core().auth_failures(), 1);
+}
+
+// Item 3 (issue 42): the token goes only over TLS or to a loopback address.
+TEST(PsServer, TokenIsNeverSentInClearOffLoopback) {
+  ClientOptions co = remote({"10.0.0.1:7070"});
+  co.auth_token = "s3cret-token-0123456789";
+  const std::string msg = error_of([&] { PsClient c(co); });
+  EXPECT_NE(msg.find("ps.endpoints: 10.0.0.1:7070 is not a loopback address and TLS is off"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ps.tls_ca"), std::string::npos) << msg;
+  co.endpoints = {"127.0.0.1:7070"};
+  PsClient loopback(co);  // allowed: the token stays on this machine
+  co.endpoints = {"10.0.0.1:7070"};
+  co.tls_ca = "ca.pem";
+  EXPECT_NE(error_of([&] { PsClient c(co); }).find("ps.tls_ca 'ca.pem' cannot be read"), std::string::npos);
+}
+
+// Item 8 (issue 42): a server killed and restarted (here from an older snapshot, on the same port, inside
+// the client's retry window) is noticed by the client on its next call, which fails naming the shard and
+// the restart; the refused push changes nothing on the new server. A new client works with it.
+TEST(PsServer, RestartedServerStopsItsClientsNamingTheShard) {
+  TempDir dir("ps-restart");
+  const std::string snap = (dir.path / "snap").string();
+  ServeOptions o = serve(0, 1);
+  o.snapshot_dir = snap;
+  auto server = std::make_unique<PsServer>(o);
+  const int port = server->port();
+  const uint64_t first = server->core().incarnation();
+  ClientOptions co = remote({ep(*server)});
+  co.retries = 8;
+  PsClient c(co);
+  c.check_health();
+  c.declare_tables({table("user", 4)});
+  std::vector<uint64_t> ids = {1, 2, 3};
+  std::vector<float> g(12, 0.5f);
+  c.push("user", ids.data(), 3, g.data(), 4, 1);
+  c.snapshot(1);
+  c.push("user", ids.data(), 3, g.data(), 4, 2);  // lost with the server
+  server.reset();
+  o.listen = "127.0.0.1:" + std::to_string(port);
+  server = std::make_unique<PsServer>(o);  // restores v1
+  EXPECT_NE(server->core().incarnation(), first);
+  std::vector<float> before(12);
+  server->core().store().table("user").pull(ids.data(), 3, before.data());
+  const std::string msg = error_of([&] { c.push("user", ids.data(), 3, g.data(), 4, 3); });
+  EXPECT_NE(msg.find("parameter server shard 0/1 at 127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("FAILED_PRECONDITION: shard 0/1 restarted"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the rows of snapshot v1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--resume"), std::string::npos) << msg;
+  std::vector<float> after(12);
+  server->core().store().table("user").pull(ids.data(), 3, after.data());
+  EXPECT_EQ(before, after);  // the refused push was not applied
+  EXPECT_NE(error_of([&] { c.check_health(); }).find("restarted"), std::string::npos);
+  PsClient fresh(remote({ep(*server)}));
+  fresh.check_health();
+  fresh.push("user", ids.data(), 3, g.data(), 4, 3);
+}
+
+// Item 6 (issue 42): one server per snapshot directory (a lock naming the holder), and a snapshot records
+// the shard and tables that wrote it: another shard's, or another model's, is refused on restore.
+TEST(PsServer, SnapshotDirectoryIsLockedAndSnapshotsKnowTheirShard) {
+  TempDir dir("ps-snapid");
+  const std::string snap = (dir.path / "snap").string();
+  ServeOptions a = serve(0, 2);
+  a.snapshot_dir = snap;
+  {
+    PsServer first(a);
+    ServeOptions b = serve(1, 2);
+    b.snapshot_dir = snap;
+    const std::string msg = error_of([&] { PsServer second(b); });
+    EXPECT_NE(msg.find("--snapshot-dir '" + snap + "' is in use by another server (pid " + std::to_string(::getpid()) +
+                       ", shard 0/2)"),
+              std::string::npos)
+        << msg;
+    wire::DeclareTablesRequest q;
+    *q.add_tables() = spec_from_table_options(table("user", 4));
+    wire::DeclareTablesResponse r;
+    ASSERT_TRUE(first.core().declare_tables(q, &r).ok());
+    wire::SnapshotResponse sr;
+    wire::SnapshotRequest sq;
+    sq.set_version(5);
+    ASSERT_TRUE(first.core().snapshot(sq, &sr).ok());
+  }
+  ServeOptions other = serve(1, 3);
+  other.snapshot_dir = snap;
+  const std::string msg = error_of([&] { PsServer s(other); });
+  EXPECT_NE(msg.find("snapshot " + snap + "/v5 was written by shard 0/2, but this is shard 1/3"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("each shard needs its own snapshot directory"), std::string::npos) << msg;
+  PsServer same(a);  // its own shard restores
+  EXPECT_EQ(same.core().store().table_names(), std::vector<std::string>{"user"});
+  wire::DeclareTablesRequest q;
+  *q.add_tables() = spec_from_table_options(table("movie", 8));
+  wire::DeclareTablesResponse r;
+  ASSERT_TRUE(same.core().declare_tables(q, &r).ok());
+  wire::RestoreRequest rq;
+  rq.set_version(5);
+  wire::RestoreResponse rr;
+  const grpc::Status st = same.core().restore(rq, &rr);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("has no table 'movie', which this shard's client declared"), std::string::npos)
+      << st.error_message();
+}
+
+// Item 16 (issue 42): a shard that cannot snapshot is found when the trainer connects, not at its final
+// checkpoint: Health says so, and a client that checkpoints refuses it naming the endpoint; a snapshot
+// directory that is a file stops the server at start.
+TEST(PsServer, CheckpointingClientRefusesAShardThatCannotSnapshotAtConnect) {
+  PsServer s(serve(0, 1));
+  ClientOptions co = remote({ep(s)});
+  co.need_snapshots = true;
+  PsClient c(co);
+  const std::string msg = error_of([&] { c.check_health(); });
+  EXPECT_NE(msg.find("parameter server shard 0/1 at " + ep(s) + " cannot snapshot (it was started without "
+                     "--snapshot-dir)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("train.checkpoint_dir"), std::string::npos) << msg;
+  co.need_snapshots = false;
+  PsClient plain(co);
+  plain.check_health();
+  TempDir dir("ps-snapfile");
+  ServeOptions f = serve(0, 1);
+  f.snapshot_dir = dir.write("afile", "x");
+  EXPECT_NE(error_of([&] { PsServer bad(f); }).find("--snapshot-dir '" + f.snapshot_dir + "' is a file; expected a directory"),
+            std::string::npos);
+  f.snapshot_dir = (dir.path / "fine").string();
+  PsServer good(f);
+  ClientOptions gc = remote({ep(good)});
+  gc.need_snapshots = true;
+  PsClient ok(gc);
+  ok.check_health();
+}
+
+// The same through `ration train`: a ctr run with checkpoints against a server without --snapshot-dir
+// fails before its first step, naming the server.
+TEST(PsServer, TrainerWithCheckpointsFailsBeforeTheFirstStepOnAShardThatCannotSnapshot) {
+  TempDir dir("ps-train-nosnap");
+  ration::testing::ServerProcess p;
+  p.start({"--listen", "127.0.0.1:0", "--shard", "0/1"});
+  const std::string out = (dir.path / "out.txt").string();
+  const int rc = ration::testing::shell(
+      ration::testing::ration_binary() + " train " + std::string(RATION_SOURCE_DIR) + "/configs/ctr.toml --set ps.endpoints=" +
+      p.endpoint() + " --set train.checkpoint_dir=" + (dir.path / "ckpt").string() + " --steps 3 > " + out + " 2>&1");
+  const std::string text = ration::testing::read_file(out);
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("parameter server shard 0/1 at " + p.endpoint() + " cannot snapshot"), std::string::npos) << text;
+  EXPECT_EQ(p.stop(SIGTERM), 0);  // the server saw no step's push: it still serves and stops cleanly
+  std::error_code ec;
+  int64_t checkpoints = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path / "ckpt", ec))
+    checkpoints += e.path().filename().string().rfind("ckpt-", 0) == 0;
+  EXPECT_EQ(checkpoints, 0);
 }
 
 TEST(PsServer, ServeProcessStopsOnSigtermAndRestoresItsSnapshot) {

@@ -70,7 +70,8 @@ inline int shell(const std::string& cmd) {
 }
 
 // A CA and a server certificate for 127.0.0.1 / localhost signed by it, in `dir` (ca.pem, server.pem,
-// server.key); and a second, unrelated CA (other-ca.pem).
+// server.key); a client certificate signed by the CA (client.pem, client.key); a second, unrelated CA
+// (other-ca.pem) and a client certificate it signed (rogue.pem, rogue.key).
 inline void make_certificates(const std::string& dir) {
   const std::string q = " >/dev/null 2>&1";
   ASSERT_EQ(shell("cd " + dir + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
@@ -82,6 +83,13 @@ inline void make_certificates(const std::string& dir) {
   ASSERT_EQ(shell("cd " + dir + " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext && "
                   "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 "
                   "-extfile san.ext" + q), 0);
+  for (const auto& [name, ca] : {std::pair<std::string, std::string>{"client", "ca"}, {"rogue", "other-ca"}}) {
+    ASSERT_EQ(shell("cd " + dir + " && openssl req -newkey rsa:2048 -nodes -keyout " + name + ".key -out " + name +
+                    ".csr -subj /CN=" + name + q), 0);
+    ASSERT_EQ(shell("cd " + dir + " && printf 'extendedKeyUsage=clientAuth\\n' > " + name + ".ext && openssl x509 -req -in " +
+                    name + ".csr -CA " + ca + ".pem -CAkey " + ca + ".key -CAcreateserial -out " + name +
+                    ".pem -days 2 -extfile " + name + ".ext" + q), 0);
+  }
 }
 
 }  // namespace ration::testing

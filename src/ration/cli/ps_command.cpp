@@ -43,6 +43,13 @@ std::unique_ptr<PsCommand> add_ps_command(CLI::App& app) {
   cmd->serve->add_option("--model-config", on.model_config, "--online: the trainer's config (for Predict)");
   cmd->serve->add_option("--checkpoint-dir", on.checkpoint_dir, "--online: the trainer's checkpoint directory");
   cmd->serve->add_option("--apply-delay-ms", on.apply_delay_ms, "--online, tests: pause before writing each delta");
+  cmd->serve->add_option("--follow-tls-ca", on.follow_tls_ca,
+                         "--online: PEM CA that signed the training shards' certificates (connect to them with TLS)");
+  cmd->serve->add_option("--follow-tls-cert", on.follow_tls_cert,
+                         "--online: PEM client certificate for training shards started with --tls-ca");
+  cmd->serve->add_option("--follow-tls-key", on.follow_tls_key, "--online: PEM private key of --follow-tls-cert");
+  cmd->serve->add_option("--follow-tls-target-name", on.follow_tls_target_name,
+                         "--online: the name to check in the training shards' certificates (default: the host)");
   return cmd;
 }
 
@@ -59,6 +66,9 @@ int run_ps_command(PsCommand& cmd) {
     return ps::serve_online_until_signal(o);
   }
   RATION_CHECK(cmd.follow.empty(), "ps serve: --follow is for --online servers");
+  const ps::OnlineOptions& on = cmd.online_options;
+  RATION_CHECK(on.follow_tls_ca.empty() && on.follow_tls_cert.empty() && on.follow_tls_key.empty(),
+               "ps serve: --follow-tls-ca/--follow-tls-cert/--follow-tls-key are for --online servers");
   cmd.options.evict.policy = ps::evict_policy_from_name(cmd.evict, "--evict");
   cmd.options.shard = ps::parse_shard(cmd.shard, "--shard");
   RATION_CHECK(cmd.options.limits.max_ids >= 1, "--max-ids must be >= 1");

@@ -58,6 +58,8 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
   const std::string ckpt = cfg.has("train.checkpoint_dir") ? cfg.get_string("train.checkpoint_dir", "") : "";
   o.explicit_snapshot_dir = cfg.has("ps.snapshot_dir");
   o.client.snapshot_dir = cfg.get_string("ps.snapshot_dir", ckpt.empty() ? "" : ckpt + "/ps");
+  // Checkpoints snapshot every shard: a remote shard that cannot is refused at connect (check_health).
+  o.client.need_snapshots = !ckpt.empty();
   o.table.dim = o.embedding_dim;
   o.table.seed = static_cast<uint64_t>(cfg.get_int("ps.seed", cfg.has("train.seed") ? cfg.get_int("train.seed", 0) : 0));
   o.table.init_scale = static_cast<float>(cfg.get_double("ps.init_scale", o.table.init_scale));
@@ -499,12 +501,17 @@ std::vector<std::pair<std::string, double>> Ctr::report_metrics() {
 void Ctr::append_eviction_metrics(std::vector<std::pair<std::string, double>>& metrics) {
   ps::EvictTotals sum;
   int64_t bytes_after_round = 0;  // the shards' accounted bytes right after their last round
+  int64_t peak = 0, refused = 0;  // the most bytes each shard ever held (summed), rows refused admission
   for (int i = 0; i < client_->num_shards(); ++i) {
+    const ps::ShardCore& core = client_->embedded_shard(i);
+    peak += core.peak_bytes();
+    refused += core.refused_rows();
     const ps::Evictor* e = client_->embedded_shard(i).evictor();
     if (e == nullptr) continue;
     const ps::EvictTotals t = e->totals();
     bytes_after_round += e->last_round().bytes_after;
     sum.rounds = std::max(sum.rounds, t.rounds);  // every shard runs the same rounds (one per evict_every)
+    sum.admission_rounds += t.admission_rounds;
     sum.disabled += t.disabled;
     sum.readmitted += t.readmitted;
     sum.bytes_freed += t.bytes_freed;
@@ -517,6 +524,11 @@ void Ctr::append_eviction_metrics(std::vector<std::pair<std::string, double>>& m
                                  {"bytes_freed", static_cast<double>(sum.bytes_freed)},
                                  {"disabled_ids", static_cast<double>(sum.disabled_now)},
                                  {"bytes_after_round", static_cast<double>(bytes_after_round)}});
+  // Under a byte cap, the most the shards ever held (each shard's maximum, summed: never below the
+  // total at any moment) and the new rows refused because a shard was full.
+  if (options.evict.max_bytes > 0)
+    metrics.insert(metrics.end(), {{"peak_bytes", static_cast<double>(peak)}, {"rows_refused", static_cast<double>(refused)},
+                                   {"admission_rounds", static_cast<double>(sum.admission_rounds)}});
 }
 
 }  // namespace ration::models

@@ -15,8 +15,10 @@
 
 #include "proto/ps.grpc.pb.h"
 #include "ration/base/check.h"
+#include "ration/base/net.h"
 #include "ration/core/trace.h"
 #include "ration/ps/partition.h"
+#include "ration/ps/server.h"
 
 namespace ration::ps {
 
@@ -114,18 +116,33 @@ class GrpcChannel final : public ShardChannel {
   grpc::Status call(grpc::Status (wire::ParameterServer::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
                     const Request& q, Response* r) {
     auto c = context();
-    return ((*stub_).*method)(c.get(), q, r);
+    return check_incarnation(*c, ((*stub_).*method)(c.get(), q, r));
   }
   std::unique_ptr<grpc::ClientContext> context() const {
     auto c = std::make_unique<grpc::ClientContext>();
     c->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.timeout_ms));
     if (!options_.auth_token.empty()) c->AddMetadata("authorization", "Bearer " + options_.auth_token);
+    const uint64_t known = incarnation_.load();
+    if (known != 0) c->AddMetadata(kExpectIncarnationKey, incarnation_hex(known));
     return c;
+  }
+  // The first answer names the server's incarnation; a later one naming another means the server
+  // restarted between the calls (it refuses calls expecting the old one itself, this catches the rest).
+  grpc::Status check_incarnation(const grpc::ClientContext& c, grpc::Status s) {
+    const auto& md = c.GetServerInitialMetadata();
+    auto it = md.find(kIncarnationKey);
+    if (it == md.end()) return s;
+    const uint64_t now = std::strtoull(std::string(it->second.data(), it->second.size()).c_str(), nullptr, 16);
+    uint64_t known = 0;
+    // A refusal from the server itself (it names the snapshot it holds) says more than this check.
+    if (!s.ok() || now == 0 || incarnation_.compare_exchange_strong(known, now) || known == now) return s;
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, restarted_message(endpoint_, known, now, -1));
   }
 
   std::string endpoint_;
   ClientOptions options_;
   std::unique_ptr<wire::ParameterServer::Stub> stub_;
+  std::atomic<uint64_t> incarnation_{0};  // 0: not known yet
 };
 
 bool retryable(const grpc::Status& s) {
@@ -167,7 +184,18 @@ PsClient::PsClient(ClientOptions options) : options_(std::move(options)) {
       channels_.push_back(std::make_unique<LocalChannel>(*embedded_.back()));
     }
   } else {
-    for (const auto& e : options_.endpoints) channels_.push_back(std::make_unique<GrpcChannel>(e, options_));
+    for (const auto& e : options_.endpoints) {
+      // The token is a secret: it goes over TLS, or stays on this machine.
+      std::string host;
+      int port = 0;
+      if (!options_.auth_token.empty() && options_.tls_ca.empty()) {
+        split_host_port(e, "ps.endpoints", &host, &port);
+        RATION_CHECK(is_loopback_host(host), "ps.endpoints: ", e, " is not a loopback address and TLS is off, so the ",
+                     "token (ps.auth_token_file) would travel in clear; set ps.tls_ca (the CA that signed the ",
+                     "servers' certificates) to connect with TLS");
+      }
+      channels_.push_back(std::make_unique<GrpcChannel>(e, options_));
+    }
   }
 }
 
@@ -236,6 +264,11 @@ void PsClient::check_health() {
                  "ps.endpoints[", s, "] = ", channels_[static_cast<size_t>(s)]->endpoint(), " serves shard ", r.shard(),
                  "/", r.num_shards(), " but the client expects shard ", s, "/", num_shards(),
                  " (list the endpoints in shard order, one per shard)");
+    RATION_CHECK(!options_.need_snapshots || r.can_snapshot(), "parameter server shard ", s, "/", num_shards(), " at ",
+                 channels_[static_cast<size_t>(s)]->endpoint(), " cannot snapshot (",
+                 r.snapshot_problem().empty() ? std::string("it did not say why") : r.snapshot_problem(),
+                 "), but train.checkpoint_dir is set and every checkpoint snapshots every shard: restart it with ",
+                 "--snapshot-dir DIR (a directory of its own), or train without train.checkpoint_dir");
   });
 }
 

@@ -2,7 +2,10 @@
 // Owns: ShardChannel (one shard behind gRPC, or a ShardCore in this process — the embedded default,
 //       the same requests and validation minus the network), PsClient (declaring tables, per-step id
 //       deduplication, partitioning ids over shards by the stable hash, calling every shard in parallel,
-//       retries with back-off and errors naming the endpoint, timing of pulls and pushes, snapshots).
+//       retries with back-off and errors naming the endpoint, timing of pulls and pushes, snapshots; each
+//       remote shard's incarnation, learnt on the first answer and sent back on every call, so a server
+//       that restarted refuses the trainer instead of serving rolled-back rows; the token sent only over
+//       TLS or to loopback addresses).
 // Does not own: the shard logic (ps/shard.h), the server (ps/server.h), the model's use of rows
 //       (models/ctr.h).
 #pragma once
@@ -44,6 +47,7 @@ struct ClientOptions {
   std::string tls_ca;                  // PEM file: connect with TLS, trusting this CA
   std::string tls_cert, tls_key;       // PEM files: client certificate (servers started with --tls-ca)
   std::string tls_target_name;         // override the name checked in the server certificate
+  bool need_snapshots = false;         // checkpoints are on: check_health refuses a shard that cannot snapshot
   int retries = 3;                     // attempts per call on UNAVAILABLE / DEADLINE_EXCEEDED
   int64_t timeout_ms = 30000;          // per attempt
   int64_t backoff_ms = 100;            // doubled after each failed attempt
@@ -78,7 +82,8 @@ class PsClient {
   int num_shards() const { return static_cast<int>(channels_.size()); }
   const ClientOptions& options() const { return options_; }
 
-  // Checks every shard is up and is shard i of N in endpoint order (errors name the endpoint).
+  // Checks every shard is up and is shard i of N in endpoint order, and with need_snapshots that each
+  // can snapshot (errors name the endpoint). Learns each shard's incarnation.
   void check_health();
   void declare_tables(const std::vector<TableOptions>& tables);
   // ids may repeat; each unique id is fetched once, from its shard.

@@ -89,7 +89,27 @@ bool Evictor::maybe_run(int64_t step) {
   return true;
 }
 
-EvictRound Evictor::run(int64_t step) {
+bool Evictor::make_room(int64_t need, int64_t step) {
+  if (!capped()) return true;
+  if (need > options_.max_bytes) return false;  // more than the whole cap: no round can make room
+  if (store_.stats().bytes + need <= options_.max_bytes) return true;
+  // A cut frees memory in whole chunks (16 rows of a stripe): when one round stops short of the room,
+  // the next asks for more — at least a chunk in every stripe of every table — a few times at most.
+  int64_t reserve = need;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    run_round(step, reserve, true);
+    const StoreStats now = store_.stats();
+    const int64_t over = now.bytes + need - options_.max_bytes;
+    if (over <= 0) return true;
+    const int64_t per_row = now.rows > 0 ? now.bytes / now.rows : 0;
+    const int64_t chunks = static_cast<int64_t>(now.tables.size()) * Table::kStripes * Table::kChunkRows * per_row;
+    reserve += 2 * over + chunks;
+    if (reserve >= options_.max_bytes || now.rows == 0) return false;
+  }
+  return false;
+}
+
+EvictRound Evictor::run_round(int64_t step, int64_t reserve, bool admission) {
   const auto t0 = std::chrono::steady_clock::now();
   EvictRound r;
   r.step = step;
@@ -163,10 +183,12 @@ EvictRound Evictor::run(int64_t step) {
   forget();
   // The byte cap: rows cost about bytes/rows each; cut to headroom * cap, and again while still above
   // the cap (index and arena granularity, remembered disabled ids).
+  // With `reserve`, the target also leaves that much room below the cap.
   for (int pass = 0; options_.max_bytes > 0 && pass < 6 && kept > 0; ++pass) {
     const int64_t bytes = store_.stats().bytes;
-    const double target = options_.headroom * static_cast<double>(options_.max_bytes);
-    if (pass == 0 ? bytes <= options_.max_bytes : bytes <= target) break;
+    const double target = std::min(options_.headroom * static_cast<double>(options_.max_bytes),
+                                   static_cast<double>(options_.max_bytes - reserve));
+    if (pass == 0 ? bytes + reserve <= options_.max_bytes : bytes <= target) break;
     const double per_row = static_cast<double>(bytes) / static_cast<double>(kept);
     const int64_t fit = std::max<int64_t>(0, static_cast<int64_t>(std::floor(
         static_cast<double>(kept) - (static_cast<double>(bytes) - target) / per_row)));
@@ -182,7 +204,7 @@ EvictRound Evictor::run(int64_t step) {
   r.bytes_after = after.bytes;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(mu_);
-  ++rounds_;
+  ++(admission ? admission_rounds_ : rounds_);
   last_ = r;
   disabled_total_ += r.disabled;
   freed_total_ += std::max<int64_t>(0, r.bytes_before - r.bytes_after);
@@ -199,6 +221,7 @@ EvictTotals Evictor::totals() const {
   }
   std::lock_guard<std::mutex> lock(mu_);
   t.rounds = rounds_;
+  t.admission_rounds = admission_rounds_;
   t.disabled = disabled_total_;
   t.bytes_freed = freed_total_;
   return t;

@@ -60,6 +60,7 @@ struct EvictRound {
 // trainer next to ps.rows / ps.bytes).
 struct EvictTotals {
   int64_t rounds = 0;
+  int64_t admission_rounds = 0;  // rounds run to make room for an insert (the cap at every moment)
   int64_t disabled = 0;     // rows disabled
   int64_t readmitted = 0;   // disabled ids given a row again (summed over the store's current tables)
   int64_t bytes_freed = 0;  // accounted bytes the rounds took off (bytes_before - bytes_after)
@@ -77,19 +78,28 @@ class Evictor {
   // One round now. Young rows (grace_steps) first, then the policy's score, order the rows; the lowest
   // are disabled until the store fits headroom * max_bytes, at most keep_fraction of the rows stay, and
   // old rows under threshold go. Selection is O(rows) (nth_element), not a sort.
-  EvictRound run(int64_t step);
+  // `reserve`: bytes to leave free below max_bytes besides (room for rows about to be inserted).
+  EvictRound run(int64_t step, int64_t reserve = 0) { return run_round(step, reserve, false); }
+  // The cap at every moment: before rows taking up to `need` bytes are inserted, runs a round that
+  // leaves room for them when the store would otherwise exceed max_bytes. False when they cannot fit
+  // (more than the cap, or only rows of the step in progress are left to disable): refuse them.
+  bool make_room(int64_t need, int64_t step);
+  bool capped() const { return options_.active() && options_.max_bytes > 0; }
+  int64_t max_bytes() const { return options_.max_bytes; }
   // Policy score of one row (higher = keep).
   float score(const Table& table, const RowInfo& info, const float* values, int64_t step) const;
-  int64_t rounds() const { return rounds_; }
+  int64_t rounds() const { return rounds_; }  // scheduled rounds (evict_every), not admission rounds
   EvictRound last_round() const;
   EvictTotals totals() const;
 
  private:
   EmbeddingStore& store_;
+  EvictRound run_round(int64_t step, int64_t reserve, bool admission);
+
   EvictOptions options_;
   mutable std::mutex mu_;
   int64_t last_step_ = -1;
-  int64_t rounds_ = 0;
+  int64_t rounds_ = 0, admission_rounds_ = 0;
   EvictRound last_;
   int64_t disabled_total_ = 0, freed_total_ = 0;
 };

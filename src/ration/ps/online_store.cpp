@@ -8,12 +8,15 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "proto/ps.grpc.pb.h"
 #include "ration/base/check.h"
+#include "ration/base/net.h"
 #include "ration/ps/partition.h"
+#include "ration/ps/server.h"
 
 namespace ration::ps {
 
@@ -35,13 +38,24 @@ class EmbeddedSource final : public DeltaSource {
 
 class RemoteSource final : public DeltaSource {
  public:
-  RemoteSource(std::string endpoint, std::string token, int64_t max_message_bytes)
-      : endpoint_(std::move(endpoint)), token_(std::move(token)) {
+  RemoteSource(std::string endpoint, const FollowSecurity& security, int64_t max_message_bytes)
+      : endpoint_(std::move(endpoint)), token_(security.token) {
+    check_follow_security(endpoint_, security);
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
     args.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
-    stub_ = wire::ParameterServer::NewStub(
-        grpc::CreateCustomChannel(endpoint_, grpc::InsecureChannelCredentials(), args));
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!security.tls_ca.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = read_pem(security.tls_ca, "--follow-tls-ca");
+      if (!security.tls_cert.empty()) {
+        ssl.pem_cert_chain = read_pem(security.tls_cert, "--follow-tls-cert");
+        ssl.pem_private_key = read_pem(security.tls_key, "--follow-tls-key");
+      }
+      creds = grpc::SslCredentials(ssl);
+      if (!security.tls_target_name.empty()) args.SetSslTargetNameOverride(security.tls_target_name);
+    }
+    stub_ = wire::ParameterServer::NewStub(grpc::CreateCustomChannel(endpoint_, creds, args));
   }
   std::string endpoint() const override { return endpoint_; }
   grpc::Status list_tables(const wire::ListTablesRequest& q, wire::ListTablesResponse* r) override {
@@ -56,6 +70,13 @@ class RemoteSource final : public DeltaSource {
   }
 
  private:
+  static std::string read_pem(const std::string& path, const char* flag) {
+    std::ifstream in(path, std::ios::binary);
+    RATION_CHECK(in.good(), flag, " '", path, "' cannot be read");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
   void prepare(grpc::ClientContext& c) const {
     c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     if (!token_.empty()) c.AddMetadata("authorization", "Bearer " + token_);
@@ -66,10 +87,23 @@ class RemoteSource final : public DeltaSource {
 
 }  // namespace
 
+void check_follow_security(const std::string& endpoint, const FollowSecurity& o) {
+  std::string host;
+  int port = 0;
+  split_host_port(endpoint, "--follow", &host, &port);
+  RATION_CHECK(o.tls_cert.empty() == o.tls_key.empty(), "--follow-tls-cert and --follow-tls-key must be given together");
+  RATION_CHECK(o.tls_cert.empty() || !o.tls_ca.empty(), "--follow-tls-cert / --follow-tls-key (this follower's client ",
+               "certificate) need --follow-tls-ca (the CA that verifies the training shards): without it the follower ",
+               "would connect in plaintext");
+  RATION_CHECK(o.token.empty() || !o.tls_ca.empty() || is_loopback_host(host), "--follow ", endpoint,
+               " is not a loopback address and --follow-tls-ca is not given, so the token (--auth-token-file) would ",
+               "travel in clear; give --follow-tls-ca CA (the CA that signed the training shards' certificates)");
+}
+
 std::unique_ptr<DeltaSource> embedded_delta_source(ShardCore& core) { return std::make_unique<EmbeddedSource>(core); }
-std::unique_ptr<DeltaSource> remote_delta_source(const std::string& endpoint, const std::string& token,
+std::unique_ptr<DeltaSource> remote_delta_source(const std::string& endpoint, const FollowSecurity& security,
                                                  int64_t max_message_bytes) {
-  return std::make_unique<RemoteSource>(endpoint, token, max_message_bytes);
+  return std::make_unique<RemoteSource>(endpoint, security, max_message_bytes);
 }
 
 // ---- mirrors ----------------------------------------------------------------------------------------

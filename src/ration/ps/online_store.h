@@ -6,7 +6,8 @@
 //       table wholly before or wholly after it —, refusing a delta whose from_version is not the
 //       mirror's version, so gaps and out-of-order deltas force a full copy; the RocksDB state written in
 //       one atomic batch per delta with the version; Lookup; counters), sync_source (pull every table's
-//       delta from one source, falling back to a full copy when needed).
+//       delta from one source, falling back to a full copy when needed), the follower's connection to a
+//       training shard (TLS when it serves TLS; the token only over TLS or loopback).
 // Does not own: producing deltas (ps/shard.h, ps/store.h), the serving RPCs and the sync timer
 //       (serving/online_server.h), the dense model (models/ctr.h).
 // Method: docs/METHODS.md, "Sparse embeddings on parameter servers", "Online parameter server".
@@ -55,8 +56,18 @@ class DeltaSource {
   virtual grpc::Status get_delta(const wire::DeltaRequest& q, wire::DeltaResponse* r) = 0;
 };
 std::unique_ptr<DeltaSource> embedded_delta_source(ShardCore& core);
-// A training shard at HOST:PORT (token: bearer token or empty).
-std::unique_ptr<DeltaSource> remote_delta_source(const std::string& endpoint, const std::string& token,
+// How a follower reaches the training shards: a bearer token (or none), and TLS when tls_ca names the CA
+// that signed their certificates (with a client certificate for shards started with --tls-ca).
+struct FollowSecurity {
+  std::string token;
+  std::string tls_ca, tls_cert, tls_key;  // PEM files
+  std::string tls_target_name;            // override the name checked in the shard's certificate
+};
+// Checks `endpoint` (HOST:PORT) against `security`: the token goes only over TLS or to a loopback address;
+// a client certificate needs its key and the CA. Errors name the flags (--follow, --follow-tls-*).
+void check_follow_security(const std::string& endpoint, const FollowSecurity& security);
+// A training shard at HOST:PORT (checked by check_follow_security).
+std::unique_ptr<DeltaSource> remote_delta_source(const std::string& endpoint, const FollowSecurity& security,
                                                  int64_t max_message_bytes = 256 << 20);
 
 // How a delta was applied.

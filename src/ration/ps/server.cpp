@@ -18,6 +18,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "ration/base/check.h"
 #include "ration/base/net.h"
+#include "ration/ps/snapshot.h"
 
 namespace ration::ps {
 
@@ -85,8 +86,14 @@ std::string check_serve_security(const std::string& listen, const ServeSecurity&
   RATION_CHECK(o.tls_cert.empty() == o.tls_key.empty(), "--tls-cert and --tls-key must be given together");
   RATION_CHECK(o.tls_ca.empty() || tls, "--tls-ca (client certificate verification) needs --tls-cert and --tls-key");
   RATION_CHECK(is_loopback_host(host) || tls || !o.auth_token_file.empty(), "--listen ", listen,
-               " is not a loopback address: refusing to serve embeddings to the network without ",
-               "--auth-token-file FILE and/or --tls-cert/--tls-key (or listen on 127.0.0.1)");
+               " is not a loopback address: refusing to serve embeddings to the network without client ",
+               "authentication: --auth-token-file FILE, or --tls-cert/--tls-key with --tls-ca CA (mutual TLS) ",
+               "(or listen on 127.0.0.1)");
+  // Server-only TLS encrypts, but any client that trusts the CA could declare tables and push gradients.
+  RATION_CHECK(is_loopback_host(host) || !o.tls_ca.empty() || !o.auth_token_file.empty(), "--listen ", listen,
+               " is not a loopback address: --tls-cert/--tls-key alone encrypt the connection but do not ",
+               "authenticate clients (anyone who trusts the CA could push gradients); add --auth-token-file FILE ",
+               "(a shared token, sent over TLS) or --tls-ca CA (mutual TLS: clients need a certificate signed by it)");
   return o.auth_token_file.empty() ? std::string() : read_token_file(o.auth_token_file);
 }
 
@@ -97,6 +104,21 @@ std::shared_ptr<grpc::ServerCredentials> server_credentials(const ServeSecurity&
   ssl.pem_key_cert_pairs.push_back({read_file(o.tls_key, "--tls-key"), read_file(o.tls_cert, "--tls-cert")});
   if (!o.tls_ca.empty()) ssl.pem_root_certs = read_file(o.tls_ca, "--tls-ca");
   return grpc::SslServerCredentials(ssl);
+}
+
+std::string incarnation_hex(uint64_t incarnation) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(incarnation));
+  return buf;
+}
+
+std::string restarted_message(const std::string& shard, uint64_t was, uint64_t now, int64_t snapshot_version) {
+  return "shard " + shard + " restarted while this client trained against it (incarnation " + incarnation_hex(was) +
+         " then, " + incarnation_hex(now) + " now; it holds " +
+         (snapshot_version >= 0 ? "the rows of snapshot v" + std::to_string(snapshot_version)
+                                : std::string("empty tables")) +
+         "): the rows pushed since are lost, so training stops rather than go on with rolled-back embeddings; "
+         "resume from the last checkpoint (ration train ... --resume), which restores every shard";
 }
 
 bool call_authorized(const grpc::ServerContext& c, const std::string& token) {
@@ -116,42 +138,62 @@ class Service final : public wire::ParameterServer::Service {
 
   grpc::Status DeclareTables(grpc::ServerContext* c, const wire::DeclareTablesRequest* q,
                              wire::DeclareTablesResponse* r) override {
-    return authorized(c) ? core_.declare_tables(*q, r) : denied();
+    if (grpc::Status g = gate(c); !g.ok()) return g;
+    return core_.declare_tables(*q, r);
   }
   grpc::Status Pull(grpc::ServerContext* c, const wire::PullRequest* q, wire::PullResponse* r) override {
-    return authorized(c) ? core_.pull(*q, r) : denied();
+    if (grpc::Status g = gate(c); !g.ok()) return g;
+    return core_.pull(*q, r);
   }
   grpc::Status Push(grpc::ServerContext* c, const wire::PushRequest* q, wire::PushResponse* r) override {
-    return authorized(c) ? core_.push(*q, r) : denied();
+    if (grpc::Status g = gate(c); !g.ok()) return g;
+    return core_.push(*q, r);
   }
   grpc::Status Stats(grpc::ServerContext* c, const wire::StatsRequest* q, wire::StatsResponse* r) override {
-    return authorized(c) ? core_.stats(*q, r) : denied();
+    if (grpc::Status g = gate(c); !g.ok()) return g;
+    return core_.stats(*q, r);
   }
   grpc::Status Snapshot(grpc::ServerContext* c, const wire::SnapshotRequest* q, wire::SnapshotResponse* r) override {
-    return authorized(c) ? core_.snapshot(*q, r) : denied();
+    if (grpc::Status g = gate(c); !g.ok()) return g;
+    return core_.snapshot(*q, r);
   }
   grpc::Status Restore(grpc::ServerContext* c, const wire::RestoreRequest* q, wire::RestoreResponse* r) override {
-    return authorized(c) ? core_.restore(*q, r) : denied();
+    if (grpc::Status g = gate(c); !g.ok()) return g;
+    return core_.restore(*q, r);
   }
   grpc::Status Health(grpc::ServerContext* c, const wire::HealthRequest* q, wire::HealthResponse* r) override {
-    return authorized(c) ? core_.health(*q, r) : denied();
+    if (grpc::Status g = gate(c); !g.ok()) return g;
+    return core_.health(*q, r);
   }
   grpc::Status GetDelta(grpc::ServerContext* c, const wire::DeltaRequest* q, wire::DeltaResponse* r) override {
-    return authorized(c) ? core_.get_delta(*q, r) : denied();
+    if (grpc::Status g = gate(c); !g.ok()) return g;
+    return core_.get_delta(*q, r);
   }
   grpc::Status ListTables(grpc::ServerContext* c, const wire::ListTablesRequest* q, wire::ListTablesResponse* r) override {
-    return authorized(c) ? core_.list_tables(*q, r) : denied();
+    if (grpc::Status g = gate(c); !g.ok()) return g;
+    return core_.list_tables(*q, r);
   }
 
  private:
-  bool authorized(grpc::ServerContext* c) {
-    if (call_authorized(*c, token_)) return true;
-    core_.count_auth_failure();
-    return false;
-  }
-  static grpc::Status denied() {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing or wrong authorization token (send metadata 'authorization: Bearer <token>')");
+  // Every call: the answer names this incarnation; a call that expects another is refused (the client
+  // began with a server that has since restarted), before anything is applied.
+  grpc::Status gate(grpc::ServerContext* c) {
+    c->AddInitialMetadata(kIncarnationKey, incarnation_hex(core_.incarnation()));
+    if (!call_authorized(*c, token_)) {
+      core_.count_auth_failure();
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "missing or wrong authorization token (send metadata 'authorization: Bearer <token>')");
+    }
+    const auto& md = c->client_metadata();
+    auto it = md.find(kExpectIncarnationKey);
+    if (it == md.end()) return grpc::Status::OK;
+    const std::string expect(it->second.data(), it->second.size());
+    if (expect == incarnation_hex(core_.incarnation())) return grpc::Status::OK;
+    wire::StatsResponse st;
+    core_.stats({}, &st);
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        restarted_message(core_.shard().to_string(), std::strtoull(expect.c_str(), nullptr, 16),
+                                          core_.incarnation(), st.snapshot_version()));
   }
 
   ShardCore& core_;
@@ -162,6 +204,7 @@ class Service final : public wire::ParameterServer::Service {
 
 struct PsServer::Impl {
   ServeOptions options;
+  std::unique_ptr<SnapshotDirLock> snapshot_lock;  // held while serving: one server per directory
   std::unique_ptr<ShardCore> core;
   std::unique_ptr<Service> service;
   std::unique_ptr<grpc::Server> server;
@@ -174,7 +217,12 @@ PsServer::PsServer(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   const ServeOptions& o = m.options;
   const std::string token = check_serve_security(o.listen, o.security());
 
+  // The snapshot directory is made, checked writable and locked now, not at the trainer's first checkpoint.
+  if (!o.snapshot_dir.empty()) m.snapshot_lock = std::make_unique<SnapshotDirLock>(o.snapshot_dir, o.shard, "--snapshot-dir");
   m.core = std::make_unique<ShardCore>(o.shard, o.snapshot_dir, o.limits);
+  if (o.snapshot_dir.empty())
+    std::fprintf(stderr, "ps shard %s: no --snapshot-dir: this shard cannot snapshot, so a trainer that writes "
+                         "checkpoints (train.checkpoint_dir) refuses it at start\n", o.shard.to_string().c_str());
   const int64_t restored = m.core->restore_latest();
   if (restored >= 0) std::fprintf(stderr, "ps shard %s: restored snapshot v%lld from %s\n",
                                   o.shard.to_string().c_str(), static_cast<long long>(restored), o.snapshot_dir.c_str());

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "ration/base/check.h"
 #include "ration/ps/snapshot.h"
@@ -68,7 +69,41 @@ wire::TableSpec spec_from_table_options(const TableOptions& o) {
 }
 
 ShardCore::ShardCore(ShardId shard, std::string snapshot_dir, ShardLimits limits)
-    : shard_(shard), snapshot_dir_(std::move(snapshot_dir)), limits_(limits) {}
+    : shard_(shard), snapshot_dir_(std::move(snapshot_dir)), limits_(limits) {
+  std::random_device rd;
+  while (incarnation_ == 0) incarnation_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  if (snapshot_dir_.empty()) snapshot_problem_ = "it was started without --snapshot-dir";
+}
+
+bool ShardCore::admit(Table& t, const uint64_t* ids, int64_t n, bool push, int64_t step) {
+  int64_t absent = 0;
+  const int64_t need = t.admission_bytes(ids, n, push, &absent);
+  if (absent == 0 || evictor_->make_room(need, step)) return true;
+  refused_rows_ += absent;
+  return false;
+}
+
+void ShardCore::note_held(int64_t step) {
+  const int64_t held = store_.stats().bytes;
+  // admission_bytes is an upper bound, so this does not happen; should it, the cap is restored at once
+  // (and the peak shows it).
+  int64_t peak = peak_bytes_.load();
+  while (held > peak && !peak_bytes_.compare_exchange_weak(peak, held)) {
+  }
+  if (held > evictor_->max_bytes()) evictor_->make_room(0, step);
+}
+
+void ShardCore::push_existing(Table& t, const wire::PushRequest& req, const float* grads) {
+  const int64_t dim = t.dim();
+  std::vector<uint64_t> ids;
+  std::vector<float> kept;
+  for (int i = 0; i < req.ids_size(); ++i) {
+    if (!t.contains(req.ids(i))) continue;
+    ids.push_back(req.ids(i));
+    kept.insert(kept.end(), grads + i * dim, grads + (i + 1) * dim);
+  }
+  t.push(ids.data(), static_cast<int64_t>(ids.size()), kept.data(), req.step());
+}
 
 grpc::Status ShardCore::reject(grpc::StatusCode code, const std::string& message) {
   ++rejected_;
@@ -127,8 +162,17 @@ grpc::Status ShardCore::pull(const wire::PullRequest& req, wire::PullResponse* r
                         " (are the client's endpoints in shard order?)");
   std::string* values = resp->mutable_values();
   values->resize(static_cast<size_t>(n * dim) * sizeof(float));
-  t->pull(reinterpret_cast<const uint64_t*>(req.ids().data()), n, reinterpret_cast<float*>(values->data()),
-          req.read_only() ? MissingRow::ReadDefault : MissingRow::Create);
+  const uint64_t* ids = reinterpret_cast<const uint64_t*>(req.ids().data());
+  MissingRow missing = req.read_only() ? MissingRow::ReadDefault : MissingRow::Create;
+  std::unique_lock<std::mutex> admission(admission_mu_, std::defer_lock);
+  if (missing == MissingRow::Create && evictor_ && evictor_->capped()) {
+    // The byte cap holds at every moment: room is made before rows are created; rows that cannot fit
+    // are not created (they read their initial value, as an evaluation pull does).
+    admission.lock();
+    if (!admit(*t, ids, n, false, last_step_.load())) missing = MissingRow::ReadDefault;
+  }
+  t->pull(ids, n, reinterpret_cast<float*>(values->data()), missing);
+  if (admission.owns_lock()) note_held(last_step_.load());
   resp->set_dim(dim);
   ++pulls_;
   return grpc::Status::OK;
@@ -167,7 +211,20 @@ grpc::Status ShardCore::push(const wire::PushRequest& req, wire::PushResponse* r
                     "Push to table '" + req.table() + "': the gradient of id " + std::to_string(req.ids(static_cast<int>(k / dim))) +
                         " holds " + std::to_string(grads[k]) + " (element " + std::to_string(k % dim) +
                         "); non-finite gradients are refused and nothing of this push was applied");
-  t->push(reinterpret_cast<const uint64_t*>(req.ids().data()), n, grads, req.step());
+  const uint64_t* ids = reinterpret_cast<const uint64_t*>(req.ids().data());
+  int64_t seen = last_step_.load();
+  while (req.step() > seen && !last_step_.compare_exchange_weak(seen, req.step())) {
+  }
+  if (evictor_ && evictor_->capped()) {
+    std::lock_guard<std::mutex> admission(admission_mu_);
+    if (admit(*t, ids, n, true, req.step()))
+      t->push(ids, n, grads, req.step());
+    else
+      push_existing(*t, req, grads);
+    note_held(req.step());
+  } else {
+    t->push(ids, n, grads, req.step());
+  }
   resp->set_rows(n);
   ++pushes_;
   if (evictor_) evictor_->maybe_run(req.step());
@@ -195,6 +252,9 @@ grpc::Status ShardCore::stats(const wire::StatsRequest&, wire::StatsResponse* re
   resp->set_auth_failures(auth_failures_);
   resp->set_rejected(rejected_);
   resp->set_snapshot_version(snapshot_version_);
+  resp->set_incarnation(incarnation_);
+  resp->set_peak_bytes(std::max(peak_bytes_.load(), s.bytes));
+  resp->set_refused_rows(refused_rows_);
   return grpc::Status::OK;
 }
 
@@ -204,7 +264,7 @@ grpc::Status ShardCore::snapshot(const wire::SnapshotRequest& req, wire::Snapsho
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   std::shared_lock<std::shared_mutex> tables(tables_mu_);
   try {
-    const SnapshotInfo info = write_snapshot(store_, snapshot_dir_, req.version());
+    const SnapshotInfo info = write_snapshot(store_, snapshot_dir_, req.version(), 3, shard_);
     resp->set_path(info.path);
     resp->set_rows(info.rows);
     snapshot_version_ = req.version();
@@ -220,10 +280,11 @@ grpc::Status ShardCore::restore(const wire::RestoreRequest& req, wire::RestoreRe
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   std::unique_lock<std::shared_mutex> tables(tables_mu_);
   try {
-    const SnapshotInfo info = read_snapshot(store_, snapshot_dir_, req.version());
+    const SnapshotInfo info = read_snapshot(store_, snapshot_dir_, req.version(), shard_);
     if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
     resp->set_rows(info.rows);
     snapshot_version_ = req.version();
+    last_step_ = req.version();
   } catch (const Error& e) {
     return reject(grpc::StatusCode::FAILED_PRECONDITION, std::string("Restore: ") + e.what());
   }
@@ -234,15 +295,20 @@ grpc::Status ShardCore::health(const wire::HealthRequest&, wire::HealthResponse*
   resp->set_status("SERVING");
   resp->set_shard(shard_.index);
   resp->set_num_shards(shard_.count);
+  resp->set_incarnation(incarnation_);
+  resp->set_can_snapshot(snapshot_problem_.empty());
+  resp->set_snapshot_problem(snapshot_problem_);
+  resp->set_snapshot_version(snapshot_version_);
   return grpc::Status::OK;
 }
 
 void ShardCore::restore_from(const std::string& dir, int64_t version) {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   std::unique_lock<std::shared_mutex> tables(tables_mu_);
-  read_snapshot(store_, dir, version);
+  read_snapshot(store_, dir, version, shard_);
   if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
   snapshot_version_ = version;
+  last_step_ = version;  // snapshots are numbered by step: admission rounds score rows at the same step
 }
 
 int64_t ShardCore::restore_latest() {
@@ -251,9 +317,10 @@ int64_t ShardCore::restore_latest() {
   if (v < 0) return -1;
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   std::unique_lock<std::shared_mutex> tables(tables_mu_);
-  read_snapshot(store_, snapshot_dir_, v);
+  read_snapshot(store_, snapshot_dir_, v, shard_);
   if (evictor_) for (const std::string& name : store_.table_names()) evictor_->apply(store_.table(name));
   snapshot_version_ = v;
+  last_step_ = v;
   return v;
 }
 

@@ -1,6 +1,8 @@
 // shard.h — one parameter-server shard's service logic, independent of transport.
-// Owns: ShardCore (request validation with clear errors, the shard's EmbeddingStore, counters, and
-//       snapshot/restore into its snapshot directory). The gRPC server (ps/server.h) and the embedded
+// Owns: ShardCore (request validation with clear errors, the shard's EmbeddingStore, counters, the
+//       incarnation (random per ShardCore: a restarted server has another), the byte cap on every insert
+//       (admission through the Evictor: make room first, refuse what cannot fit; the peak bytes held),
+//       and snapshot/restore into its snapshot directory, checking the snapshot's shard identity). The gRPC server (ps/server.h) and the embedded
 //       in-process channel (ps/client.h) both call exactly these methods with the wire messages.
 // Does not own: authentication (ps/server.h, network only), storage layout (ps/store.h), snapshot
 //       files (ps/snapshot.h).
@@ -57,11 +59,26 @@ class ShardCore {
 
   EmbeddingStore& store() { return store_; }
   ShardId shard() const { return shard_; }
+  // Random at construction (never 0): the server's identity for this run of it (HealthResponse).
+  uint64_t incarnation() const { return incarnation_; }
+  // Why this shard cannot snapshot ("" when it can: a server checks, makes and locks its directory at
+  // start). Health reports it, so a trainer that checkpoints fails before its first step.
+  const std::string& snapshot_problem() const { return snapshot_problem_; }
+  // The most accounted bytes held after any insert or eviction round (the byte cap's witness).
+  int64_t peak_bytes() const { return peak_bytes_.load(); }
+  int64_t refused_rows() const { return refused_rows_.load(); }
   void count_auth_failure() { ++auth_failures_; }
   int64_t auth_failures() const { return auth_failures_.load(); }
 
  private:
   grpc::Status check_ids(const char* rpc, const std::string& table, int64_t n, Table** out);
+  // Under a byte cap: makes room for the rows ids[0, n) would create (an eviction round first when they
+  // would not fit). False when they cannot fit: the caller inserts none of them.
+  bool admit(Table& t, const uint64_t* ids, int64_t n, bool push, int64_t step);
+  // Records the bytes held now (peak) and, should an insert have gone past the cap, cuts back at once.
+  void note_held(int64_t step);
+  // Pushes only the ids that have a row (a refused admission): their gradients, the others dropped.
+  void push_existing(Table& t, const wire::PushRequest& req, const float* grads);
   grpc::Status reject(grpc::StatusCode code, const std::string& message);
 
   ShardId shard_;
@@ -72,6 +89,10 @@ class ShardCore {
   // Pull/Push/Snapshot hold it shared; Restore (which replaces the tables) exclusive.
   mutable std::shared_mutex tables_mu_;
   std::unique_ptr<Evictor> evictor_;
+  std::mutex admission_mu_;  // under a byte cap: one admission (room, insert, bytes) at a time
+  uint64_t incarnation_ = 0;
+  std::string snapshot_problem_;
+  std::atomic<int64_t> peak_bytes_{0}, refused_rows_{0}, last_step_{0};
   std::atomic<int64_t> pulls_{0}, pushes_{0}, auth_failures_{0}, rejected_{0}, snapshot_version_{-1};
 };
 

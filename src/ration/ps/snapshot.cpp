@@ -4,13 +4,16 @@
 // pushes a disabled id has seen since it was disabled (uint32), so a resumed shard neither resurrects an
 // evicted id nor forgets how close it is to re-admission; "disabled_count" -> their number; "complete" ->
 // row count (written last, checked on read). Values are native little-endian float32. A snapshot written
-// before disabled ids were saved has neither key and restores with none disabled.
+// before disabled ids were saved has neither key and restores with none disabled. "identity/shard" -> "I/N"
+// of the writer and "identity/tables" -> its table names, '\n'-separated (checked on read; a snapshot
+// written before them has neither and restores without the shard check).
 #include "ration/ps/snapshot.h"
 
 #include <cerrno>
 #include <csignal>
 #include <fcntl.h>
 #include <rocksdb/db.h>
+#include <sys/file.h>
 #include <rocksdb/write_batch.h>
 #include <unistd.h>
 
@@ -93,9 +96,82 @@ void remove_dead_writers_leftovers(const std::string& dir) {
   }
 }
 
+
+// The writer's identity: its shard (when known) and its tables.
+void put_identity(rocksdb::DB& db, const rocksdb::WriteOptions& wo, const EmbeddingStore& store,
+                  const std::optional<ShardId>& shard, const std::string& tmp) {
+  std::string tables;
+  for (const std::string& name : store.table_names()) tables += (tables.empty() ? "" : "\n") + name;
+  check_ok(db.Put(wo, "identity/tables", tables), "put identity", tmp);
+  if (shard) check_ok(db.Put(wo, "identity/shard", shard->to_string()), "put identity", tmp);
+}
+
+// Refuses a snapshot another shard wrote, or one whose tables differ from what the store declared.
+void check_identity(rocksdb::DB& db, const rocksdb::ReadOptions& ro, const EmbeddingStore& declared,
+                    const EmbeddingStore& fresh, const std::optional<ShardId>& shard, const std::string& path) {
+  std::string written;
+  const rocksdb::Status s = db.Get(ro, "identity/shard", &written);
+  RATION_CHECK(s.ok() || s.IsNotFound(), "snapshot ", path, ": read its identity failed: ", s.ToString());
+  RATION_CHECK(!shard || !s.ok() || written == shard->to_string(), "snapshot ", path, " was written by shard ", written,
+               ", but this is shard ", shard ? shard->to_string() : std::string(), ": each shard needs its own snapshot ",
+               "directory (--snapshot-dir; two shards sharing one overwrite each other's rows), and a server restores only ",
+               "snapshots of its own shard I/N (--shard)");
+  std::string listed;
+  const rocksdb::Status t = db.Get(ro, "identity/tables", &listed);
+  RATION_CHECK(t.ok() || t.IsNotFound(), "snapshot ", path, ": read its identity failed: ", t.ToString());
+  std::string have;
+  for (const std::string& name : fresh.table_names()) have += (have.empty() ? "" : "\n") + name;
+  RATION_CHECK(!t.ok() || listed == have, "snapshot ", path, " is damaged: its identity lists the tables [", listed,
+               "] but it holds the specs of [", have, "]");
+  for (const std::string& name : declared.table_names()) {
+    const Table* want = declared.find(name);
+    const Table* got = fresh.find(name);
+    RATION_CHECK(got != nullptr, "snapshot ", path, " has no table '", name, "', which this shard's client declared ",
+                 "(the snapshot holds [", have, "]): a snapshot of another model or run?");
+    RATION_CHECK(got->dim() == want->dim() && got->options().optimizer.kind == want->options().optimizer.kind,
+                 "snapshot ", path, ": table '", name, "' has dim ", got->dim(), " and optimiser ",
+                 optimizer_kind_name(got->options().optimizer.kind), ", but the client declared dim ", want->dim(),
+                 " and ", optimizer_kind_name(want->options().optimizer.kind), ": a snapshot of another model or run?");
+  }
+}
+
 }  // namespace
 
-SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir, int64_t version, int keep) {
+SnapshotDirLock::SnapshotDirLock(const std::string& dir, ShardId shard, const std::string& flag) {
+  check_path_length(dir, flag);
+  RATION_CHECK(!fs::exists(dir) || fs::is_directory(dir), flag, " '", dir, "' is a file; expected a directory");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  RATION_CHECK(!ec, flag, " '", dir, "' cannot be created: ", ec.message());
+  const std::string lock = (fs::path(dir) / "LOCK").string();
+  fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  RATION_CHECK(fd_ >= 0, flag, " '", dir, "' cannot be written (", std::strerror(errno),
+               "); snapshots need a writable directory");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char holder[128] = {0};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : std::string("another process");
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    RATION_CHECK(false, flag, " '", dir, "' is in use by another server (", who, "): each shard needs its own ",
+                 "snapshot directory, or two shards overwrite each other's rows");
+  }
+  const std::string me = "pid " + std::to_string(::getpid()) + ", shard " + shard.to_string() + "\n";
+  const bool wrote = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, me.data(), me.size(), 0) == static_cast<ssize_t>(me.size());
+  if (!wrote) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  RATION_CHECK(wrote, flag, " '", dir, "' cannot be written (", std::strerror(errno), "); snapshots need a writable directory");
+}
+
+SnapshotDirLock::~SnapshotDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir, int64_t version, int keep,
+                            std::optional<ShardId> shard) {
   RATION_CHECK(version >= 0, "snapshot version must be >= 0; got ", version);
   std::error_code ec;
   check_path_length(dir, "snapshot directory");
@@ -146,6 +222,7 @@ SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir,
       }
       check_ok(db->Write(wo, &batch), "write disabled ids", tmp);
     }
+    put_identity(*db, wo, store, shard, tmp);
     check_ok(db->Put(wo, "disabled_count", std::to_string(info.disabled)), "put disabled count", tmp);
     check_ok(db->Put(wo, "complete", std::to_string(info.rows)), "put marker", tmp);
     check_ok(db->Flush(rocksdb::FlushOptions()), "flush", tmp);
@@ -182,7 +259,8 @@ SnapshotInfo write_snapshot(const EmbeddingStore& store, const std::string& dir,
   return info;
 }
 
-SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_t version) {
+SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_t version,
+                           std::optional<ShardId> shard) {
   const std::string path = version_dir(dir, version);
   RATION_CHECK(fs::is_directory(path), "snapshot ", path, " does not exist (versions are named v<step> under the ",
                "snapshot directory; LATEST names the newest)");
@@ -205,6 +283,7 @@ SnapshotInfo read_snapshot(EmbeddingStore& store, const std::string& dir, int64_
     fresh.ensure_table(table_options_from_spec(spec));
   }
   check_ok(it->status(), "read specs", path);
+  check_identity(*db, ro, store, fresh, shard, path);
   int64_t rows = 0;
   for (it->Seek("row/"); it->Valid() && it->key().starts_with("row/"); it->Next()) {
     const rocksdb::Slice key = it->key();

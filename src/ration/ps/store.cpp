@@ -808,6 +808,37 @@ bool Table::contains(uint64_t id) const {
   return st.index.contains(id);
 }
 
+int64_t Table::admission_bytes(const uint64_t* ids, int64_t n, bool disabled_too, int64_t* absent) const {
+  using Slot = std::pair<const uint64_t, uint32_t>;
+  std::vector<std::vector<uint64_t>> by_stripe(kStripes);
+  for (int64_t i = 0; i < n; ++i) by_stripe[static_cast<size_t>(stripe_index(ids[i]))].push_back(ids[i]);
+  int64_t bytes = 0, total = 0;
+  for (int s = 0; s < kStripes; ++s) {
+    std::vector<uint64_t>& v = by_stripe[static_cast<size_t>(s)];
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    const Stripe& st = *stripes_[static_cast<size_t>(s)];
+    std::lock_guard<std::mutex> lock(st.mu);
+    int64_t k = 0;
+    for (uint64_t id : v) k += !st.index.contains(id) && (disabled_too || !st.disabled.contains(id));
+    total += k;
+    if (k == 0) continue;
+    // Records: free slots first, then whole new chunks.
+    const int64_t size = static_cast<int64_t>(st.index.size());
+    const int64_t beyond = std::max<int64_t>(0, k - (st.capacity() - size));
+    bytes += (beyond + kChunkRows - 1) / kChunkRows * st.chunk_bytes();
+    // The index grows (capacity 2c+1) past 7/8 load, or earlier (at 25/32 of that) when erased rows left
+    // tombstones: assume the earlier, so the bound holds.
+    const int64_t cap = static_cast<int64_t>(st.index.capacity());
+    int64_t grown = cap;
+    while (grown == 0 || (size + k) * 32 > (grown - grown / 8) * 25) grown = grown * 2 + 1;
+    if (grown != cap) bytes += (grown - cap) * static_cast<int64_t>(sizeof(Slot) + 1) + (cap == 0 ? 16 : 0);
+  }
+  if (absent != nullptr) *absent = total;
+  return bytes;
+}
+
 int64_t Table::size() const {
   int64_t n = 0;
   for (const auto& sp : stripes_) {

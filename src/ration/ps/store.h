@@ -230,6 +230,11 @@ class Table {
   // lock contention between concurrent batches; see StripeOrder).
   int64_t contended_groups() const { return contended_.load(std::memory_order_relaxed); }
 
+  // An upper bound of the accounted bytes that inserting the absent ids among ids[0, n) would add (their
+  // records' chunks and each stripe's index growth; disabled ids count only when `disabled_too`, as a
+  // push may re-admit them). *absent (optional) gets how many distinct ids have no row.
+  int64_t admission_bytes(const uint64_t* ids, int64_t n, bool disabled_too, int64_t* absent = nullptr) const;
+
   void set_push_observer(PushObserver observer);
   bool contains(uint64_t id) const;
   int64_t size() const;

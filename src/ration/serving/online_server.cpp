@@ -31,6 +31,10 @@ void OnlineOptions::validate() const {
                "--model-config and --checkpoint-dir go together (Predict needs both); got ",
                model_config.empty() ? "--checkpoint-dir only" : "--model-config only");
   if (!listen.empty()) check_serve_security(listen, security());
+  // The token itself is read when the server starts; here only whether there is one matters.
+  FollowSecurity f{auth_token_file.empty() ? std::string() : std::string("token"), follow_tls_ca, follow_tls_cert,
+                   follow_tls_key, follow_tls_target_name};
+  for (const std::string& ep : follow) check_follow_security(ep, f);
 }
 
 namespace {
@@ -117,7 +121,9 @@ OnlineServer::OnlineServer(OnlineOptions options, std::vector<std::unique_ptr<De
   if (!options.auth_token_file.empty()) impl_->token = read_token_file(options.auth_token_file);
   if (sources.empty()) {
     RATION_CHECK(!options.follow.empty(), "ps serve --online needs --follow ENDPOINTS (the training shards, in order)");
-    for (const std::string& ep : options.follow) sources.push_back(remote_delta_source(ep, impl_->token));
+    const FollowSecurity follow{impl_->token, options.follow_tls_ca, options.follow_tls_cert, options.follow_tls_key,
+                                options.follow_tls_target_name};
+    for (const std::string& ep : options.follow) sources.push_back(remote_delta_source(ep, follow));
   }
   impl_->sources = std::move(sources);
   store_ = std::make_unique<OnlineStore>(static_cast<int>(impl_->sources.size()), options.state_dir);

@@ -26,13 +26,18 @@ struct OnlineOptions {
   double sync_interval_s = 1.0;     // 0: sync only on demand (Sync RPC, sync_now())
   int64_t max_rows = 65536;         // rows per GetDelta page
   std::string auth_token_file;      // token sent to the training shards and required from callers
+  // Reaching the training shards: TLS when follow_tls_ca names the CA of their certificates (the token,
+  // if any, then travels encrypted; without TLS it goes only to loopback shards), with a client
+  // certificate for shards started with --tls-ca.
+  std::string follow_tls_ca, follow_tls_cert, follow_tls_key, follow_tls_target_name;
   std::string tls_cert, tls_key;    // PEM files: serve Lookup/Predict over TLS
   std::string tls_ca;               // PEM: also require client certificates signed by it
   std::string model_config;         // the trainer's config (for Predict); empty: Predict unavailable
   std::string checkpoint_dir;       // where the trainer writes checkpoints (the latest is loaded)
   int64_t apply_delay_ms = 0;       // test hook: pause before writing each delta
   // The listen rule is the training shard's (ps/server.h, check_serve_security): loopback by default,
-  // any other address needs --auth-token-file and/or --tls-cert/--tls-key. Errors name the flag.
+  // any other address needs clients to authenticate (--auth-token-file, or --tls-ca: mutual TLS); the
+  // follow rule is check_follow_security's (ps/online_store.h). Errors name the flag.
   void validate() const;
   ServeSecurity security() const { return {auth_token_file, tls_cert, tls_key, tls_ca}; }
 };
