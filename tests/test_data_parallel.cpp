@@ -174,14 +174,14 @@ TEST(OneBitCode, SetErrorBoundHoldsOnRealGradientsThroughTheHook) {
   EXPECT_EQ(dist_settings("compress = \"onebit\"\nonebit_max_error = 0.3\n").onebit.max_error, 0.3);
   EXPECT_NE(dist_settings_error("onebit_max_error = 1.5\n").find("dist.onebit_max_error must be a number in [0, 1)"),
             std::string::npos);
-  for (const double eps : {0.6, 0.3, 0.05}) {
+  for (const double eps : {0.9, 0.6, 0.3}) {
     SCOPED_TRACE("eps " + std::to_string(eps));
     OneBitOptions bounded;
     bounded.max_error = eps;
     OneBitHook hook(bounded), plain(OneBitOptions{});
     hook.init(per_param);
     plain.init(per_param);
-    int64_t over_without = 0, raw_blocks = 0, blocks = 0, raw_elements = 0, numel = 0;
+    int64_t over_without = 0, raw_blocks = 0, blocks = 0, expected_payload = 0;
     Traffic traffic;
     for (size_t b = 0; b < reducer.buckets().size(); ++b) {
       const auto& layout = reducer.buckets()[b];
@@ -191,7 +191,8 @@ TEST(OneBitCode, SetErrorBoundHoldsOnRealGradientsThroughTheHook) {
           if (n == name) parts.push_back(p.grad().reshape({-1}));
       const at::Tensor v = at::cat(parts).contiguous();
       at::Tensor reduced = v.clone(), unbounded = v.clone();
-      traffic += hook.reduce(World::init_single(), static_cast<int>(b), reduced);
+      const Traffic sent = hook.reduce(World::init_single(), static_cast<int>(b), reduced);
+      traffic += sent;
       plain.reduce(World::init_single(), static_cast<int>(b), unbounded);
       // The residual is exactly what was not sent.
       EXPECT_TRUE(at::allclose(hook.residuals()[b], v - reduced, 1e-5, 1e-7)) << "bucket " << b;
@@ -207,22 +208,24 @@ TEST(OneBitCode, SetErrorBoundHoldsOnRealGradientsThroughTheHook) {
         if (err_plain > eps * norm) ++over_without;
         if (code.alpha[j] == kRawSegment) {
           ++raw_blocks;
-          raw_elements += n;
           EXPECT_EQ(err, 0.0) << "a block sent in fp32 is exact";
           EXPECT_LT(code.rho[j] * code.rho[j], 1 - eps * eps + 1e-6) << "fp32 only where no scale meets eps";
         }
         offset += n;
         ++blocks;
       }
-      numel += v.numel();
-      EXPECT_EQ(onebit_pack(code).numel(),
-                onebit_wire_bytes(v.numel(), static_cast<int64_t>(code.segments.size()), code.raw.numel()));
+      const int64_t wire = onebit_wire_bytes(v.numel(), static_cast<int64_t>(code.segments.size()), code.raw.numel());
+      EXPECT_EQ(onebit_pack(code).numel(), wire);
+      EXPECT_EQ(sent.payload_bytes, wire + 8) << "bucket " << b << ": " << code.segments.size() << " blocks, "
+                                              << code.raw.numel() << " elements in fp32, " << v.numel() << " in all";
+      expected_payload += wire + 8;  // the code and its length
     }
-    EXPECT_EQ(traffic.payload_bytes, onebit_wire_bytes(numel, blocks, raw_elements) +
-                                         8 * static_cast<int64_t>(reducer.buckets().size()));
+    EXPECT_EQ(traffic.payload_bytes, expected_payload);
     EXPECT_GT(over_without, 0) << "the contraction alone met eps on every block: the bound was not exercised";
-    if (eps <= 0.05) EXPECT_GT(raw_blocks, 0) << "a tight bound sends some blocks in fp32";
-    if (eps >= 0.6) EXPECT_LT(raw_blocks, blocks / 4) << "a loose bound codes most blocks in 1 bit";
+    // Real gradients are heavy-tailed (rho_j well below the Gaussian's 0.8): one scale codes a block within
+    // 0.9 of its norm almost always, within 0.3 rarely.
+    if (eps <= 0.3) EXPECT_GT(raw_blocks, blocks / 2) << "a tight bound sends most blocks in fp32";
+    if (eps >= 0.9) EXPECT_LT(raw_blocks, blocks / 4) << "a loose bound codes most blocks in 1 bit";
   }
 }
 

@@ -78,6 +78,9 @@ Value GPT::head(const Value& x_in) {
 Value GPT::stream_logits(const Value& tokens, seq::StreamBuffers& buffers) {
   ScopeGuard scope(name());
   RATION_CHECK(tokens.dim() == 2, "gpt expects tokens (B, C); got ", tokens.sizes());
+  RATION_CHECK(options.attention_window > 0 || buffers.position + tokens.size(1) <= options.block_size,
+               "gpt with full attention streams at most model.block_size = ", options.block_size, " steps; step ",
+               buffers.position + tokens.size(1), " asked (set model.attention_window to stream further)");
   seq::note_op_of("wte+wpe", "embedding + position embedding", seq::TimeAccess::Pointwise);
   Value x = drop->forward(embed(tokens, buffers.position));  // (B, C, E)
   for (auto& block : blocks) {

@@ -76,7 +76,8 @@ std::string SequencePlan::to_table() const {
   out += line;
   const std::string blocker = whole_sequence_layer();
   out += blocker.empty() ? "streamable: yes (memory does not grow with T)\n"
-                         : "streamable: no (layer '" + blocker + "' depends on the whole sequence)\n";
+                         : "streamable: only with T given (layer '" + blocker + "' depends on the whole sequence: "
+                           "its buffer holds T steps, memory grows with T)\n";
   return out;
 }
 
