@@ -97,8 +97,9 @@ nlohmann::json SequencePlan::to_json() const {
 void require_streamable(const std::vector<LayerDependency>& layers, const std::string& model) {
   for (const LayerDependency& d : layers) {
     RATION_CHECK(d.type != Dependency::WholeSequence, "model '", model, "' cannot stream: layer '", d.layer,
-                 "' depends on the whole sequence (type 3, buffer of T steps); ",
-                 "hint: for gpt set model.attention_window = L (sliding-window attention, L < model.block_size)");
+                 "' depends on the whole sequence (type 3, buffer of T steps): it streams only when the sequence ",
+                 "length T is known up front (StreamExecutor's seq_len); hint: for gpt set model.attention_window = L ",
+                 "(sliding-window attention, L < model.block_size)");
   }
 }
 
