@@ -212,3 +212,18 @@ class CTR(nn.Module):  # ctr (configs/ctr*.toml): DLRM-style embedding bags, bot
         t = torch.stack([x] + [tab(i, o) for tab, i, o in zip(self.tables, ids, offsets)], 1)
         z = torch.bmm(t, t.transpose(1, 2))[:, self.iu[0], self.iu[1]]
         return self.top(torch.cat([x, z], 1)).view(-1)
+
+
+class BiRNNTagger(nn.Module):  # configs/birnn_tagger.toml: vocab 256, embed 64, causal conv k 3, bi-GRU 64, head
+    def __init__(self, vocab=256, n_embd=64, hidden_size=64, kernel_size=3):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, n_embd)
+        self.k = kernel_size
+        self.front = nn.Conv1d(n_embd, n_embd, kernel_size)
+        self.birnn = nn.GRU(n_embd, hidden_size, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden_size, vocab)
+
+    def forward(self, idx):
+        x = self.embed(idx).transpose(1, 2)  # (B, C, T)
+        x = torch.tanh(self.front(F.pad(x, (self.k - 1, 0)))).transpose(1, 2)  # causal: (B, T, C)
+        return self.head(self.birnn(x)[0])

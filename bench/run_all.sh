@@ -154,6 +154,7 @@ section_sequence() {
   local B=$BUILD/bench
   run "$B"/bench_seq_memory --max-t 1000000 --lstm-max-t 100000 --peer-max-t 100000 --attn-max-t 4096 \
     --out $R/seq_memory.json
+  run "$B"/bench_seq_memory --type3 1 --max-t 100000 --out $R/seq_memory_type3.json
   run "$B"/bench_seq_bptt_budget --seq-len 1024 --steps 2 --out $R/seq_bptt_budget_1024.json
   run "$B"/bench_seq_bptt_budget --seq-len 4096 --steps 2 --out $R/seq_bptt_budget_4096.json
   # Below the feasible minimum: the JSON records the planner's refusal (the bench exits 1).

@@ -6,6 +6,9 @@
 // parameters. Prints a table and writes JSON (--out).
 //   build/bench/bench_seq_memory [--max-t 1000000] [--lstm-max-t 100000] [--peer-max-t 100000]
 //                                [--attn-max-t 4096] [--chunk 256] [--out bench/results/seq_memory.json]
+//   build/bench/bench_seq_memory --type3 1 [--max-t 100000] [--out bench/results/seq_memory_type3.json]: the
+//     model with a whole-sequence layer (birnn_tagger) chunk-wise with its buffer of T steps, each layer's
+//     buffer bytes, against the full sequence (ration, PyTorch) at T = 1000, 10^4, 10^5.
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -99,6 +102,39 @@ Row peer(const std::string& name, const std::string& peer_model, int64_t T) {
   return r;
 }
 
+const char* kBirnn = "[model]\ntype = \"birnn_tagger\"\nvocab_size = 256\nn_embd = 64\nhidden_size = 64\nkernel_size = 3\n";
+
+// birnn_tagger chunk-wise with its buffers of 1, L + 1 and T steps: bits per byte of T random bytes from the
+// logits finish() hands out chunk by chunk; the peak includes the buffers (allocated before the run starts).
+Row streamed_type3(int64_t T, int64_t chunk, nlohmann::json& layers) {
+  auto model = build(kBirnn);
+  NoGradGuard no_grad;
+  const std::string bytes = random_bytes(T, 7);
+  at::Tensor ids = at::empty({1, T}, at::kLong);
+  for (int64_t i = 0; i < T; ++i) ids[0][i] = static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  const int64_t base = memory::device_current_bytes(memory::stats());
+  memory::reset_peak();
+  const auto t0 = std::chrono::steady_clock::now();
+  seq::StreamExecutor ex(*model, chunk, 1, T);
+  for (int64_t s = 0; s < T; s += chunk) ex.feed_chunk(Value(ids.narrow(1, s, std::min(chunk, T - s)).contiguous()));
+  double nats = 0;
+  int64_t at = 0;
+  ex.finish([&](const at::Tensor& logits) {  // (1, n, V): step at + i predicts byte at + i + 1
+    const int64_t n = std::min(logits.size(1), T - 1 - at);
+    if (n > 0)
+      nats += at::cross_entropy_loss(logits[0].narrow(0, 0, n).to(at::kDouble), ids[0].narrow(0, at + 1, n), {},
+                                     at::Reduction::Sum).item<double>();
+    at += logits.size(1);
+  });
+  const double secs = bench::seconds_since(t0);
+  const int64_t peak = memory::device_peak_bytes(memory::stats()) - base;
+  const seq::SequencePlan plan = seq::plan_sequence(dynamic_cast<seq::Streamable&>(*model).sequence_layers(), T, 1, 4);
+  layers = nlohmann::json::object();
+  for (const auto& r : plan.rows) layers[r.layer.layer] = r.layer.carries ? r.buffer_bytes : 0;
+  return {"birnn_tagger", "ration chunk-wise (chunk " + std::to_string(chunk) + ")", T, peak, ex.buffers().bytes(), secs,
+          nats / std::log(2.0) / static_cast<double>(T - 1)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -106,6 +142,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   int64_t max_t = 1000000, lstm_max_t = 100000, peer_max_t = 100000, attn_max_t = 4096, chunk = 256;
   std::string out_path = "bench/results/seq_memory.json";
+  bool type3 = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const std::string v = argv[i + 1];
@@ -115,6 +152,9 @@ int main(int argc, char** argv) {
     else if (a == "--attn-max-t") attn_max_t = std::stoll(v);
     else if (a == "--chunk") chunk = std::stoll(v);
     else if (a == "--out") out_path = v;
+    else if (a == "--type3") {
+      type3 = v != "0";
+    }
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -131,6 +171,24 @@ int main(int argc, char** argv) {
     rows.push_back(std::move(r));
   };
   std::printf("%-12s %-30s %9s %14s %12s %9s\n", "model", "mode", "T", "peak", "buffers", "seconds");
+  if (type3) {
+    nlohmann::json j = nlohmann::json::array();
+    for (int64_t T : lengths) {
+      nlohmann::json layers;
+      const Row rows3[3] = {streamed_type3(T, chunk, layers), full_sequence("birnn_tagger", kBirnn, T),
+                            peer("birnn_tagger", "birnn_tagger", T)};
+      for (const Row& r : rows3) {
+        emit(r);
+        j.push_back({{"model", r.model}, {"mode", r.mode}, {"seq_len", r.seq_len}, {"peak_bytes", r.peak_bytes},
+                     {"buffers_bytes", r.buffers_bytes}, {"seconds", r.seconds}, {"bits_per_byte", r.bits_per_byte}});
+        if (&r == &rows3[0]) j.back()["layer_buffer_bytes"] = layers;
+      }
+      std::printf("  buffers per layer at T = %lld: %s\n", static_cast<long long>(T), layers.dump().c_str());
+    }
+    bench::write_json(out_path, j);
+    std::printf("wrote %s\n", out_path.c_str());
+    return 0;
+  }
   for (int64_t T : lengths) {
     if (T <= lstm_max_t) emit(streamed("lstm_lm", kLstm, T, chunk));
     if (T <= peer_max_t) emit(peer("lstm_lm", "lstm_lm", T));

@@ -14,7 +14,7 @@ import peer_probe
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--probe", required=True)
-ap.add_argument("--model", required=True, choices=["lstm_lm", "tcn_lm", "gpt_window", "gpt_full"])
+ap.add_argument("--model", required=True, choices=["lstm_lm", "tcn_lm", "gpt_window", "gpt_full", "birnn_tagger"])
 ap.add_argument("--seq-len", type=int, required=True)
 ap.add_argument("--window", type=int, default=64)
 args = ap.parse_args()
@@ -34,6 +34,8 @@ with torch.no_grad():
         model = peer_nets.LSTMLM()
     elif args.model == "tcn_lm":  # configs/tcn_lm.toml: embed 96, 6 gated blocks k 3, dilations 1..32
         model = peer_nets.TCNLM()
+    elif args.model == "birnn_tagger":  # configs/birnn_tagger.toml: embed 64, causal conv k 3, bi-GRU 64, head
+        model = peer_nets.BiRNNTagger()
     else:  # configs/gpt.toml's sizes (4 layers, 4 heads, 128 wide), no dropout; full: block_size T
         window = args.window if args.model == "gpt_window" else 0
         model = peer_nets.GPT(block_size=128 if window else T, dropout=0.0, window=window)

@@ -308,11 +308,6 @@ TEST_F(PlannerRules, EveryStrategyGivesAValidPlanOrAClearError) {
     expect_same_gradients(m, plain);
     if (s == memory::Strategy::Uniform) EXPECT_GT(plan.dropped_groups, 0) << "per-block checkpointing drops inside blocks";
   }
-  memory::PlanOptions tight;
-  tight.strategy = memory::Strategy::Ordered;
-  tight.budget_bytes = lo;
-  const std::string msg = error_of([&] { memory::make_plan(profile, tight); });
-  if (!msg.empty()) EXPECT_NE(msg.find("cannot meet the budget"), std::string::npos) << msg;
 }
 
 TEST_F(PlannerRules, OptimalChainRefusesANonChainNamingWhy) {
@@ -718,6 +713,80 @@ TEST(Planner, GraphReadsTheProfileAsItIs) {
     ASSERT_EQ(g.value(memory::ValueKey{static_cast<int64_t>(p.nodes.size()) + 5, 0}), -1);
     ASSERT_EQ(g.value(memory::ValueKey{0, 1000}), -1);
   }
+}
+
+// The preset-order strategies' oracle: groups [0, k) recomputed, the rest kept, with k the first count from
+// `from` up whose whole-step simulation fits `budget`; empty when none does.
+std::vector<memory::Decision> first_fitting_prefix(const memory::StepProfile& profile,
+                                                   const std::vector<memory::Group>& groups, int64_t budget,
+                                                   size_t from) {
+  const size_t n = groups.size();
+  for (size_t k = from; k <= n; ++k) {
+    std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
+    std::vector<memory::Decision> d(n, memory::Decision::Keep);
+    for (size_t i = 0; i < k; ++i) {
+      d[i] = memory::Decision::Recompute;
+      by_storage[static_cast<size_t>(groups[i].storage)] = memory::Decision::Recompute;
+    }
+    if (memory::simulate(profile, by_storage, 0).peak_bytes <= budget) return d;
+  }
+  return {};
+}
+
+// The two preset-order strategies at budgets from the floor to the unconstrained peak: `ordered` recomputes
+// the shortest forward-order prefix whose simulated peak fits; `ordered-count` first recomputes the
+// n − G groups that the count rule leaves out (G = capacity / largest group: groups counted as equal-sized)
+// and goes on in forward order from there until the plan fits. Where no prefix fits, each refuses the budget.
+TEST(Planner, PresetOrderStrategiesDeleteInForwardOrderUntilTheRestFits) {
+  int count_differs = 0;  // budgets where the count rule deleted another prefix than the search
+  for (const auto& c : cases()) {
+    SCOPED_TRACE(c.name);
+    Config cfg = Config::from_string(c.toml, c.name + ".toml");
+    at::manual_seed(3);
+    auto model = models::build_model(cfg);
+    model->train();
+    const memory::StepProfile profile = train::profile_step(*model, batch_for(c.name), 11);
+    memory::PlanOptions o;
+    o.budget_bytes = int64_t{1} << 40;
+    const memory::Plan loose = memory::make_plan(profile, o);
+    const size_t n = loose.groups.size();
+    int64_t unit = 0;
+    for (const auto& g : loose.groups) unit = std::max(unit, g.bytes);
+    ASSERT_GT(unit, 0);
+    int planned = 0, partial = 0;
+    for (double f : {0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0}) {
+      const int64_t budget = loose.minimum_peak_bytes +
+          static_cast<int64_t>(f * static_cast<double>(loose.unconstrained_peak_bytes - loose.minimum_peak_bytes));
+      SCOPED_TRACE("f " + std::to_string(f) + ", budget " + memory::format_bytes(budget));
+      const int64_t capacity = budget - loose.fixed_bytes;
+      const size_t count_kept = static_cast<size_t>(std::clamp<int64_t>(capacity / unit, 0, static_cast<int64_t>(n)));
+      const std::pair<const char*, size_t> rules[] = {{"ordered", 0}, {"ordered-count", n - count_kept}};
+      std::vector<memory::Decision> chosen[2];
+      for (int r = 0; r < 2; ++r) {
+        SCOPED_TRACE(rules[r].first);
+        o.strategy = memory::parse_strategy(rules[r].first);
+        o.budget_bytes = budget;
+        const std::vector<memory::Decision> expected = first_fitting_prefix(profile, loose.groups, budget, rules[r].second);
+        if (expected.empty()) {
+          EXPECT_NE(error_of([&] { memory::make_plan(profile, o); }).find("cannot meet the budget"), std::string::npos);
+          continue;
+        }
+        const memory::Plan plan = memory::make_plan(profile, o);
+        ++planned;
+        ASSERT_EQ(plan.groups.size(), n);
+        for (size_t i = 0; i < n; ++i) EXPECT_EQ(plan.groups[i].decision, expected[i]) << "group " << i;
+        EXPECT_LE(plan.prediction.peak_bytes, budget);
+        const auto dropped = std::count(expected.begin(), expected.end(), memory::Decision::Recompute);
+        EXPECT_EQ(plan.dropped_groups, dropped);
+        if (dropped > 0 && static_cast<size_t>(dropped) < n) ++partial;
+        chosen[r] = expected;
+      }
+      if (!chosen[0].empty() && !chosen[1].empty() && chosen[0] != chosen[1]) ++count_differs;
+    }
+    EXPECT_GT(planned, 4);
+    EXPECT_GT(partial, 0) << "no budget between the floor and the unconstrained peak deleted only some groups";
+  }
+  EXPECT_GT(count_differs, 0) << "the count rule chose the same prefix as the search at every budget of every model";
 }
 
 // Ordered sets prices each kept count incrementally; the oracle is the rule itself with a whole-step

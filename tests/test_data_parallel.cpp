@@ -158,6 +158,89 @@ TEST(OneBitCode, BlocksOfTheDefaultSizeCodeNoWorseAndKeepThirtyTimesFewerBytes) 
   EXPECT_GE(static_cast<double>(none_bytes) / static_cast<double>(onebit_bytes), 30.0);
 }
 
+// The set bound (dist.onebit_max_error = eps): on real gradients, every block the hook codes is within eps
+// of its norm, through the hook's own reduce (encode, pack, all-gather, unpack, decode) and its residual;
+// a small eps sends the blocks no scale can code that well in fp32 and the bytes say how many. Without
+// the bound the same blocks' errors exceed eps (the contraction alone does not bound them by a constant).
+TEST(OneBitCode, SetErrorBoundHoldsOnRealGradientsThroughTheHook) {
+  train::Setup setup = train::build_setup(
+      train::load_config(std::string(RATION_SOURCE_DIR) + "/configs/gpt.toml",
+                         {"train.threads=1", "model.n_layer=2", "model.n_embd=64", "model.block_size=32"}));
+  auto params = setup.model->named_parameters();
+  setup.model->loss(train::sample_batch(setup, 8, 1)).backward();
+  Reducer reducer(World::init_single(), params, std::make_unique<AllReduceHook>(), {});
+  std::vector<std::vector<int64_t>> per_param;
+  for (const auto& layout : reducer.buckets()) per_param.push_back(layout.numels);
+  EXPECT_EQ(dist_settings("compress = \"onebit\"\nonebit_max_error = 0.3\n").onebit.max_error, 0.3);
+  EXPECT_NE(dist_settings_error("onebit_max_error = 1.5\n").find("dist.onebit_max_error must be a number in [0, 1)"),
+            std::string::npos);
+  for (const double eps : {0.9, 0.6, 0.3}) {
+    SCOPED_TRACE("eps " + std::to_string(eps));
+    OneBitOptions bounded;
+    bounded.max_error = eps;
+    OneBitHook hook(bounded), plain(OneBitOptions{});
+    hook.init(per_param);
+    plain.init(per_param);
+    int64_t over_without = 0, raw_blocks = 0, blocks = 0, expected_payload = 0;
+    Traffic traffic;
+    for (size_t b = 0; b < reducer.buckets().size(); ++b) {
+      const auto& layout = reducer.buckets()[b];
+      std::vector<at::Tensor> parts;
+      for (const auto& name : layout.names)
+        for (const auto& [n, p] : params)
+          if (n == name) parts.push_back(p.grad().reshape({-1}));
+      const at::Tensor v = at::cat(parts).contiguous();
+      at::Tensor reduced = v.clone(), unbounded = v.clone();
+      const Traffic sent = hook.reduce(World::init_single(), static_cast<int>(b), reduced);
+      traffic += sent;
+      plain.reduce(World::init_single(), static_cast<int>(b), unbounded);
+      // The residual is exactly what was not sent.
+      EXPECT_TRUE(at::allclose(hook.residuals()[b], v - reduced, 1e-5, 1e-7)) << "bucket " << b;
+      const OneBitCode code = onebit_encode(v, hook.code_segments()[b], bounded.lambda, eps);
+      int64_t offset = 0;
+      for (size_t j = 0; j < code.segments.size(); ++j) {
+        const int64_t n = code.segments[j];
+        const at::Tensor vj = v.narrow(0, offset, n).to(at::kDouble);
+        const double norm = vj.norm().item<double>();
+        const double err = (vj - reduced.narrow(0, offset, n).to(at::kDouble)).norm().item<double>();
+        const double err_plain = (vj - unbounded.narrow(0, offset, n).to(at::kDouble)).norm().item<double>();
+        EXPECT_LE(err, eps * norm + 1e-12) << "bucket " << b << " block " << j;
+        if (err_plain > eps * norm) ++over_without;
+        if (code.alpha[j] == kRawSegment) {
+          ++raw_blocks;
+          EXPECT_EQ(err, 0.0) << "a block sent in fp32 is exact";
+          EXPECT_LT(code.rho[j] * code.rho[j], 1 - eps * eps + 1e-6) << "fp32 only where no scale meets eps";
+        }
+        offset += n;
+        ++blocks;
+      }
+      const int64_t wire = onebit_wire_bytes(v.numel(), static_cast<int64_t>(code.segments.size()), code.raw.numel());
+      EXPECT_EQ(onebit_pack(code).numel(), wire);
+      EXPECT_EQ(sent.payload_bytes, wire + 8) << "bucket " << b << ": " << code.segments.size() << " blocks, "
+                                              << code.raw.numel() << " elements in fp32, " << v.numel() << " in all";
+      expected_payload += wire + 8;  // the code and its length
+    }
+    EXPECT_EQ(traffic.payload_bytes, expected_payload);
+    EXPECT_GT(over_without, 0) << "the contraction alone met eps on every block: the bound was not exercised";
+    // Real gradients are heavy-tailed (rho_j well below the Gaussian's 0.8): one scale codes a block within
+    // 0.9 of its norm almost always, within 0.3 rarely.
+    if (eps <= 0.3) EXPECT_GT(raw_blocks, blocks / 2) << "a tight bound sends most blocks in fp32";
+    if (eps >= 0.9) EXPECT_LT(raw_blocks, blocks / 4) << "a loose bound codes most blocks in 1 bit";
+  }
+}
+
+// The classic example of docs/METHODS.md: the mean-|v| scale maps [1, 2, 3] and [2, 2, 2] to the same code
+// 2 [1, 1, 1] and [1, -2, 3] to 2 [1, -1, 1]; the L2 scale with lambda_0 = 0.95 tells the first two apart
+// (2.05 and 1.90).
+TEST(OneBitCode, MethodsExampleCollidesUnderTheMeanScaleOnly) {
+  const at::Tensor a = at::tensor({1.f, 2.f, 3.f}), b = at::tensor({2.f, 2.f, 2.f}), c = at::tensor({1.f, -2.f, 3.f});
+  EXPECT_TRUE(at::allclose(onebit_decode(onebit_encode(a)), at::full({3}, 2.f)));
+  EXPECT_TRUE(at::allclose(onebit_decode(onebit_encode(b)), at::full({3}, 2.f)));
+  EXPECT_TRUE(at::allclose(onebit_decode(onebit_encode(c)), at::tensor({2.f, -2.f, 2.f})));
+  EXPECT_NEAR(onebit_encode(a, {}, 0.95).alpha[0], 0.95 * std::sqrt(14.0 / 3.0), 1e-5);
+  EXPECT_NEAR(onebit_encode(b, {}, 0.95).alpha[0], 1.90, 1e-5);
+}
+
 // ---- loader shards ---------------------------------------------------------------------------------
 class Indices : public data::Dataset {
  public:

@@ -347,6 +347,116 @@ TEST(Evict, LinearSelectionKeepsTheRowsAFullSortKeeps) {
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(t.contains(ref[i].second), i < 1500) << "rank " << i;
 }
 
+// Rows of ids [first, first + n) with value (base + k, 0) for id first + k, pushed once at step 1 with a zero
+// gradient (values unchanged; the rows are old, not young).
+void fill_pushed(Table& t, uint64_t first, int64_t n, float base) {
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t id = first + static_cast<uint64_t>(k);
+    std::vector<float> row(static_cast<size_t>(t.dim()), 0.0f), g(static_cast<size_t>(t.dim()), 0.0f);
+    row[0] = base + static_cast<float>(k);
+    t.assign(&id, 1, row.data());
+    t.push(&id, 1, g.data(), 1);
+  }
+}
+
+// ps.evict_scope: table "hi" holds 20 rows of norms 101..120, table "lo" 10 rows of norms 1..10. Keeping
+// half: per slot (the default) each table keeps its own best half (hi 10, lo 5); pooled over the shard
+// the 15 best are all hi's and lo loses every row. Under a byte cap, slot scope cuts every table by the
+// same fraction; shard scope empties lo first.
+TEST(Evict, ScopeSlotChoosesWithinEachTableShardPoolsThem) {
+  EXPECT_EQ(EvictOptions{}.scope, EvictScope::Slot);
+  EXPECT_EQ(evict_scope_from_name("shard", "--evict-scope"), EvictScope::Shard);
+  EXPECT_NE(testing::error_of([] { evict_scope_from_name("global", "ps.evict_scope"); }).find("ps.evict_scope: unknown eviction scope 'global'"),
+            std::string::npos);
+  for (EvictScope scope : {EvictScope::Slot, EvictScope::Shard}) {
+    SCOPED_TRACE(evict_scope_name(scope));
+    EmbeddingStore store;
+    Table& hi = store.ensure_table(opts("hi", 2));
+    Table& lo = store.ensure_table(opts("lo", 2));
+    fill_pushed(hi, 1000, 20, 101);
+    fill_pushed(lo, 1, 10, 1);
+    EvictOptions o;
+    o.policy = EvictPolicy::L2;
+    o.keep_fraction = 0.5;
+    o.scope = scope;
+    Evictor ev(store, o);
+    const EvictRound r = ev.run(100);
+    EXPECT_EQ(r.rows_after, 15);
+    const bool slot = scope == EvictScope::Slot;
+    EXPECT_EQ(hi.size(), slot ? 10 : 15);
+    EXPECT_EQ(lo.size(), slot ? 5 : 0);
+    for (uint64_t k = 0; k < 20; ++k) EXPECT_EQ(hi.contains(1000 + k), k >= (slot ? 10u : 5u)) << "hi id " << 1000 + k;
+    for (uint64_t k = 0; k < 10; ++k) EXPECT_EQ(lo.contains(1 + k), slot && k >= 5) << "lo id " << 1 + k;
+  }
+  for (EvictScope scope : {EvictScope::Slot, EvictScope::Shard}) {
+    SCOPED_TRACE(std::string("cap, ") + evict_scope_name(scope));
+    EmbeddingStore store;
+    Table& hi = store.ensure_table(opts("hi", 8));
+    Table& lo = store.ensure_table(opts("lo", 8));
+    fill_pushed(hi, 100000, 4000, 10001);  // every hi norm above every lo norm
+    fill_pushed(lo, 1, 2000, 1);
+    EvictOptions o;
+    o.policy = EvictPolicy::L2;
+    o.max_bytes = store.stats().bytes / 2;
+    o.scope = scope;
+    Evictor ev(store, o);
+    ev.run(100);
+    EXPECT_LE(store.stats().bytes, o.max_bytes);
+    const double hi_left = static_cast<double>(hi.size()) / 4000, lo_left = static_cast<double>(lo.size()) / 2000;
+    if (scope == EvictScope::Slot) {
+      EXPECT_GT(lo_left, 0.2);
+      EXPECT_NEAR(hi_left, lo_left, 0.01) << "hi " << hi.size() << " rows, lo " << lo.size();
+    } else {
+      EXPECT_EQ(lo.size(), 0);
+      EXPECT_GT(hi.size(), 0);
+    }
+    // Whatever the scope, a table keeps its best rows: the ids of the highest norms.
+    for (uint64_t k = 0; k < 2000; ++k) ASSERT_EQ(lo.contains(1 + k), k >= 2000u - static_cast<uint64_t>(lo.size()));
+    for (uint64_t k = 0; k < 4000; ++k) ASSERT_EQ(hi.contains(100000 + k), k >= 4000u - static_cast<uint64_t>(hi.size()));
+  }
+}
+
+// ps.evict_threshold: a round disables the old rows scoring below it and only those; young rows (never
+// pushed, or within the grace period) stay whatever their score; with keep_fraction both cuts apply.
+TEST(Evict, ThresholdDisablesOldRowsScoringBelowIt) {
+  for (int64_t grace : {0, 10}) {
+    SCOPED_TRACE("grace " + std::to_string(grace));
+    EmbeddingStore store;
+    Table& t = store.ensure_table(opts("t", 2));
+    fill_pushed(t, 0, 10, 1);  // ids 0..9, norms 1..10, first pushed at step 1
+    const uint64_t unpushed = 50, recent = 51;
+    std::vector<float> small = {0.5f, 0.0f}, zero = {0.0f, 0.0f};
+    t.assign(&unpushed, 1, small.data());
+    t.assign(&recent, 1, small.data());
+    t.push(&recent, 1, zero.data(), 95);
+    EvictOptions o;
+    o.policy = EvictPolicy::L2;
+    o.threshold = 5.5;
+    o.grace_steps = grace;
+    Evictor ev(store, o);
+    const EvictRound r = ev.run(100);
+    for (uint64_t id = 0; id < 10; ++id) {
+      EXPECT_EQ(t.contains(id), id + 1 > 5.5) << "id " << id;
+      EXPECT_EQ(t.is_disabled(id), id + 1 < 5.5) << "id " << id;
+    }
+    EXPECT_TRUE(t.contains(unpushed)) << "a row not pushed yet is young";
+    EXPECT_EQ(t.contains(recent), grace > 0) << "pushed 5 steps ago";
+    EXPECT_EQ(r.disabled, grace > 0 ? 5 : 6);
+  }
+  // With keep_fraction 0.5 as well: of 10 rows the best 5 by norm stay, and of those the ones under 7.5 go.
+  EmbeddingStore store;
+  Table& t = store.ensure_table(opts("t", 2));
+  fill_pushed(t, 0, 10, 1);
+  EvictOptions o;
+  o.policy = EvictPolicy::L2;
+  o.threshold = 7.5;
+  o.keep_fraction = 0.5;
+  Evictor ev(store, o);
+  ev.run(100);
+  EXPECT_EQ(t.size(), 3);
+  for (uint64_t id = 0; id < 10; ++id) EXPECT_EQ(t.contains(id), id >= 7) << "id " << id;
+}
+
 // Bounded memory for remembered disabled ids: forget_disabled keeps the ids with the most sightings since
 // they were disabled, then a deterministic hash sample; a forgotten id is unknown again (a pull creates
 // its row with the initial value). A capped round keeps the remembered ids within disabled_share of

@@ -24,6 +24,8 @@ std::unique_ptr<PsCommand> add_ps_command(CLI::App& app) {
   cmd->serve->add_option("--max-message-bytes", o.limits.max_message_bytes, "gRPC message size limit");
   // Disabling sub-features (docs/METHODS.md, "Disabling and re-admission").
   cmd->serve->add_option("--evict", cmd->evict, "importance | frequency | lru | l2 | none (default none)");
+  cmd->serve->add_option("--evict-scope", cmd->evict_scope,
+                         "slot (lowest rows chosen within each table, default) | shard (all tables pooled)");
   cmd->serve->add_option("--max-bytes", o.evict.max_bytes, "cap on this shard's accounted table bytes (0: none)");
   cmd->serve->add_option("--evict-every", o.evict.evict_every, "an eviction round every N steps (default 100)");
   cmd->serve->add_option("--keep-fraction", o.evict.keep_fraction, "each round keeps at most this fraction of rows");
@@ -70,6 +72,7 @@ int run_ps_command(PsCommand& cmd) {
   RATION_CHECK(on.follow_tls_ca.empty() && on.follow_tls_cert.empty() && on.follow_tls_key.empty(),
                "ps serve: --follow-tls-ca/--follow-tls-cert/--follow-tls-key are for --online servers");
   cmd.options.evict.policy = ps::evict_policy_from_name(cmd.evict, "--evict");
+  cmd.options.evict.scope = ps::evict_scope_from_name(cmd.evict_scope, "--evict-scope");
   cmd.options.shard = ps::parse_shard(cmd.shard, "--shard");
   RATION_CHECK(cmd.options.limits.max_ids >= 1, "--max-ids must be >= 1");
   RATION_CHECK(cmd.options.limits.max_message_bytes >= 1024 && cmd.options.limits.max_message_bytes <= (int64_t{1} << 31) - 1,

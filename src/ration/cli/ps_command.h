@@ -18,6 +18,7 @@ struct PsCommand {
   ps::ServeOptions options;
   std::string shard = "0/1";
   std::string evict = "none";
+  std::string evict_scope = "slot";
   bool online = false;
   std::string follow;
   ps::OnlineOptions online_options;

@@ -51,7 +51,8 @@ nlohmann::json memory_json(const seq::StreamMemory& m) {
 
 void SequencePlanFlags::add_to(CLI::App* plan) {
   plan->add_flag("--sequence", sequence, "list every sequence layer with its temporal dependency (type 1/2/3), L, "
-                                         "buffer length and bytes, streamed vs full-sequence totals");
+                                         "buffer length and bytes, streamed vs full-sequence totals, and the "
+                                         "operators each layer runs with the type each one gives");
   plan->add_option("--seq-len", seq_len, "sequence length T for --sequence (default 4096)")->check(integer_at_least(1, "time steps"));
 }
 
@@ -60,12 +61,20 @@ int cmd_plan_sequence(const std::string& config_path, const std::vector<std::str
   train::Setup setup = load_model(config_path, overrides);
   auto* streamable = dynamic_cast<seq::Streamable*>(setup.model.get());
   RATION_CHECK(streamable != nullptr, config_path, ": model.type '", setup.model->family(),
-               "' is not a sequence model (plan --sequence takes lstm_lm, tcn_lm or gpt)");
+               "' is not a sequence model (plan --sequence takes lstm_lm, tcn_lm, gpt or birnn_tagger)");
   const int64_t element = static_cast<int64_t>(setup.model->parameter_options().dtype().itemsize());
+  // The declarations are checked against the operators each layer runs (an error names the layer and the
+  // operator), then planned.
+  const std::vector<seq::DerivedLayer> derived = seq::trace_temporal_types(*setup.model);
   const seq::SequencePlan plan =
       seq::plan_sequence(streamable->sequence_layers(), seq_len, batch_size > 0 ? batch_size : 1, element);
-  if (json) std::cout << plan.to_json().dump(2) << "\n";
-  else std::cout << plan.to_table();
+  if (json) {
+    nlohmann::json j = plan.to_json();
+    j["derived"] = seq::derived_json(derived);
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << plan.to_table() << seq::derived_table(derived);
+  }
   return 0;
 }
 

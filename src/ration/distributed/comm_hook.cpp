@@ -50,7 +50,21 @@ std::vector<int64_t> whole_or(const std::vector<int64_t>& segments, int64_t d) {
 
 }  // namespace
 
-OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments, double lambda0) {
+// lambda for a segment of rho = r: the preferred one (lambda0's L2 scale or rho), clamped under a set bound
+// eps into [r - s, r + s], s = sqrt(r^2 - 1 + eps^2) (the file comment); -1 when no lambda meets eps. The
+// bound is narrowed by 1e-4 of itself so that the float32 scale and decode stay within it.
+static double segment_lambda(double r, double lambda0, double max_error) {
+  const double preferred = lambda0 > 0 ? std::min(lambda0, 1.9 * r) : r;
+  if (max_error <= 0) return preferred;
+  const double eps = max_error * (1 - 1e-4);
+  const double disc = r * r - 1 + eps * eps;
+  if (disc < 0) return -1;
+  const double s = std::sqrt(disc);
+  return std::clamp(preferred, r - s, r + s);
+}
+
+OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments, double lambda0,
+                         double max_error) {
   check_flat(v);
   OneBitCode code;
   code.numel = v.numel();
@@ -62,24 +76,27 @@ OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segmen
   static const at::Tensor weights = at::tensor({1, 2, 4, 8, 16, 32, 64, 128}, at::kInt);
   code.bits = (positive.view({padded / 8, 8}).to(at::kInt) * weights).sum(1).to(at::kByte);  // (ceil(d/8))
   const at::Tensor v64 = v.to(at::kDouble);
+  std::vector<at::Tensor> raw;  // the fp32 segments' values
   int64_t offset = 0;
   for (int64_t n : code.segments) {
     const at::Tensor part = v64.narrow(0, offset, n);
-    offset += n;
     const double l1 = n > 0 ? part.abs().sum().item<double>() : 0;
     const double l2 = n > 0 ? part.norm().item<double>() : 0;
     float lambda = 0, alpha = 0, rho = 0;
     if (l2 > 0) {
       const double r = l1 / (std::sqrt(static_cast<double>(n)) * l2);
-      const double l = lambda0 > 0 ? std::min(lambda0, 1.9 * r) : r;
+      const double l = segment_lambda(r, lambda0, max_error);
       rho = static_cast<float>(r);
-      lambda = static_cast<float>(l);
-      alpha = static_cast<float>(l * l2 / std::sqrt(static_cast<double>(n)));
+      lambda = l < 0 ? 1.0f : static_cast<float>(l);  // fp32: no error, as lambda = 1
+      alpha = l < 0 ? kRawSegment : static_cast<float>(l * l2 / std::sqrt(static_cast<double>(n)));
+      if (l < 0) raw.push_back(v.narrow(0, offset, n));
     }
+    offset += n;
     code.lambda.push_back(lambda);
     code.rho.push_back(rho);
     code.alpha.push_back(alpha);
   }
+  code.raw = raw.empty() ? at::empty({0}, at::kFloat) : at::cat(raw).contiguous();
   return code;
 }
 
@@ -88,19 +105,35 @@ at::Tensor onebit_decode(const OneBitCode& code) {
   static const at::Tensor shifts = at::arange(8, at::kInt);
   at::Tensor bits = code.bits.to(at::kInt).unsqueeze(1).bitwise_right_shift(shifts).bitwise_and(1);  // (m, 8)
   at::Tensor sign = bits.reshape({-1}).narrow(0, 0, d).to(at::kFloat) * 2 - 1;                        // (d) +-1
-  if (code.segments.size() == 1) return sign * code.alpha[0];
+  const bool any_raw = code.raw.defined() && code.raw.numel() > 0;
+  if (code.segments.size() == 1 && !any_raw) return sign * code.alpha[0];
   const at::Tensor alpha = at::tensor(code.alpha, at::kFloat);                                        // (S)
   const at::Tensor counts = at::tensor(code.segments, at::kLong);                                     // (S)
-  return sign * at::repeat_interleave(alpha, counts, 0, d);                                           // (d)
+  at::Tensor out = sign * at::repeat_interleave(alpha, counts, 0, d);                                 // (d)
+  if (!any_raw) return out;
+  int64_t offset = 0, taken = 0;  // the fp32 segments' values replace their signs
+  for (size_t j = 0; j < code.segments.size(); ++j) {
+    const int64_t n = code.segments[j];
+    if (code.alpha[j] == kRawSegment) {
+      out.narrow(0, offset, n).copy_(code.raw.narrow(0, taken, n));
+      taken += n;
+    }
+    offset += n;
+  }
+  return out;
 }
 
-int64_t onebit_wire_bytes(int64_t numel, int64_t segments) { return 4 * segments + (numel + 7) / 8; }
+int64_t onebit_wire_bytes(int64_t numel, int64_t segments, int64_t raw_elements) {
+  return 4 * segments + (numel + 7) / 8 + 4 * raw_elements;
+}
 
 at::Tensor onebit_pack(const OneBitCode& code) {
   const auto s = static_cast<int64_t>(code.segments.size());
-  at::Tensor out = at::empty({onebit_wire_bytes(code.numel, s)}, at::kByte);
+  const int64_t raw = code.raw.defined() ? code.raw.numel() : 0;
+  at::Tensor out = at::empty({onebit_wire_bytes(code.numel, s, raw)}, at::kByte);
   std::memcpy(out.data_ptr<uint8_t>(), code.alpha.data(), 4 * code.alpha.size());
   if (code.bits.numel() > 0) out.narrow(0, 4 * s, code.bits.numel()).copy_(code.bits);
+  if (raw > 0) std::memcpy(out.data_ptr<uint8_t>() + 4 * s + code.bits.numel(), code.raw.data_ptr<float>(), 4 * raw);
   return out;
 }
 
@@ -109,12 +142,19 @@ OneBitCode onebit_unpack(const at::Tensor& packed, const std::vector<int64_t>& s
   code.segments = segments;
   for (int64_t n : segments) code.numel += n;
   const auto s = static_cast<int64_t>(segments.size());
-  RATION_ASSERT(packed.numel() == onebit_wire_bytes(code.numel, s), "1-bit code of ", packed.numel(), " bytes for ",
-                code.numel, " elements in ", s, " segments");
   const at::Tensor c = packed.contiguous();
+  RATION_ASSERT(c.numel() >= 4 * s, "1-bit code of ", c.numel(), " bytes for ", s, " segments");
   code.alpha.resize(segments.size());
   std::memcpy(code.alpha.data(), c.data_ptr<uint8_t>(), 4 * segments.size());
-  code.bits = c.narrow(0, 4 * s, c.numel() - 4 * s);
+  int64_t raw = 0;
+  for (size_t j = 0; j < segments.size(); ++j)
+    if (code.alpha[j] == kRawSegment) raw += segments[j];
+  RATION_ASSERT(c.numel() == onebit_wire_bytes(code.numel, s, raw), "1-bit code of ", c.numel(), " bytes for ",
+                code.numel, " elements in ", s, " segments (", raw, " of them in fp32)");
+  const int64_t bit_bytes = (code.numel + 7) / 8;
+  code.bits = c.narrow(0, 4 * s, bit_bytes);
+  code.raw = at::empty({raw}, at::kFloat);
+  if (raw > 0) std::memcpy(code.raw.data_ptr<float>(), c.data_ptr<uint8_t>() + 4 * s + bit_bytes, 4 * raw);
   return code;
 }
 
@@ -216,21 +256,31 @@ Traffic OneBitHook::reduce(const World& world, int bucket, at::Tensor& flat) {
   // Update space: code u = v / D; the decoded vector is D * C(u), and the residual v - D * C(u).
   const at::Tensor* denom = denominator_.empty() ? nullptr : &denominator_[b];
   const at::Tensor coded = denom ? flat.div(*denom) : flat;             // (d) float32
-  const OneBitCode mine = onebit_encode(coded, segments_[b], options_.lambda);
+  const OneBitCode mine = onebit_encode(coded, segments_[b], options_.lambda, options_.max_error);
   last_lambda_[b] = *std::min_element(mine.lambda.begin(), mine.lambda.end());
   if (feedback) {
     at::Tensor sent = onebit_decode(mine);                               // (d) C(u) or C(v)
     if (denom) sent.mul_(*denom);
     at::sub_out(residual_[b], flat, sent);                               // e = v - sent
   }
-  const at::Tensor packed = onebit_pack(mine);                          // (4 S + ceil(d/8)) uint8
-  const at::Tensor gathered = world.all_gather(packed);                 // (N * (4 S + ceil(d/8))) uint8
+  at::Tensor packed = onebit_pack(mine);                                // (4 S + ceil(d/8) [+ 4 raw]) uint8
+  // Under a set bound codes differ in length (segments in fp32): every rank's length first, then codes
+  // padded to the longest.
+  std::vector<int64_t> lengths(static_cast<size_t>(world.size()), packed.numel());
+  if (options_.max_error > 0) {
+    const at::Tensor all = world.all_gather(at::full({1}, packed.numel(), at::kLong));  // (N) int64
+    for (int r = 0; r < world.size(); ++r) lengths[static_cast<size_t>(r)] = all[r].item<int64_t>();
+    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    if (longest > packed.numel()) packed = at::cat({packed, at::zeros({longest - packed.numel()}, at::kByte)});
+  }
+  const at::Tensor gathered = world.all_gather(packed);                 // (N * unit) uint8
   const int64_t unit = packed.numel();
   flat.zero_();
   for (int r = 0; r < world.size(); ++r)
-    flat.add_(onebit_decode(onebit_unpack(gathered.narrow(0, r * unit, unit), segments_[b])));
+    flat.add_(onebit_decode(onebit_unpack(gathered.narrow(0, r * unit, lengths[static_cast<size_t>(r)]), segments_[b])));
   if (denom) flat.mul_(*denom);                                         // sum_r D * C(u_r)
-  const Traffic sent{unit, static_cast<int64_t>(world.size() - 1) * unit};
+  const int64_t length_bytes = options_.max_error > 0 ? 8 : 0;  // the length's all-gather
+  const Traffic sent{unit + length_bytes, static_cast<int64_t>(world.size() - 1) * (unit + length_bytes)};
   counts_.compressed += sent;
   return sent;
 }

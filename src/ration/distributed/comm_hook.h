@@ -24,6 +24,10 @@
 // default 0.95): still a contraction, ||v_j - C(v_j)||^2 = (1 - 2 lambda_j rho_j + lambda_j^2) ||v_j||^2
 // <= (1 - min(0.0526 lambda_0^2, 0.19 rho_j^2)) ||v_j||^2, and entries larger than the block's mean are
 // sent faster, which keeps the residual small (see docs/DISTRIBUTED.md, "1-bit compression").
+// A set bound (dist.onebit_max_error = eps > 0) replaces the contraction by ||v_j - C(v_j)||_2 <=
+// eps ||v_j||_2 for every segment: lambda_j is the preferred one clamped into the interval where
+// 1 - 2 lambda rho_j + lambda^2 <= eps^2, i.e. [rho_j - s_j, rho_j + s_j], s_j = sqrt(rho_j^2 - 1 + eps^2);
+// a segment with rho_j^2 < 1 - eps^2 has no such lambda and is sent in fp32 (error 0, 4 bytes per element).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -88,19 +92,27 @@ class Fp16Hook : public CommHook {
 // ---- the 1-bit code ------------------------------------------------------------------------------
 struct OneBitCode {
   std::vector<int64_t> segments;  // d_j, summing to d
-  std::vector<float> alpha;       // per segment: lambda_j * ||v_j||_2 / sqrt(d_j)  (= ||v_j||_1 / d_j)
-  std::vector<float> lambda;      // per segment: the lambda_j used (rho_j unless lambda_0 > 0); 0 if v_j = 0
+  std::vector<float> alpha;       // per segment: lambda_j * ||v_j||_2 / sqrt(d_j)  (= ||v_j||_1 / d_j);
+                                  // kRawSegment: the segment is sent in fp32 (its values in `raw`)
+  std::vector<float> lambda;      // per segment: the lambda_j used (rho_j unless lambda_0 > 0); 0 if v_j = 0;
+                                  // 1 for a segment sent in fp32 (no error)
   std::vector<float> rho;         // per segment: ||v_j||_1 / (sqrt(d_j) ||v_j||_2) in [1/sqrt(d_j), 1]; 0 if v_j = 0
   at::Tensor bits;                // (ceil(d / 8)) uint8: bit k of byte i is 1 when v[8 i + k] >= 0
+  at::Tensor raw;                 // (sum of the raw segments' d_j) float32, in segment order; may be empty
   int64_t numel = 0;              // d
 };
+// The alpha that marks a segment sent in fp32 (a real alpha is >= 0).
+constexpr float kRawSegment = -1.0f;
 // v: 1-D float32; segments: element counts summing to v.numel() (empty: one segment, the whole of v).
 // lambda0 = 0: lambda_j = rho_j (the error-minimising, mean-|v| scale); lambda0 in (0, 1): the L2 scale
-// lambda_j = min(lambda0, 1.9 rho_j).
-OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments = {}, double lambda0 = 0);
+// lambda_j = min(lambda0, 1.9 rho_j). max_error = eps in (0, 1): every segment's error is within eps of its norm
+// (the file comment); 0: no set bound.
+OneBitCode onebit_encode(const at::Tensor& v, const std::vector<int64_t>& segments = {}, double lambda0 = 0,
+                         double max_error = 0);
 at::Tensor onebit_decode(const OneBitCode& code);  // (d) float32: alpha_j * (+1 / -1)
-// The bytes one code occupies on the wire: 4 per segment (alpha) + ceil(d / 8).
-int64_t onebit_wire_bytes(int64_t numel, int64_t segments = 1);
+// The bytes one code occupies on the wire: 4 per segment (alpha) + ceil(d / 8) + 4 per element of the
+// segments sent in fp32.
+int64_t onebit_wire_bytes(int64_t numel, int64_t segments = 1, int64_t raw_elements = 0);
 // Packs a code into that many bytes / reads one back (the all-gather's unit).
 at::Tensor onebit_pack(const OneBitCode& code);
 OneBitCode onebit_unpack(const at::Tensor& packed, const std::vector<int64_t>& segments);
@@ -129,6 +141,9 @@ struct OneBitOptions {
   int64_t warmup_steps = 0;
   // lambda_0 of the L2 scale (0: the mean-|v| scale, lambda_j = rho_j); see the file comment.
   double lambda = 0.95;
+  // The set bound eps of dist.onebit_max_error: ||v_j - C(v_j)||_2 <= eps ||v_j||_2 per segment, segments
+  // that one scale cannot code that well sent in fp32 (0: no set bound, the contraction above).
+  double max_error = 0;
   // The optimiser's second moment during compressed steps (applied by the trainer, which owns it).
   SecondMoment second_moment = SecondMoment::Track;
   CodeSpace space = CodeSpace::Gradient;

@@ -82,6 +82,10 @@ DataParallelSettings read_data_parallel_settings(Config& cfg) {
   s.onebit.lambda = cfg.get_double("dist.onebit_lambda", s.onebit.lambda);
   RATION_CHECK(s.onebit.lambda >= 0 && s.onebit.lambda < 1, cfg.origin(),
                ": dist.onebit_lambda must be a number in [0, 1) (0: the mean-|v| scale), got ", s.onebit.lambda);
+  s.onebit.max_error = cfg.get_double("dist.onebit_max_error", s.onebit.max_error);
+  RATION_CHECK(s.onebit.max_error >= 0 && s.onebit.max_error < 1, cfg.origin(),
+               ": dist.onebit_max_error must be a number in [0, 1) (the largest ||v - C(v)|| / ||v|| per block; 0: no "
+               "set bound), got ", s.onebit.max_error);
   // Default: the learning-rate warm-up (optim.warmup_steps), the steps whose compression costs accuracy
   // (docs/DISTRIBUTED.md, "fp32 warm-up").
   s.onebit.warmup_steps = cfg.get_int("dist.compress_warmup", cfg.get_int("optim.warmup_steps", 0));

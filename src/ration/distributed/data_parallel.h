@@ -15,6 +15,7 @@
 //   error_feedback      bool, default true        onebit: keep the residual per bucket
 //   onebit_block        integer >= 0, default 1024 onebit: elements per scale (0: one per parameter)
 //   onebit_lambda       number in [0, 1), 0.95    onebit: lambda_0 of the L2 scale (0: mean-|v| scale)
+//   onebit_max_error    number in [0, 1), 0       onebit: set bound ||v_j - C(v_j)|| <= e ||v_j|| per block (0: none)
 //   compress_warmup     integer >= 0, default optim.warmup_steps   onebit: optimiser steps reduced in fp32 first
 //   onebit_second_moment "track" | "freeze"      onebit: AdamW's v after the warm-up (freeze: as at its end)
 //   onebit_space        "gradient" | "update"     onebit: code g + e, or (g + e) / AdamW's denominator

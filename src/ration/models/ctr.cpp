@@ -79,6 +79,8 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
   ps::EvictOptions& e = o.evict;
   e.policy = ps::evict_policy_from_name(
       cfg.get_choice("ps.evict", "none", {"none", "importance", "frequency", "lru", "l2"}), cfg.origin() + ": ps.evict");
+  e.scope = ps::evict_scope_from_name(cfg.get_choice("ps.evict_scope", "slot", {"slot", "shard"}),
+                                      cfg.origin() + ": ps.evict_scope");
   e.max_bytes = cfg.get_bytes("ps.max_bytes", e.max_bytes);
   e.evict_every = cfg.get_int("ps.evict_every", e.evict_every);
   e.keep_fraction = cfg.get_double("ps.keep_fraction", e.keep_fraction);

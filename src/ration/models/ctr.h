@@ -18,7 +18,8 @@
 //   pushed are pulled again for the prefetched batch; auto: after_push with remote shards), snapshot_dir (train.checkpoint_dir + "/ps" when embedded),
 //   auth_token_file, tls_ca, tls_cert, tls_key, tls_target_name, retries (3), timeout_ms (30000);
 //   eviction of embedded shards (ps/evict.h; remote shards take the same settings as `ration ps serve`
-//   flags): evict ("none"|"importance"|"frequency"|"lru"|"l2"), max_bytes (0: no cap; 123 or "4MiB";
+//   flags): evict ("none"|"importance"|"frequency"|"lru"|"l2"), evict_scope ("slot": lowest rows chosen per
+//   table, default; "shard": pooled over the shard's tables), max_bytes (0: no cap; 123 or "4MiB";
 //   the total over the embedded shards, split evenly), evict_every (100), keep_fraction (1), evict_threshold (0),
 //   readmit_after (2), importance_decay (0.99), evict_headroom (0.9: a capped round cuts to this
 //   fraction of the cap).

@@ -78,12 +78,18 @@ Value GPT::head(const Value& x_in) {
 Value GPT::stream_logits(const Value& tokens, seq::StreamBuffers& buffers) {
   ScopeGuard scope(name());
   RATION_CHECK(tokens.dim() == 2, "gpt expects tokens (B, C); got ", tokens.sizes());
+  RATION_CHECK(options.attention_window > 0 || buffers.position + tokens.size(1) <= options.block_size,
+               "gpt with full attention streams at most model.block_size = ", options.block_size, " steps; step ",
+               buffers.position + tokens.size(1), " asked (set model.attention_window to stream further)");
+  seq::note_op_of("wte+wpe", "embedding + position embedding", seq::TimeAccess::Pointwise);
   Value x = drop->forward(embed(tokens, buffers.position));  // (B, C, E)
   for (auto& block : blocks) {
     ScopeGuard block_scope(block->name());
     Value h = x + nn::attention_chunk(*block->attn, block->ln1->forward(x), buffers.of(block->name() + ".attn"));
+    seq::note_op("layer_norm, linear, gelu, linear", seq::TimeAccess::Pointwise, 0, ".mlp");
     x = h + block->mlp->forward(block->ln2->forward(h));  // (B, C, E)
   }
+  seq::note_op_of("lm_head", "layer_norm, linear", seq::TimeAccess::Pointwise);
   return head(x);  // (B, C, V)
 }
 

@@ -76,8 +76,10 @@ Value LSTMLM::stream_logits(const Value& tokens, seq::StreamBuffers& buffers) {
   RATION_CHECK(tokens.dim() == 2, "lstm_lm expects tokens (B, C); got ", tokens.sizes());
   std::vector<seq::RingBuffer*> state;
   for (int64_t l = 0; l < options.n_layer; ++l) state.push_back(&buffers.of("lstm.l" + std::to_string(l)));
+  seq::note_op_of("embed", "embedding", seq::TimeAccess::Pointwise);
   Value x = embed->forward(tokens);         // (B, C, E)
   Value h = nn::lstm_chunk(*lstm, x, state);  // (B, C, H)
+  seq::note_op_of("head", "dropout, linear", seq::TimeAccess::Pointwise);
   return head->forward(drop->forward(h));   // (B, C, V)
 }
 

@@ -45,8 +45,11 @@ Value TCNLM::logits(const Value& tokens) {
 Value TCNLM::stream_logits(const Value& tokens, seq::StreamBuffers& buffers) {
   ScopeGuard scope(name());
   RATION_CHECK(tokens.dim() == 2, "tcn_lm expects tokens (B, C); got ", tokens.sizes());
+  seq::note_op_of("embed", "embedding", seq::TimeAccess::Pointwise);
   Value x = embed->forward(tokens);  // (B, C, E)
   for (auto& block : blocks) x = block->forward_chunk(x, buffers.of(block->name() + ".conv"));
+  seq::note_op_of("ln_f", "layer_norm", seq::TimeAccess::Pointwise);
+  seq::note_op_of("head", "linear", seq::TimeAccess::Pointwise);
   return head->forward(ln_f->forward(x));  // (B, C, V)
 }
 

@@ -38,6 +38,7 @@ Value CausalConv1d::forward_chunk(const Value& x, seq::RingBuffer& past) {
   ScopeGuard scope(name());
   RATION_CHECK(x.dim() == 3 && x.size(2) == in_channels, "causal conv expects (B, C, ", in_channels, "); got ",
                x.sizes());
+  seq::note_op("conv1d_causal", window() > 0 ? seq::TimeAccess::CausalWindow : seq::TimeAccess::Pointwise, window());
   Value context;
   if (window() > 0 && past.filled() > 0)
     context = steps_value(past.last(window()).transpose(1, 2).contiguous());  // (B, C_in, P)
@@ -76,6 +77,7 @@ Value GatedConvBlock::forward(const Value& x) {
 
 Value GatedConvBlock::forward_chunk(const Value& x, seq::RingBuffer& past) {
   ScopeGuard scope(name());
+  seq::note_op("tanh * sigmoid, linear", seq::TimeAccess::Pointwise, 0, ".out");
   return gate(x, conv->forward_chunk(x, past));
 }
 
@@ -95,23 +97,64 @@ Bidirectional::Bidirectional(RecurrentCell c, int64_t in, int64_t hidden)
   }
 }
 
+void Bidirectional::step(int dir, const Value& x, Value& h, Value& c) {
+  if (cell == RecurrentCell::LSTM) {
+    Values hc = ops::lstm_cell(x, h, c, w_ih[dir], w_hh[dir], b_ih[dir], b_hh[dir]);
+    h = hc[0];
+    c = hc[1];
+  } else {
+    h = ops::gru_cell(x, h, w_ih[dir], w_hh[dir], b_ih[dir], b_hh[dir]);
+  }
+}
+
 Values Bidirectional::run(int dir, const Values& steps) {
+  // The forward direction reads step t and its own state; the reverse one, started at T - 1, reads every
+  // later step.
+  seq::note_op(std::string(cell_name()) + (dir == 0 ? " (forward)" : " (reverse)"),
+               dir == 0 ? seq::TimeAccess::CarriedState : seq::TimeAccess::WholeSequence);
   const int64_t B = steps.front().size(0), T = static_cast<int64_t>(steps.size());
   const at::TensorOptions opts = w_ih[0].tensor().options();
   Value h(at::zeros({B, hidden_size}, opts)), c(at::zeros({B, hidden_size}, opts));  // (B, H) each
   Values out(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) {
     const size_t t = static_cast<size_t>(dir == 0 ? i : T - 1 - i);
-    if (cell == RecurrentCell::LSTM) {
-      Values hc = ops::lstm_cell(steps[t], h, c, w_ih[dir], w_hh[dir], b_ih[dir], b_hh[dir]);
-      h = hc[0];
-      c = hc[1];
-    } else {
-      h = ops::gru_cell(steps[t], h, w_ih[dir], w_hh[dir], b_ih[dir], b_hh[dir]);
-    }
+    step(dir, steps[t], h, c);
     out[t] = h;
   }
   return out;
+}
+
+void Bidirectional::reverse_into(const Value& x, at::Tensor rev) {
+  ScopeGuard scope(name());
+  seq::note_op(std::string(cell_name()) + " (reverse)", seq::TimeAccess::WholeSequence);
+  RATION_CHECK(x.dim() == 3 && x.size(2) == input_size && rev.dim() == 3 && rev.size(1) == x.size(1) &&
+                   rev.size(2) == hidden_size, "bidirectional reverse pass expects x (B, T, ", input_size,
+               ") and states (B, T, ", hidden_size, "); got ", x.sizes(), " and ", rev.sizes());
+  const int64_t B = x.size(0), T = x.size(1);
+  const at::TensorOptions opts = w_ih[1].tensor().options();
+  Value h(at::zeros({B, hidden_size}, opts)), c(at::zeros({B, hidden_size}, opts));  // (B, H) each
+  for (int64_t t = T - 1; t >= 0; --t) {
+    step(1, Value(x.tensor().select(1, t), false), h, c);
+    rev.select(1, t).copy_(h.tensor());
+  }
+}
+
+Value Bidirectional::forward_chunk(const Value& x, Value& h, Value& c) {
+  ScopeGuard scope(name());
+  seq::note_op(std::string(cell_name()) + " (forward)", seq::TimeAccess::CarriedState);
+  RATION_CHECK(x.dim() == 3 && x.size(2) == input_size && x.size(1) > 0, "bidirectional chunk expects (B, C > 0, ",
+               input_size, "); got ", x.sizes());
+  const int64_t B = x.size(0), C = x.size(1);
+  const at::TensorOptions opts = w_ih[0].tensor().options();
+  if (!h.defined()) h = Value(at::zeros({B, hidden_size}, opts));
+  if (!c.defined()) c = Value(at::zeros({B, hidden_size}, opts));
+  Values hs;
+  hs.reserve(static_cast<size_t>(C));
+  for (int64_t t = 0; t < C; ++t) {
+    step(0, Value(x.tensor().select(1, t), false), h, c);
+    hs.push_back(h);
+  }
+  return ops::reshape(ops::cat(hs, 1), {B, C, hidden_size});  // (B, C, H)
 }
 
 Value Bidirectional::forward(const Value& x) {
@@ -134,8 +177,8 @@ seq::LayerDependency Bidirectional::dependency(const std::string& path) const {
   seq::LayerDependency d;
   d.layer = path;
   d.type = seq::Dependency::WholeSequence;
-  d.step_floats = input_size;
-  d.holds = "input";
+  d.step_floats = input_size + hidden_size;
+  d.holds = "input, reverse h";
   d.carries = true;
   return d;
 }
@@ -149,6 +192,8 @@ Value lstm_chunk(LSTM& lstm, const Value& x, std::vector<seq::RingBuffer*> state
                lstm.num_layers, "); got ", state.size());
   const int64_t B = x.size(0), C = x.size(1), H = lstm.hidden_size;
   const at::TensorOptions opts = lstm.w_ih[0].tensor().options();
+  for (int64_t l = 0; l < lstm.num_layers; ++l)
+    seq::note_op("lstm_cell", seq::TimeAccess::CarriedState, 0, ".l" + std::to_string(l));
   // Exactly the ops of RecurrentBase::unroll, started from the carried state instead of zeros.
   Values inputs = ops::split(ops::reshape(x, {B, C * lstm.input_size}), lstm.input_size, 1);  // C x (B, I)
   Value flat;
@@ -183,13 +228,17 @@ Value lstm_chunk(LSTM& lstm, const Value& x, std::vector<seq::RingBuffer*> state
 
 Value attention_chunk(MultiHeadAttention& attn, const Value& x, seq::RingBuffer& kv) {
   ScopeGuard scope(attn.name());
-  RATION_CHECK(attn.window > 0, "attention layer '", attn.name(), "' attends the whole sequence (window 0): ",
-               "it cannot continue from a bounded buffer; set model.attention_window");
+  // Windowed: the last L steps' keys and values; full attention (window 0): every earlier step's, from a
+  // type-3 buffer of T steps.
+  seq::note_op("causal_attention", attn.window > 0 ? seq::TimeAccess::CausalWindow : seq::TimeAccess::WholeSequence,
+               attn.window);
   RATION_CHECK(x.dim() == 3 && x.size(2) == attn.n_embd, "attention expects (B, C, ", attn.n_embd, "); got ", x.sizes());
   const int64_t B = x.size(0), T = x.size(1), C = attn.n_embd, H = attn.n_head, D = C / H;
   Values qkv_parts = ops::split(attn.qkv->forward(x), C, 2);  // 3 x (B, T, C)
   Value k = qkv_parts[1], v = qkv_parts[2];
-  const at::Tensor past = kv.last(attn.window);              // (B, P, 2C)
+  RATION_CHECK(attn.window > 0 || kv.filled() + T <= kv.capacity(), "attention layer '", attn.name(),
+               "' attends the whole sequence: its buffer holds ", kv.capacity(), " steps, the stream is longer");
+  const at::Tensor past = kv.last(attn.window > 0 ? attn.window : kv.capacity());  // (B, P, 2C)
   const int64_t P = past.size(1);
   if (P > 0) {
     k = ops::cat({steps_value(past.narrow(2, 0, C).contiguous()), k}, 1);  // (B, P + T, C)

@@ -42,7 +42,7 @@ namespace ration::memory {
 // config check and the JSON output. OptimalChain: the binomial (Revolve, Griewank) schedule for
 // chain-shaped models: which values to keep in forward and, for the dropped ones, in which backward
 // re-run sweep each is stored as a temporary checkpoint. Errors for graphs that are not chains.
-enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt, OptimalChain };
+enum class Strategy { Knapsack, Ordered, OrderedSets, Uniform, Sqrt, OptimalChain, OrderedCount };
 Strategy parse_strategy(const std::string& name);  // throws listing the valid names
 const char* to_string(Strategy s);
 // Every strategy's name, in table order ("knapsack" first: the default).

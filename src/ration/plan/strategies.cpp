@@ -108,6 +108,27 @@ Choice ordered(PlanContext& ctx) {
   return c;
 }
 
+// Ordered count, the whole-model count-based split: the groups are counted as equal-sized units of the
+// largest group's bytes, so that any G of them fit in G units; G = activation capacity (budget − fixed
+// occupancy) / unit, at most every group. The first n − G groups in forward order are recomputed; where the
+// simulated peak still exceeds the budget (a peak is not a sum of bytes: re-runs hold what they rebuild),
+// deletion goes on in the same order until it fits.
+Choice ordered_count(PlanContext& ctx) {
+  Choice c = ctx.all_kept();
+  const size_t n = c.decisions.size();
+  int64_t unit = 0;
+  for (const Group& g : ctx.groups()) unit = std::max(unit, g.bytes);
+  const int64_t capacity = ctx.budget() - ctx.fixed_bytes();
+  const size_t kept = unit <= 0 ? n : static_cast<size_t>(std::clamp<int64_t>(capacity / unit, 0, static_cast<int64_t>(n)));
+  for (size_t i = 0; i < n - kept; ++i) c.decisions[i] = Decision::Recompute;
+  IncrementalPeak inc = ctx.incremental(c.decisions);
+  for (size_t i = n - kept; i < n && inc.peak() > ctx.budget(); ++i) {
+    inc.set(i, Decision::Recompute);
+    c.decisions[i] = Decision::Recompute;
+  }
+  return c;
+}
+
 // The kept groups per set at each target (the largest-remainder rule of ordered-sets): set k keeps
 // floor(target · s_k / n) of its s_k groups, and the target's remaining groups go one each to the sets
 // with the largest remainders, ties to the earlier set. Sets of equal size have equal shares and equal
@@ -299,6 +320,7 @@ struct StrategyEntry {
 const StrategyEntry kStrategies[] = {
     {Strategy::Knapsack, "knapsack", knapsack},
     {Strategy::Ordered, "ordered", ordered},
+    {Strategy::OrderedCount, "ordered-count", ordered_count},
     {Strategy::OrderedSets, "ordered-sets", ordered_sets},
     {Strategy::Uniform, "uniform", uniform},
     {Strategy::Sqrt, "sqrt", sqrt_blocks},

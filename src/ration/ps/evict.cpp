@@ -32,6 +32,15 @@ std::string evict_policy_name(EvictPolicy policy) {
   return "?";
 }
 
+EvictScope evict_scope_from_name(const std::string& name, const std::string& where) {
+  if (name == "slot") return EvictScope::Slot;
+  if (name == "shard") return EvictScope::Shard;
+  RATION_CHECK(false, where, ": unknown eviction scope '", name, "'; valid: slot (each table apart), shard (all tables pooled)");
+  return EvictScope::Slot;
+}
+
+std::string evict_scope_name(EvictScope scope) { return scope == EvictScope::Slot ? "slot" : "shard"; }
+
 void EvictOptions::validate(const std::string& where) const {
   RATION_CHECK(max_bytes >= 0, where, ": ps.max_bytes (--max-bytes) must be >= 0 bytes (0: no cap); got ", max_bytes);
   RATION_CHECK(evict_every >= 1, where, ": ps.evict_every (--evict-every) must be >= 1 step; got ", evict_every);
@@ -123,7 +132,17 @@ EvictRound Evictor::run_round(int64_t step, int64_t reserve, bool admission) {
     uint8_t young;  // within the grace period: ranks above every old row
     uint64_t id;
     Table* table;
+    double rank = 0;      // slot scope: place in its table's keep-first order / the table's rows, in (0, 1]
+    uint32_t slot = 0;    // the table's index in this round
   };
+  // Keep-first order within one table (and, in shard scope, over all of them): young rows, then higher
+  // score; ties broken by id so every policy is deterministic.
+  const auto by_score = [](const Scored& a, const Scored& b) {
+    if (a.young != b.young) return a.young > b.young;
+    return a.score != b.score ? a.score > b.score : a.id < b.id;
+  };
+  const bool per_slot = options_.scope == EvictScope::Slot;
+  size_t slot_keep = 0;  // slot scope: the rows keep_fraction leaves, floor(keep_fraction * rows) per table
   std::vector<Scored> all;
   all.reserve(static_cast<size_t>(before.rows));
   std::vector<Table*> tables;
@@ -137,16 +156,24 @@ EvictRound Evictor::run_round(int64_t step, int64_t reserve, bool admission) {
       young.push_back(info.first_step < 0 || step - info.first_step < options_.grace_steps);
       return score(*t, info, v, step);
     }, s);
+    const size_t first = all.size();
     for (size_t i = 0; i < s.size(); ++i) {
-      all.push_back({s[i].score, young[i], s[i].id, t});
+      all.push_back({s[i].score, young[i], s[i].id, t, 0.0, static_cast<uint32_t>(tables.size() - 1)});
       r.young += young[i];
     }
+    if (!per_slot) continue;
+    const auto begin = all.begin() + static_cast<std::ptrdiff_t>(first);
+    std::sort(begin, all.end(), by_score);
+    const double n = static_cast<double>(s.size());
+    for (size_t i = first; i < all.size(); ++i) all[i].rank = static_cast<double>(i - first + 1) / n;
+    slot_keep += static_cast<size_t>(std::floor(options_.keep_fraction * n));
   }
   std::vector<ScoredId>().swap(s);
-  // Keep-first order: young rows, then higher score; ties broken by id so every policy is deterministic.
-  const auto keep_first = [](const Scored& a, const Scored& b) {
-    if (a.young != b.young) return a.young > b.young;
-    return a.score != b.score ? a.score > b.score : a.id < b.id;
+  // The order the cuts select in: shard scope by score; slot scope by the rank within the table, so that
+  // the k first rows hold the same fraction of every table (ties: earlier table first).
+  const auto keep_first = [&](const Scored& a, const Scored& b) {
+    if (!per_slot) return by_score(a, b);
+    return a.rank != b.rank ? a.rank < b.rank : a.slot < b.slot;
   };
   // all[0, kept) are the rows still held; select(k) moves the k best of them to the front (O(kept)).
   size_t kept = all.size();
@@ -165,7 +192,8 @@ EvictRound Evictor::run_round(int64_t step, int64_t reserve, bool admission) {
   };
   size_t keep = kept;
   if (options_.keep_fraction < 1)
-    keep = std::min(keep, static_cast<size_t>(std::floor(options_.keep_fraction * static_cast<double>(all.size()))));
+    keep = std::min(keep, per_slot ? slot_keep
+                                   : static_cast<size_t>(std::floor(options_.keep_fraction * static_cast<double>(all.size()))));
   select(keep);
   if (options_.threshold > 0) {
     keep = static_cast<size_t>(std::partition(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(keep), [&](const Scored& x) {

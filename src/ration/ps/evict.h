@@ -20,8 +20,16 @@ enum class EvictPolicy { None, Importance, Frequency, Lru, L2 };
 EvictPolicy evict_policy_from_name(const std::string& name, const std::string& where);
 std::string evict_policy_name(EvictPolicy policy);
 
+// Where a round chooses the lowest rows (ps.evict_scope): Slot (default) within each table — one feature
+// slot, the method's category — so every slot keeps the same fraction of its rows, its best ones; Shard
+// over all tables of the shard pooled, so a slot whose scores run low can lose every row.
+enum class EvictScope { Slot, Shard };
+EvictScope evict_scope_from_name(const std::string& name, const std::string& where);
+std::string evict_scope_name(EvictScope scope);
+
 struct EvictOptions {
   EvictPolicy policy = EvictPolicy::None;
+  EvictScope scope = EvictScope::Slot;
   int64_t max_bytes = 0;        // cap on the store's accounted bytes (all tables together); 0: none
   int64_t evict_every = 100;    // a round at every step that is a multiple of this
   double keep_fraction = 1.0;   // (0, 1]: each round also keeps at most this fraction of the live rows
@@ -77,7 +85,9 @@ class Evictor {
   bool maybe_run(int64_t step);
   // One round now. Young rows (grace_steps) first, then the policy's score, order the rows; the lowest
   // are disabled until the store fits headroom * max_bytes, at most keep_fraction of the rows stay, and
-  // old rows under threshold go. Selection is O(rows) (nth_element), not a sort.
+  // old rows under threshold go. Shard scope: one order over every table, selection O(rows)
+  // (nth_element). Slot scope: each table's rows are sorted in that order and ranked by their place in
+  // it (rank / rows of the table), and the cuts select by that rank, so each table loses the same fraction.
   // `reserve`: bytes to leave free below max_bytes besides (room for rows about to be inserted).
   EvictRound run(int64_t step, int64_t reserve = 0) { return run_round(step, reserve, false); }
   // The cap at every moment: before rows taking up to `need` bytes are inserted, runs a round that

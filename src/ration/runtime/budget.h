@@ -1,7 +1,7 @@
 // budget.h — the [memory] and [offload] config keys (and the CLI flags that set them), read and
 // validated. train::StepRuntime (step_runtime.h)
 // is built from these settings.
-// Keys: memory.budget ("2GiB"; absent = unconstrained), memory.plan (knapsack | ordered | ordered-sets | optimal-chain |
+// Keys: memory.budget ("2GiB"; absent = unconstrained), memory.plan (knapsack | ordered | ordered-count | ordered-sets | optimal-chain |
 //       uniform | sqrt), memory.checkpoint_every (uniform), memory.keep_groups,
 //       memory.keep_bytes (user overrides that may only lower what is kept).
 //       [offload]: offload.enabled (--offload), offload.tier (disk | host | host+disk),

@@ -29,6 +29,7 @@ void RingBuffer::push(const at::Tensor& steps) {
   data_.narrow(1, next_, first).copy_(kept.narrow(1, 0, first));
   if (take > first) data_.narrow(1, 0, take - first).copy_(kept.narrow(1, first, take - first));
   next_ = (next_ + take) % capacity_;
+  overwritten_ = overwritten_ || filled_ + n > capacity_;
   filled_ = std::min(capacity_, filled_ + n);
 }
 
@@ -41,10 +42,17 @@ at::Tensor RingBuffer::last(int64_t n) const {
   return at::cat({data_.narrow(1, start, first), data_.narrow(1, 0, m - first)}, 1);
 }
 
+at::Tensor RingBuffer::held() const {
+  RATION_CHECK(!overwritten_, "layer '", layer_, "' was given more than the ", capacity_,
+               " steps its buffer holds; a whole-sequence (type 3) layer needs the sequence length T up front");
+  return data_.narrow(1, 0, filled_);
+}
+
 void RingBuffer::clear() {
   data_.zero_();
   filled_ = 0;
   next_ = 0;
+  overwritten_ = false;
 }
 
 }  // namespace ration::seq

@@ -20,13 +20,18 @@ class RingBuffer {
   void push(const at::Tensor& steps);
   // The last min(n, filled()) steps in time order: (B, m, width), a new tensor.
   at::Tensor last(int64_t n) const;
+  // Every step pushed, in time order, as a view into the buffer (no copy; writable): only while no step has
+  // been overwritten (a type-3 buffer of T steps given at most T); throws naming the layer otherwise.
+  at::Tensor held() const;
   int64_t filled() const { return filled_; }
+  int64_t capacity() const { return capacity_; }
   int64_t bytes() const { return static_cast<int64_t>(data_.nbytes()); }
   void clear();
 
  private:
   std::string layer_;
   int64_t capacity_, filled_ = 0, next_ = 0;  // next_: slot the next step is written to
+  bool overwritten_ = false;                  // a push went past the capacity
   at::Tensor data_;                           // (B, capacity, width)
 };
 

@@ -1,18 +1,22 @@
 // streamable.cpp — StreamBuffers (see streamable.h).
 #include "ration/seq/streamable.h"
 
+#include <algorithm>
+
 #include "ration/base/check.h"
 
 namespace ration::seq {
 
 StreamBuffers::StreamBuffers(const std::vector<LayerDependency>& layers, int64_t batch,
-                             const at::TensorOptions& options)
-    : batch_(batch) {
+                             const at::TensorOptions& options, int64_t seq_len)
+    : batch_(batch), seq_len_(seq_len) {
   for (const LayerDependency& d : layers) {
     if (!d.carries) continue;
-    RATION_CHECK(d.type != Dependency::WholeSequence, "layer '", d.layer,
-                 "' depends on the whole sequence (type 3): it has no bounded stream buffer");
-    buffers_[d.layer] = std::make_unique<RingBuffer>(d.layer, batch, buffer_steps(d, 1), d.step_floats, options);
+    RATION_CHECK(d.type != Dependency::WholeSequence || seq_len > 0, "layer '", d.layer,
+                 "' depends on the whole sequence (type 3): its buffer holds T steps, so it streams only when the "
+                 "sequence length T is given");
+    buffers_[d.layer] = std::make_unique<RingBuffer>(d.layer, batch, buffer_steps(d, std::max<int64_t>(seq_len, 1)),
+                                                     d.step_floats, options);
   }
 }
 

@@ -26,12 +26,54 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-StreamExecutor::StreamExecutor(models::Model& model, int64_t chunk, int64_t batch)
+StreamExecutor::StreamExecutor(models::Model& model, int64_t chunk, int64_t batch, int64_t seq_len)
     : model_(model), streamable_(streamable_of(model)), chunk_(chunk) {
   RATION_CHECK(chunk >= 1, "chunk size must be >= 1 (--chunk C); got ", chunk);
+  RATION_CHECK(seq_len >= 0, "sequence length must be >= 0 (0: not known); got ", seq_len);
   layers_ = streamable_.sequence_layers();
-  require_streamable(layers_, model.family());
-  buffers_ = std::make_unique<StreamBuffers>(layers_, batch, model.parameter_options());
+  if (seq_len == 0) require_streamable(layers_, model.family());
+  trace_temporal_types(model);
+  buffers_ = std::make_unique<StreamBuffers>(layers_, batch, model.parameter_options(), seq_len);
+}
+
+std::vector<DerivedLayer> trace_temporal_types(models::Model& model, int64_t probe_steps) {
+  RATION_CHECK(probe_steps >= 1, "a temporal trace needs at least one step; got ", probe_steps);
+  Streamable& streamable = streamable_of(model);
+  const std::vector<LayerDependency> layers = streamable.sequence_layers();
+  NoGradGuard no_grad;
+  // In eval mode: a probe must not draw from the dropout stream a training run reads.
+  const bool training = model.is_training();
+  model.eval();
+  // Every carried buffer holds the whole probe, so a declaration the operators disagree with cannot stop the
+  // probe before the check names it.
+  std::vector<LayerDependency> roomy = layers;
+  for (LayerDependency& d : roomy) d.type = Dependency::WholeSequence;
+  StreamBuffers buffers(roomy, 1, model.parameter_options(), probe_steps);
+  OpTrace trace;
+  const at::Tensor tokens = at::zeros({1, probe_steps}, model.parameter_options().dtype(at::kLong));
+  try {
+    streamable.stream_logits(Value(tokens), buffers);
+    buffers.position += probe_steps;
+    streamable.finish_logits(buffers, probe_steps, [](const at::Tensor&) {});
+  } catch (...) {
+    model.train(training);
+    throw;
+  }
+  model.train(training);
+  std::vector<DerivedLayer> derived = derive_types(trace.ops());
+  check_declarations(layers, derived, model.family());
+  return derived;
+}
+
+void StreamExecutor::finish(const std::function<void(const at::Tensor&)>& emit) {
+  NoGradGuard no_grad;
+  streamable_.finish_logits(*buffers_, chunk_, emit);
+}
+
+at::Tensor StreamExecutor::finish() {
+  std::vector<at::Tensor> out;
+  finish([&](const at::Tensor& logits) { out.push_back(logits); });
+  return out.empty() ? at::Tensor() : at::cat(out, 1);
 }
 
 int64_t StreamExecutor::vocab_size() const {
@@ -61,9 +103,10 @@ at::Tensor StreamExecutor::feed(const at::Tensor& tokens) {
   std::vector<at::Tensor> out;
   for (int64_t s = 0; s < tokens.size(1); s += chunk_) {
     const int64_t n = std::min(chunk_, tokens.size(1) - s);
-    out.push_back(feed_chunk(Value(tokens.narrow(1, s, n).contiguous())).tensor());
+    const Value logits = feed_chunk(Value(tokens.narrow(1, s, n).contiguous()));
+    if (logits.defined()) out.push_back(logits.tensor());
   }
-  return at::cat(out, 1);
+  return out.empty() ? at::Tensor() : at::cat(out, 1);
 }
 
 StreamScore score_bytes(StreamExecutor& executor, std::istream& in, const std::string& what) {

@@ -1,8 +1,10 @@
 // stream_executor.h — runs a language model over a sequence of any length chunk by chunk, with the
 // per-layer ring buffers its dependency analysis sizes (docs/METHODS.md, "Temporal-dependency buffers for
 // sequence models").
-// Owns: the chunk loop (chunk C >= 1), the buffers' lifetime, scoring a byte stream (bits per byte),
-//       sampling (generate), and the measured peak of each run (counting allocator).
+// Owns: the chunk loop (chunk C >= 1), the buffers' lifetime (type-3 buffers of T steps when T is given),
+//       scoring a byte stream (bits per byte), sampling (generate), the measured peak of each run (counting
+//       allocator), and tracing a model's stream step to derive its layers' types from the operators they
+//       run (trace_temporal_types), checked against the model's declarations before any stream starts.
 // Does not own: any model's maths (each model's Streamable::stream_logits) or the buffer sizes
 //       (seq/dependency.h).
 #pragma once
@@ -24,13 +26,22 @@ struct StreamMemory {
 
 class StreamExecutor {
  public:
-  // Throws ration::Error when the model's family does not stream, a layer is type 3 (named), or chunk < 1.
-  StreamExecutor(models::Model& model, int64_t chunk, int64_t batch = 1);
+  // Throws ration::Error when the model's family does not stream, chunk < 1, a layer's declaration disagrees
+  // with the operators it runs (trace_temporal_types), or a layer is type 3 (named) and seq_len is 0.
+  // seq_len = T > 0: type-3 layers get buffers of T steps, and the stream may be at most T steps long.
+  StreamExecutor(models::Model& model, int64_t chunk, int64_t batch = 1, int64_t seq_len = 0);
   // tokens (B, n), the n steps after those already fed -> logits (B, n, V), computed chunk by chunk.
-  // Runs in whatever grad mode the caller set (training through a stream keeps each chunk's graph).
+  // Runs in whatever grad mode the caller set (training through a stream keeps each chunk's graph). A model
+  // whose outputs wait for the whole sequence (type 3, e.g. birnn_tagger) returns an undefined tensor: its
+  // logits come from finish().
   at::Tensor feed(const at::Tensor& tokens);
-  // One chunk (B, c <= chunk) as a graph value: logits (B, c, V). Advances the position.
+  // One chunk (B, c <= chunk) as a graph value: logits (B, c, V) (undefined when they wait for finish()).
+  // Advances the position.
   Value feed_chunk(const Value& tokens);
+  // After the last chunk: the logits the model still owes (type 3), (B, c <= chunk, V) pieces in time order
+  // handed to `emit`; no grad. finish() returns them concatenated (B, n, V) (undefined when none are owed).
+  void finish(const std::function<void(const at::Tensor&)>& emit);
+  at::Tensor finish();
   void reset() { buffers_->clear(); }
   StreamBuffers& buffers() { return *buffers_; }
   int64_t chunk() const { return chunk_; }
@@ -46,6 +57,12 @@ class StreamExecutor {
   std::vector<LayerDependency> layers_;
   std::unique_ptr<StreamBuffers> buffers_;
 };
+
+// Runs one probe chunk of `probe_steps` tokens through the model's stream step (and finish) with an OpTrace
+// recording, derives each layer's type from the operators it ran and checks the model's declarations
+// against it (seq::check_declarations: an error names the layer and the operator). Returns the derived
+// layers, in the order they ran.
+std::vector<DerivedLayer> trace_temporal_types(models::Model& model, int64_t probe_steps = 4);
 
 struct StreamScore {
   double bits_per_byte = 0;
