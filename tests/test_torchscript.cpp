@@ -213,21 +213,19 @@ TEST(TorchScriptErrors, DataFileWithoutTargetNamesTheFileAndKey) {
   testing::expect_error_containing([&] { data::TensorFile f(file); }, {file, "no key \"target\"", "inputs"});
 }
 
-// ---- data files: several inputs, resumable order -----------------------------------------------------------
-TEST(TorchScriptData, TensorFileBatchesEveryInputAndTheTarget) {
+// ---- data files ------------------------------------------------------------------------------------------
+TEST(TorchScriptData, TensorFileBatchesTheInputAndTheTarget) {
   REQUIRE_PYTHON_TORCH(false);
   TempDir dir("ts-data");
   const std::string file = (dir.path / "d.pt").string();
-  const std::string cmd = std::string(kPython) + " -c \"import torch; torch.save({'inputs': (torch.arange(10.).view(5, 2), "
-                          "torch.arange(5)), 'target': torch.arange(5) * 10}, '" + file + "')\"";
+  const std::string cmd = std::string(kPython) + " -c \"import torch; torch.save({'inputs': torch.arange(10.).view(5, 2), "
+                          "'target': torch.arange(5) * 10}, '" + file + "')\"";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   data::TensorFile f(file);
   ASSERT_EQ(f.size(), 5);
   EXPECT_TRUE(f.class_target());
   const data::Batch b = f.get({3, 1});
   EXPECT_TRUE(at::equal(b.input.tensor(), at::tensor({6.f, 7.f, 2.f, 3.f}).view({2, 2})));
-  ASSERT_EQ(b.more_inputs.size(), 1u);
-  EXPECT_TRUE(at::equal(b.more_inputs[0].tensor(), at::tensor({3, 1}, at::kLong)));
   EXPECT_TRUE(at::equal(b.target.tensor(), at::tensor({30, 10}, at::kLong)));
 }
 

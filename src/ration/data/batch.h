@@ -19,7 +19,6 @@ struct SparseBag {
 struct Batch {
   Value input;    // images (B, 1, 28, 28) float32, tokens (B, T) int64, or dense features (B, F) float32
   Value target;   // labels (B) int64, or next tokens (B, T) int64
-  std::vector<Value> more_inputs;  // tensor files (data.kind = "tensors"): the model's inputs after the first
   int64_t items = 0;  // images, tokens or samples in the batch (for throughput)
   std::vector<SparseBag> sparse;  // click-through data only: one bag per sparse field
 };

@@ -55,6 +55,8 @@ TensorFile::TensorFile(const std::string& path) : path_(path) {
     const std::vector<c10::IValue> items = inputs.isTuple() ? inputs.toTupleRef().elements().vec() : inputs.toListRef().vec();
     RATION_CHECK(!items.empty(), "data file '", path, "': \"inputs\" is an empty list");
     for (size_t i = 0; i < items.size(); ++i) inputs_.push_back(tensor_at(path, "inputs[" + std::to_string(i) + "]", items[i]));
+    RATION_CHECK(items.size() == 1, "data file '", path, "': \"inputs\" holds ", items.size(), " tensors; this version ",
+                 "feeds a module one input tensor (plus the target): save \"inputs\" as one tensor");
   }
   target_ = tensor_at(path, "target", dict.at("target"));
   for (size_t i = 0; i < inputs_.size(); ++i) {
@@ -70,7 +72,6 @@ Batch TensorFile::get(const std::vector<int64_t>& indices) const {
   const at::Tensor index = at::tensor(indices, at::kLong);
   Batch b;
   b.input = Value(inputs_[0].index_select(0, index));
-  for (size_t i = 1; i < inputs_.size(); ++i) b.more_inputs.emplace_back(inputs_[i].index_select(0, index));
   b.target = Value(target_.index_select(0, index));
   b.items = static_cast<int64_t>(indices.size());
   return b;

@@ -1,7 +1,7 @@
 // tensor_file.h — data.kind = "tensors": a dataset read from a file PyTorch's torch.save wrote.
 // Owns: TensorFile — the file's dictionary {"inputs": Tensor or list/tuple of Tensors, "target": Tensor},
 //       every tensor with the items along dim 0, held in host memory (Category::Data), and batches of
-//       chosen items (index_select on dim 0). The first input is Batch::input, the rest Batch::more_inputs.
+//       chosen items (index_select on dim 0). The input is Batch::input (one input tensor for now).
 // Does not own: order, shuffling and resuming (data/dataset.h's Loader), what the model does with them.
 #pragma once
 #include <ATen/ATen.h>

@@ -60,7 +60,6 @@ TorchScriptModel::TorchScriptModel(const TorchScriptOptions& options) : options_
 Values TorchScriptModel::inputs_of(const data::Batch& batch) const {
   RATION_CHECK(batch.input.defined(), options_.path, ": a batch without inputs");
   Values inputs = {to_model(batch.input, *this)};
-  for (const Value& v : batch.more_inputs) inputs.push_back(to_model(v, *this));
   return inputs;
 }
 

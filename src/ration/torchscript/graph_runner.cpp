@@ -325,7 +325,13 @@ void run_operator(Frame& f, const jit::Node* n) {
   for (const IValue& a : args) collect_tensors(a, tensors);
   bool needs_grad = false;
   for (const at::Tensor& t : tensors) needs_grad = needs_grad || f.tracked(t);
-  needs_grad = needs_grad && grad_enabled();
+  // Only an op that returns tensors can carry a gradient (aten::size or aten::dim on a tracked tensor cannot).
+  bool returns_tensors = false;
+  for (const jit::Value* o : n->outputs()) {
+    const auto c = tensor_count(o->type());
+    returns_tensors = returns_tensors || !c || *c > 0;
+  }
+  needs_grad = needs_grad && returns_tensors && grad_enabled();
   const std::string kind = n->kind().toQualString();
   OpRoute& route = f.routes[kind];
   if (!needs_grad) {
