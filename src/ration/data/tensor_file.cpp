@@ -21,7 +21,9 @@ c10::IValue read_pickle(const std::string& path) {
     return torch::jit::pickle_load(bytes);
   } catch (const std::exception& e) {
     std::string what = e.what();
-    RATION_CHECK(false, "data file '", path, "' is not a file torch.save wrote (", what.substr(0, what.find('\n')), ")");
+    RATION_CHECK(false, "data file '", path, "' cannot be read (", what.substr(0, what.find('\n')), "); hint: write it ",
+                 "with torch.save({\"inputs\": x, \"target\": y}, path) (libtorch 1.13 reads a dictionary of two or more ",
+                 "entries, not one)");
   }
   return {};
 }

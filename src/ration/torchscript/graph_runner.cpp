@@ -96,11 +96,21 @@ std::string module_path(const jit::Node* n) {
   if (const auto cs = n->callstack()) {
     for (const auto& entry : (*cs)->vec()) {
       const auto& info = std::get<2>(entry);
-      if (!info || info->instance_name().empty()) continue;
+      // A method calling another method of its own module is named SELF: no new path component.
+      if (!info || info->instance_name().empty() || info->instance_name() == "SELF") continue;
       path += (path.empty() ? "" : ".") + info->instance_name();
     }
   }
   return path;
+}
+
+bool has_calls(const jit::Block* b) {
+  for (const jit::Node* n : b->nodes()) {
+    if (n->kind() == c10::prim::CallMethod || n->kind() == c10::prim::CallFunction) return true;
+    for (const jit::Block* sub : n->blocks())
+      if (has_calls(sub)) return true;
+  }
+  return false;
 }
 
 void collect_paths(const jit::Block* b, std::unordered_map<const jit::Node*, std::string>& out) {
@@ -407,7 +417,10 @@ GraphRunner::GraphRunner(torch::jit::Module module, std::string origin)
   const auto method = module_.find_method("forward");
   RATION_CHECK(method.has_value(), origin_, ": the TorchScript module has no forward method");
   graph_ = method->graph()->copy();
-  jit::Inline(*graph_);
+  // Inline inlines callees' graphs as they are: with the graph executor's optimisation off (see
+  // forward_jit) those still call their own methods, so repeat until no call is left.
+  for (int round = 0; round < 64 && has_calls(graph_->block()); ++round) jit::Inline(*graph_);
+  RATION_CHECK(!has_calls(graph_->block()), origin_, ": forward still calls functions after inlining (recursion?)");
   for (size_t i = 1; i < graph_->inputs().size(); ++i) {
     const jit::Value* in = graph_->inputs()[i];
     RATION_CHECK(in->type()->kind() == c10::TypeKind::TensorType, origin_, ": forward argument '", in->debugName(),
@@ -417,8 +430,6 @@ GraphRunner::GraphRunner(torch::jit::Module module, std::string origin)
   for (const auto& p : module_.named_parameters(/*recurse=*/true)) p.value.set_requires_grad(false);
   for (const auto& b : module_.named_buffers(/*recurse=*/true)) buffers_.insert(b.value.unsafeGetTensorImpl());
   collect_paths(graph_->block(), caches_->paths);
-  // The oracle (forward_jit) runs the graph as written: no fusion or other optimisation between runs.
-  jit::setGraphExecutorOptimize(false);
 }
 
 GraphRunner::~GraphRunner() = default;
@@ -464,7 +475,18 @@ Values GraphRunner::forward_jit(const Values& inputs, bool training) {
   set_training(training);
   std::vector<IValue> args;
   for (const Value& v : inputs) args.emplace_back(v.tensor());
-  const IValue out = module_.forward(args);
+  // The graph as written, differentiated by libtorch autograd: no optimisation (the profiling executor
+  // would, after a few runs, fuse ops and differentiate them by its own symbolic formulas).
+  const bool optimize = jit::getGraphExecutorOptimize();
+  jit::setGraphExecutorOptimize(false);
+  IValue out;
+  try {
+    out = module_.forward(args);
+  } catch (...) {
+    jit::setGraphExecutorOptimize(optimize);
+    throw;
+  }
+  jit::setGraphExecutorOptimize(optimize);
   Tensors outs;
   collect_tensors(out, outs);
   Values result;
