@@ -12,9 +12,9 @@ it on an example batch instead (for code torch.jit.script rejects; tracing fixes
 every branch to what the example took). Its parameter and buffer names stay the module's state_dict
 names: ration's checkpoint model.pt loads back with model.load_state_dict(torch.load(path)).
 
-The data (--data N_TRAIN,N_TEST) is a synthetic, learnable task for trying ration end to end: inputs
-drawn from a normal distribution (or token ids below --vocab with --input-dtype long), targets the class
-a fixed random linear "teacher" gives them (--loss cross_entropy), or the teacher's outputs (mse).
+The data (--data N_TRAIN,N_TEST) is a synthetic, learnable task for trying ration end to end: random
+classes, float inputs = normal noise + a fixed random pattern per class (token inputs: the first token
+names the class); with --loss mse / bce_with_logits the target is a fixed random projection of the input.
 """
 import argparse
 import ast
@@ -56,14 +56,23 @@ def example_inputs(args, n):
     return torch.randn(shape)
 
 
-def synthetic_split(args, n, teacher_seed):
-    x = example_inputs(args, n)
-    g = torch.Generator().manual_seed(teacher_seed)
-    feats = x.float().reshape(n, -1)
-    feats = (feats - feats.mean(0)) / (feats.std(0) + 1e-6)
-    w = torch.randn(feats.shape[1], args.num_classes, generator=g)
-    scores = feats @ w
-    y = scores.argmax(1) if args.loss == "cross_entropy" else scores
+def synthetic_split(args, n, seed, teacher_seed):
+    """A learnable task: classes drawn at random; float inputs are noise plus a fixed random pattern per
+    class, token inputs start with a token that names the class. mse targets: a fixed random projection."""
+    g = torch.Generator().manual_seed(seed)
+    teacher = torch.Generator().manual_seed(teacher_seed)
+    shape = [int(s) for s in args.input_shape.split(",")]
+    y = torch.randint(0, args.num_classes, (n,), generator=g)
+    if args.input_dtype == "long":
+        x = torch.randint(0, args.vocab, [n] + shape, generator=g)
+        x.view(n, -1)[:, 0] = y % args.vocab
+    else:
+        patterns = torch.randn([args.num_classes] + shape, generator=teacher)
+        x = torch.randn([n] + shape, generator=g) + patterns[y]
+    if args.loss != "cross_entropy" and args.loss:
+        w = torch.randn(x[0].numel(), args.num_classes, generator=teacher)
+        projection = x.float().reshape(n, -1) @ w / x[0].numel() ** 0.5
+        return {"inputs": x, "target": (projection > 0).float() if args.loss == "bce_with_logits" else projection}
     return {"inputs": x, "target": y}
 
 
@@ -118,8 +127,8 @@ def main():
     write_config(args, args.out)
     if args.data:
         n_train, n_test = (int(v) for v in args.data.split(","))
-        torch.save(synthetic_split(args, n_train, args.seed + 1), os.path.join(args.out, "train.pt"))
-        torch.save(synthetic_split(args, n_test, args.seed + 1), os.path.join(args.out, "test.pt"))
+        torch.save(synthetic_split(args, n_train, args.seed + 1, args.seed), os.path.join(args.out, "train.pt"))
+        torch.save(synthetic_split(args, n_test, args.seed + 2, args.seed), os.path.join(args.out, "test.pt"))
     print(f"export_model: wrote {os.path.join(args.out, 'model.pt')} and config.toml"
           + (" with train.pt, test.pt" if args.data else ""))
 

@@ -176,7 +176,7 @@ TEST_P(TorchScriptBudget, PredictedPeakIsMeasuredGradientsBitwiseEqual) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchScriptBudget,
-                         ::testing::Values(grad_cases()[0], grad_cases()[2], grad_cases()[3]),
+                         ::testing::Values(grad_cases()[0], grad_cases()[1], grad_cases()[2]),
                          [](const ::testing::TestParamInfo<GradCase>& i) { return i.param.name; });
 
 // ---- bad input: clear errors naming the file, the op or the key -------------------------------------------
@@ -246,13 +246,13 @@ TEST(TorchScriptRoundTrip, TrainedCheckpointScoresTheSameAccuracyInPyTorch) {
   export_model(dir.path, model_file_args("SmallCNN") + " --input-shape 1,16,16 --data 512,256");
   train::TrainOptions o;
   o.config_path = (dir.path / "config.toml").string();
-  o.overrides = {"train.checkpoint_dir=" + (dir.path / "run").string(), "train.epochs=3", "optim.lr=0.003",
+  o.overrides = {"train.checkpoint_dir=" + (dir.path / "run").string(), "train.epochs=2", "optim.lr=0.003",
                  "train.log_every=1000"};
   o.json = true;
   const nlohmann::json report = train::run_training(o);
   ASSERT_FALSE(report["eval"].empty());
   const double ours = report["eval"].back()["accuracy"].get<double>();
-  EXPECT_GT(ours, 0.2) << "the model learned nothing (10 classes)";
+  EXPECT_GT(ours, 0.5) << "the model did not learn the synthetic task (10 classes)";
   const std::string ckpt = train::resolve_checkpoint((dir.path / "run").string());
   const std::string out = (dir.path / "pytorch_accuracy.txt").string();
   const std::string script =
