@@ -17,6 +17,7 @@
 #include "ration/data/tensor_file.h"
 #include "ration/models/torchscript.h"
 #include "ration/plan/planner.h"
+#include "ration/runtime/budget.h"
 #include "ration/runtime/step_runtime.h"
 #include "ration/torchscript/native_ops.h"
 #include "ration/train/checkpoint.h"
@@ -178,6 +179,33 @@ TEST_P(TorchScriptBudget, PredictedPeakIsMeasuredGradientsBitwiseEqual) {
 INSTANTIATE_TEST_SUITE_P(Models, TorchScriptBudget,
                          ::testing::Values(grad_cases()[0], grad_cases()[1], grad_cases()[2]),
                          [](const ::testing::TestParamInfo<GradCase>& i) { return i.param.name; });
+
+// Offload (threshold mode, host tier, every saved value of at least 1 byte copied out and back): the
+// gradients of an imported model with generic nodes (aten::lstm) are bitwise those of the plain step, and
+// the profiled nodes carry the module paths of the PyTorch module (what traces and plans show).
+TEST(TorchScriptRuntime, OffloadIsBitwiseAndNodesCarryModulePaths) {
+  REQUIRE_PYTHON_TORCH(false);
+  TempDir dir("ts-offload");
+  export_model(dir.path, model_file_args("UNetSmall") + " --input-shape 1,16,16 --data 16,8");
+  train::Setup setup = setup_of(dir.path, {"offload.enabled=true", "offload.tier=host", "offload.min_bytes=1"});
+  setup.model->train();
+  const data::Batch batch = train::sample_batch(setup, 4, 3);
+  const train::StepOptions step = train::StepOptions::collecting(11);
+  train::StepRuntime offloading(train::read_memory_settings(setup.config)), plain;
+  ASSERT_EQ(offloading.mode(), train::MemoryMode::Thresholds);
+  const train::StepStats a = plain.measure_step(*setup.model, batch, step);
+  const train::StepStats b = offloading.measure_step(*setup.model, batch, step);
+  EXPECT_GT(b.offload.offloaded_values, 0) << "nothing was offloaded";
+  expect_same_gradients(a, b);
+  const memory::StepProfile& profile = plain.profile(*setup.model, batch, 11);
+  bool conv_in_module = false, generic_upsample = false;
+  for (const memory::ProfiledNode& n : profile.nodes) {
+    conv_in_module = conv_in_module || (n.op == "conv2d" && n.scope == "down1.0");
+    generic_upsample = generic_upsample || (n.op == "generic:aten::upsample_nearest2d" && n.scope == "up");
+  }
+  EXPECT_TRUE(conv_in_module) << "no conv2d node in scope down1.0";
+  EXPECT_TRUE(generic_upsample) << "no generic upsample node in scope up";
+}
 
 // ---- bad input: clear errors naming the file, the op or the key -------------------------------------------
 TEST(TorchScriptErrors, NotTorchScriptNamesTheFile) {

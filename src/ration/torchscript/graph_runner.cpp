@@ -93,11 +93,14 @@ std::vector<bool> written_args(const jit::Node* n) {
 // The module path of an inlined node ("layer1.0.conv1"): the instance names along its call stack.
 std::string module_path(const jit::Node* n) {
   std::string path;
+  c10::optional<jit::ModuleInstanceInfo> last;
   if (const auto cs = n->callstack()) {
     for (const auto& entry : (*cs)->vec()) {
       const auto& info = std::get<2>(entry);
-      // A method calling another method of its own module is named SELF: no new path component.
-      if (!info || info->instance_name().empty() || info->instance_name() == "SELF") continue;
+      // A method calling another method of its own module is named SELF, and functions it calls
+      // (F.interpolate) repeat its instance: neither adds a path component.
+      if (!info || info->instance_name().empty() || info->instance_name() == "SELF" || info == last) continue;
+      last = info;
       path += (path.empty() ? "" : ".") + info->instance_name();
     }
   }
@@ -382,9 +385,6 @@ void run_annotated(Frame& f, const jit::Node* n) {
 
 void run_node(Frame& f, const jit::Node* n) {
   const auto kind = n->kind();
-  const std::string& path = f.paths.at(n);
-  std::optional<ScopeGuard> scope;
-  if (!path.empty()) scope.emplace(path);
   if (kind == c10::prim::Constant) return run_constant(f, n);
   if (kind == c10::prim::If) return run_if(f, n);
   if (kind == c10::prim::Loop) return run_loop(f, n);
@@ -397,6 +397,10 @@ void run_node(Frame& f, const jit::Node* n) {
   RATION_CHECK(n->maybeOperator() != nullptr, f.origin, ": ", f.where(n), " is not an operator ration can run (",
                *n, "); hint: a module whose forward calls Python code cannot be exported whole: script or trace ",
                "only tensor code");
+  // The node's module path is its scope (nested control flow opens none: its nodes carry the full path).
+  const std::string& path = f.paths.at(n);
+  std::optional<ScopeGuard> scope;
+  if (!path.empty()) scope.emplace(path);
   run_annotated(f, n);
 }
 
