@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 
@@ -139,7 +140,13 @@ std::string describe(const IValue& v) {
 // The values of one forward: every JIT value's IValue, and the ration Value behind each tensor.
 struct Frame {
   std::unordered_map<const jit::Value*, IValue> env;
+  // The Value behind each tensor some env entry holds (refs: how many), so a tensor's Value lives exactly
+  // as long as the graph values that hold it: a dropped activation is not kept alive by the interpreter.
   std::unordered_map<const c10::TensorImpl*, Value> values;
+  std::unordered_map<const c10::TensorImpl*, int> refs;
+  // The tensors each env entry was counted for (a list an op appends to is counted again: rebind).
+  std::unordered_map<const jit::Value*, std::vector<const c10::TensorImpl*>> counted;
+  const std::unordered_map<const c10::TensorImpl*, Value>& parameters;
   const std::unordered_set<const c10::TensorImpl*>& buffers;
   const std::unordered_map<const jit::Node*, std::string>& paths;
   std::unordered_map<const jit::Node*, jit::Operation>& operations;
@@ -148,19 +155,52 @@ struct Frame {
   bool active_dropout = false;
 
   const IValue& in(const jit::Node* n, size_t i) const { return env.at(n->inputs().at(i)); }
-  // The Value of a tensor: the one ration tracks, or a constant (buffer, batch input, plain result).
+  void uncount(const std::vector<const c10::TensorImpl*>& impls) {
+    for (const c10::TensorImpl* impl : impls) {
+      if (--refs[impl] > 0) continue;
+      refs.erase(impl);
+      values.erase(impl);
+    }
+  }
+  void bind(const jit::Value* v, IValue value) {
+    Tensors ts;
+    collect_tensors(value, ts);
+    std::vector<const c10::TensorImpl*> impls;
+    for (const at::Tensor& t : ts) {
+      if (!t.defined()) continue;
+      impls.push_back(t.unsafeGetTensorImpl());
+      ++refs[impls.back()];  // before releasing the old binding: rebinding a value to itself keeps it
+    }
+    release(v);
+    env.emplace(v, std::move(value));
+    counted.emplace(v, std::move(impls));
+  }
+  void release(const jit::Value* v) {
+    auto it = counted.find(v);
+    if (it != counted.end()) {
+      const std::vector<const c10::TensorImpl*> impls = std::move(it->second);
+      counted.erase(it);
+      uncount(impls);
+    }
+    env.erase(v);
+  }
+  // The Value of a tensor: a parameter, the one ration tracks, or a constant (buffer, batch input, plain result).
   Value value_of(const at::Tensor& t) {
     if (!t.defined()) return Value();
-    auto it = values.find(t.unsafeGetTensorImpl());
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (auto p = parameters.find(impl); p != parameters.end()) return p->second;
+    auto it = values.find(impl);
     if (it != values.end()) return it->second;
     Value v(t);
-    values.emplace(t.unsafeGetTensorImpl(), v);
+    values.emplace(impl, v);
     return v;
   }
   bool tracked(const at::Tensor& t) const {
     if (!t.defined()) return false;
     if (t.requires_grad()) return true;  // oracle mode: libtorch tracks it
-    auto it = values.find(t.unsafeGetTensorImpl());
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (auto p = parameters.find(impl); p != parameters.end()) return p->second.requires_grad();
+    auto it = values.find(impl);
     return it != values.end() && it->second.requires_grad();
   }
   jit::Operation& operation(const jit::Node* n) {
@@ -184,18 +224,18 @@ void run_block(Frame& f, const jit::Block* b);
 void run_constant(Frame& f, const jit::Node* n) {
   const jit::Value* out = n->output();
   if (out->type()->kind() == c10::TypeKind::FunctionType) {
-    f.env[out] = IValue();  // a function reference, already inlined
+    f.bind(out, IValue());  // a function reference, already inlined
     return;
   }
   const auto v = jit::toIValue(out);
   RATION_CHECK(v.has_value(), f.origin, ": cannot read the constant ", *n);
-  f.env[out] = *v;
+  f.bind(out, *v);
 }
 
 void run_if(Frame& f, const jit::Node* n) {
   const jit::Block* b = n->blocks().at(f.in(n, 0).toBool() ? 0 : 1);
   run_block(f, b);
-  for (size_t i = 0; i < n->outputs().size(); ++i) f.env[n->outputs()[i]] = f.env.at(b->outputs()[i]);
+  for (size_t i = 0; i < n->outputs().size(); ++i) f.bind(n->outputs()[i], IValue(f.env.at(b->outputs()[i])));
 }
 
 // prim::Loop(max_trip_count, condition, carried...) with body (i, carried...) -> (condition, carried...).
@@ -206,13 +246,13 @@ void run_loop(Frame& f, const jit::Node* n) {
   for (size_t j = 2; j < n->inputs().size(); ++j) carried.push_back(f.in(n, j));
   const jit::Block* body = n->blocks().at(0);
   for (int64_t i = 0; i < trips && go_on; ++i) {
-    f.env[body->inputs()[0]] = i;
-    for (size_t j = 0; j < carried.size(); ++j) f.env[body->inputs()[j + 1]] = carried[j];
+    f.bind(body->inputs()[0], i);
+    for (size_t j = 0; j < carried.size(); ++j) f.bind(body->inputs()[j + 1], carried[j]);
     run_block(f, body);
     go_on = f.env.at(body->outputs()[0]).toBool();
     for (size_t j = 0; j < carried.size(); ++j) carried[j] = f.env.at(body->outputs()[j + 1]);
   }
-  for (size_t j = 0; j < carried.size(); ++j) f.env[n->outputs()[j]] = carried[j];
+  for (size_t j = 0; j < carried.size(); ++j) f.bind(n->outputs()[j], carried[j]);
 }
 
 void run_structural(Frame& f, const jit::Node* n) {
@@ -220,28 +260,28 @@ void run_structural(Frame& f, const jit::Node* n) {
   if (kind == c10::prim::ListConstruct) {
     c10::impl::GenericList list(n->output()->type()->expectRef<c10::ListType>().getElementType());
     for (size_t i = 0; i < n->inputs().size(); ++i) list.push_back(f.in(n, i));
-    f.env[n->output()] = list;
+    f.bind(n->output(), list);
   } else if (kind == c10::prim::TupleConstruct) {
     std::vector<IValue> elements;
     for (size_t i = 0; i < n->inputs().size(); ++i) elements.push_back(f.in(n, i));
-    f.env[n->output()] = c10::ivalue::Tuple::create(std::move(elements));
+    f.bind(n->output(), c10::ivalue::Tuple::create(std::move(elements)));
   } else if (kind == c10::prim::ListUnpack || kind == c10::prim::TupleUnpack) {
     const IValue& v = f.in(n, 0);
     const std::vector<IValue> items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
     RATION_CHECK(items.size() == n->outputs().size(), f.origin, ": ", f.where(n), " unpacks ", items.size(),
                  " values into ", n->outputs().size());
-    for (size_t i = 0; i < items.size(); ++i) f.env[n->outputs()[i]] = items[i];
+    for (size_t i = 0; i < items.size(); ++i) f.bind(n->outputs()[i], items[i]);
   } else if (kind == c10::prim::GetAttr) {
-    f.env[n->output()] = f.in(n, 0).toObjectRef().getAttr(n->s(c10::attr::name));
+    f.bind(n->output(), f.in(n, 0).toObjectRef().getAttr(n->s(c10::attr::name)));
   } else if (kind == c10::prim::SetAttr) {
     f.in(n, 0).toObject()->setAttr(n->s(c10::attr::name), f.in(n, 1));
   } else if (kind == c10::prim::isinstance) {
     const c10::TypePtr type = f.in(n, 0).type();
     bool is = false;
     for (const auto& candidate : n->tys(c10::attr::types)) is = is || type->isSubtypeOf(*candidate);
-    f.env[n->output()] = is;
+    f.bind(n->output(), is);
   } else {  // prim::unchecked_cast, prim::Uninitialized
-    f.env[n->output()] = kind == c10::prim::Uninitialized ? IValue() : f.in(n, 0);
+    f.bind(n->output(), kind == c10::prim::Uninitialized ? IValue() : IValue(f.in(n, 0)));
   }
 }
 
@@ -266,16 +306,21 @@ bool protect_written(const Frame& f, const std::vector<bool>& written, jit::Stac
 }
 
 void bind_outputs(Frame& f, const jit::Node* n, const jit::Stack& outs, bool rebind_written) {
-  for (size_t i = 0; i < n->outputs().size(); ++i) f.env[n->outputs()[i]] = outs.at(i);
-  if (rebind_written && !n->outputs().empty()) f.env[n->inputs()[0]] = outs.at(0);
+  for (size_t i = 0; i < n->outputs().size(); ++i) f.bind(n->outputs()[i], outs.at(i));
+  if (rebind_written && !n->outputs().empty()) f.bind(n->inputs()[0], outs.at(0));
 }
 
 // No gradient flows through this node: run the operator as the TorchScript interpreter would.
 void run_plain(Frame& f, const jit::Node* n, const std::vector<IValue>& args) {
   jit::Stack stack(args.begin(), args.end());
-  const bool cloned = protect_written(f, written_args(n), stack);
+  const std::vector<bool> written = written_args(n);
+  const bool cloned = protect_written(f, written, stack);
   f.operation(n)(stack);
   bind_outputs(f, n, stack, cloned);
+  for (size_t i = 0; i < written.size(); ++i) {  // a list the op wrote (aten::append): count its tensors again
+    const jit::Value* arg = n->inputs()[i];
+    if (written[i] && f.env.count(arg) > 0 && f.env.at(arg).isList()) f.bind(arg, IValue(f.env.at(arg)));
+  }
 }
 
 // A tensor op ration has no native version of: one generic node over every tensor among its arguments.
@@ -414,7 +459,49 @@ void run_block(Frame& f, const jit::Block* b) {
 struct GraphRunner::Caches {
   std::unordered_map<const jit::Node*, std::string> paths;
   std::unordered_map<const jit::Node*, jit::Operation> operations;
+  // Per top-level node: the graph values dead once it ran (last used there, or defined in its blocks).
+  std::vector<std::vector<const jit::Value*>> dead_after;
 };
+
+namespace {
+
+// Every value node `n` reads, including inside its blocks (and what those blocks return), and every value
+// its blocks define.
+void uses_and_inner(const jit::Node* n, std::vector<const jit::Value*>& used, std::vector<const jit::Value*>& inner) {
+  for (const jit::Value* v : n->inputs()) used.push_back(v);
+  for (const jit::Block* b : n->blocks()) {
+    for (const jit::Value* v : b->inputs()) inner.push_back(v);
+    for (const jit::Node* m : b->nodes()) {
+      uses_and_inner(m, used, inner);
+      for (const jit::Value* v : m->outputs()) inner.push_back(v);
+    }
+    for (const jit::Value* v : b->outputs()) used.push_back(v);
+  }
+}
+
+std::vector<std::vector<const jit::Value*>> dead_after(const jit::Graph& graph) {
+  std::unordered_map<const jit::Value*, size_t> last_use;
+  std::vector<std::vector<const jit::Value*>> inner;
+  size_t i = 0;
+  for (const jit::Node* n : graph.block()->nodes()) {
+    std::vector<const jit::Value*> used, defined_inside;
+    uses_and_inner(n, used, defined_inside);
+    for (const jit::Value* v : used) last_use[v] = i;
+    for (const jit::Value* v : n->outputs()) last_use.emplace(v, i);  // never read: dead at once
+    inner.push_back(std::move(defined_inside));
+    ++i;
+  }
+  for (const jit::Value* v : graph.outputs()) last_use.erase(v);  // returned: alive to the end
+  last_use.erase(graph.inputs()[0]);                              // self
+  std::vector<std::vector<const jit::Value*>> dead = std::move(inner);
+  for (const auto& [v, at] : last_use) dead.at(at).push_back(v);
+  for (auto& d : dead) {  // released in a fixed order, whatever the hash map's
+    std::sort(d.begin(), d.end(), [](const jit::Value* a, const jit::Value* b) { return a->unique() < b->unique(); });
+  }
+  return dead;
+}
+
+}  // namespace
 
 GraphRunner::GraphRunner(torch::jit::Module module, std::string origin)
     : module_(std::move(module)), origin_(std::move(origin)), caches_(std::make_unique<Caches>()) {
@@ -434,6 +521,7 @@ GraphRunner::GraphRunner(torch::jit::Module module, std::string origin)
   for (const auto& p : module_.named_parameters(/*recurse=*/true)) p.value.set_requires_grad(false);
   for (const auto& b : module_.named_buffers(/*recurse=*/true)) buffers_.insert(b.value.unsafeGetTensorImpl());
   collect_paths(graph_->block(), caches_->paths);
+  caches_->dead_after = dead_after(*graph_);
 }
 
 GraphRunner::~GraphRunner() = default;
@@ -457,14 +545,20 @@ Values GraphRunner::forward(const Values& inputs, bool training) {
                "match forward's arguments");
   set_training(training);
   routes_.clear();
-  Frame f{{}, {}, buffers_, caches_->paths, caches_->operations, routes_, origin_};
-  f.values = parameters_;
-  f.env[graph_->inputs()[0]] = module_._ivalue();
+  Frame f{{}, {}, {}, {}, parameters_, buffers_, caches_->paths, caches_->operations, routes_, origin_};
+  f.bind(graph_->inputs()[0], module_._ivalue());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    f.env[graph_->inputs()[i + 1]] = inputs[i].tensor();
     f.values[inputs[i].tensor().unsafeGetTensorImpl()] = inputs[i];
+    f.bind(graph_->inputs()[i + 1], inputs[i].tensor());
   }
-  run_block(f, graph_->block());
+  // Top-level nodes one by one, each graph value released after its last use (as the TorchScript
+  // interpreter frees them), so only what ration's nodes saved outlives its consumers.
+  size_t i = 0;
+  for (const jit::Node* n : graph_->block()->nodes()) {
+    run_node(f, n);
+    for (const jit::Value* dead : caches_->dead_after.at(i)) f.release(dead);
+    ++i;
+  }
   active_dropout_ = f.active_dropout;
   Tensors outs;
   for (const jit::Value* o : graph_->outputs()) collect_tensors(f.env.at(o), outs);
