@@ -11,8 +11,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "test_util.h"
+
+#include <torch/csrc/jit/serialization/import.h>
 
 #include "ration/data/tensor_file.h"
 #include "ration/models/torchscript.h"
@@ -205,6 +208,38 @@ TEST(TorchScriptRuntime, OffloadIsBitwiseAndNodesCarryModulePaths) {
   }
   EXPECT_TRUE(conv_in_module) << "no conv2d node in scope down1.0";
   EXPECT_TRUE(generic_upsample) << "no generic upsample node in scope up";
+}
+
+// Batch-norm buffers after one training forward: what PyTorch's own module (the same file, loaded a
+// second time and run by the TorchScript interpreter) holds — running statistics to a few ulps (ration
+// folds the batch statistics in outside its op, norm.cpp), num_batches_tracked exactly.
+TEST(TorchScriptRuntime, BatchNormBuffersUpdatedAsInPyTorch) {
+  REQUIRE_PYTHON_TORCH(false);
+  TempDir dir("ts-buffers");
+  export_model(dir.path, model_file_args("SmallCNN") + " --input-shape 1,16,16 --data 16,8");
+  train::Setup setup = setup_of(dir.path);
+  setup.model->train();
+  const data::Batch batch = train::sample_batch(setup, 8, 5);
+  setup.model->loss(batch).backward();
+  torch::jit::Module reference = torch::jit::load((dir.path / "model.pt").string());
+  reference.train(true);
+  {
+    at::NoGradGuard no_grad;
+    reference.forward({batch.input.tensor()});
+  }
+  std::map<std::string, at::Tensor> theirs;
+  for (const auto& b : reference.named_buffers()) theirs[b.name] = b.value;
+  const auto ours = setup.model->named_buffers();
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (const auto& [name, t] : ours) {
+    ASSERT_TRUE(theirs.count(name) > 0) << name << " is not a buffer of the PyTorch module";
+    if (name.find("num_batches_tracked") != std::string::npos) {
+      EXPECT_EQ(t.item<int64_t>(), 1) << name;
+      EXPECT_TRUE(at::equal(t, theirs[name])) << name;
+    } else {
+      EXPECT_TRUE(at::allclose(t, theirs[name], 1e-6, 1e-7)) << name << " differs from PyTorch's";
+    }
+  }
 }
 
 // ---- bad input: clear errors naming the file, the op or the key -------------------------------------------
