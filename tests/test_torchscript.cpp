@@ -22,7 +22,6 @@
 #include "ration/plan/planner.h"
 #include "ration/runtime/budget.h"
 #include "ration/runtime/step_runtime.h"
-#include "ration/torchscript/native_ops.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/gradcheck.h"
 #include "ration/train/setup.h"
@@ -252,6 +251,13 @@ TEST(TorchScriptErrors, NotTorchScriptNamesTheFile) {
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   testing::expect_error_containing([&] { setup_of(dir.path, {"model.path=" + weights}); },
                                    {weights, "is not a TorchScript module"});
+}
+
+TEST(TorchScriptErrors, TiedWeightsAreRefusedNamingBoth) {
+  REQUIRE_PYTHON_TORCH(false);
+  TempDir dir("ts-tied");
+  export_model(dir.path, model_file_args("TiedWeights") + " --input-shape 16 --data 16,8");
+  testing::expect_error_containing([&] { setup_of(dir.path); }, {"a.weight", "b.weight", "tied"});
 }
 
 TEST(TorchScriptErrors, OpWithoutBackwardNamesTheOp) {

@@ -89,3 +89,16 @@ class NoBackward(nn.Module):
     def forward(self, x):
         h = self.fc(x)
         return torch.nextafter(h, h + 1.0)
+
+
+class TiedWeights(nn.Module):
+    """Two modules sharing one weight tensor (ration refuses it rather than update it twice)."""
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.b.weight = self.a.weight
+        self.head = nn.Linear(16, num_classes)
+
+    def forward(self, x):
+        return self.head(self.b(self.a(x)))

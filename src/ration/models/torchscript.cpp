@@ -4,6 +4,7 @@
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <fstream>
+#include <map>
 
 #include "ration/base/check.h"
 #include "ration/models/families.h"
@@ -53,6 +54,13 @@ TorchScriptModel::TorchScriptModel(const TorchScriptOptions& options) : options_
   for (auto& [name, t] : parts.parameters) register_parameter(name, t);
   for (auto& [name, t] : parts.buffers) register_buffer(name, t);
   for (auto& [name, child] : parts.children) register_module(name, child);
+  // One Value per tensor: a tensor shared by two modules (tied weights) would be updated twice.
+  std::map<const c10::TensorImpl*, std::string> owner;
+  for (const auto& [name, p] : named_parameters()) {
+    const auto [it, fresh] = owner.emplace(p.tensor().unsafeGetTensorImpl(), name);
+    RATION_CHECK(fresh, options.path, ": parameters ", it->second, " and ", name, " are one tensor (tied weights); ",
+                 "ration does not import tied parameters yet");
+  }
   runner_ = std::make_unique<torchscript::GraphRunner>(module, options.path);
   runner_->set_parameters(named_parameters());
 }

@@ -186,10 +186,4 @@ NativeFn find_native(const std::string& kind) {
   return it == table().end() ? nullptr : it->second;
 }
 
-std::vector<std::string> native_kinds() {
-  std::vector<std::string> out;
-  for (const auto& [kind, fn] : table()) out.push_back(kind);
-  return out;
-}
-
 }  // namespace ration::torchscript

@@ -45,7 +45,5 @@ using NativeFn = std::optional<Value> (*)(const NodeArgs& args);
 // The native op for an aten kind (in-place forms like "aten::relu_" map to their functional op), or
 // nullptr when ration has none.
 NativeFn find_native(const std::string& kind);
-// Every kind the table knows (docs and tests).
-std::vector<std::string> native_kinds();
 
 }  // namespace ration::torchscript
