@@ -7,7 +7,7 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread libgloo-dev zlib1g-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc protobuf-compiler libabsl-dev librocksdb-dev openssl
-  python3-torch dataset-fashion-mnist
+  python3-torch python3-torchvision dataset-fashion-mnist  # python3-torchvision: scripts/export_model.py --torchvision
   chromium fonts-dejavu-core  # tests/cli/plan_html_render.sh renders `ration plan --html` headless
 )
 missing=()

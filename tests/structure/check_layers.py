@@ -17,7 +17,7 @@ LAYERS = [
     ["ops", "config", "optim"],      # differentiable ops, settings, optimisers
     ["data", "seq"],                 # datasets and batches; sequence-model interfaces (dependency types, buffers)
     ["nn", "plan"],                  # modules and layers; the planner (profile, graph, simulator, strategies)
-    ["offload", "ps"],               # the offload engine and tiers; the parameter-server library
+    ["offload", "ps", "torchscript"],  # the offload engine and tiers; the parameter-server library; TorchScript import
     ["step", "distributed"],         # what a training step offers models (hooks, piecewise losses); collectives
     ["models"],                      # model families
     ["runtime"],                     # StepRuntime: one owner of a step (profile, plan, execute)

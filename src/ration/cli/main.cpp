@@ -20,6 +20,7 @@
 #include "ration/base/allocator.h"
 #include "ration/plan/html.h"
 #include "ration/plan/report.h"
+#include "ration/torchscript/op_report.h"
 #include "ration/runtime/budget.h"
 #include "ration/train/gradcheck.h"
 #include "ration/runtime/step_runtime.h"
@@ -142,8 +143,17 @@ int cmd_plan(const std::string& config_path, const std::vector<std::string>& ove
   if (!html.empty())
     memory::write_plan_html(html, "--html", p.runtime->step_profile(), *plan,
                             config_path + ", budget " + memory::format_bytes(plan->budget_bytes));
-  if (json) std::cout << ration::memory::to_json(*plan).dump(2) << "\n";
-  else std::cout << plan->to_table();
+  // An imported TorchScript module: which ops ran as ration's own and which as generic nodes.
+  const bool imported = p.setup.model->family() == "torchscript";
+  const auto shares = torchscript::op_shares(p.runtime->step_profile());
+  if (json) {
+    nlohmann::json j = ration::memory::to_json(*plan);
+    if (imported) j["imported_ops"] = torchscript::op_share_json(shares);
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << plan->to_table();
+    if (imported) std::cout << torchscript::op_share_table(shares);
+  }
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "ration/models/lstm_lm.h"
 #include "ration/models/mlp.h"
 #include "ration/models/tcn_lm.h"
+#include "ration/models/torchscript.h"
 #include "ration/ops/ops.h"
 
 namespace ration::models {
@@ -114,7 +115,7 @@ EvalStats LanguageModel::evaluate(const data::Batch& batch) {
 // ---- factory --------------------------------------------------------------------------------------
 std::unique_ptr<Model> build_model(Config& cfg) {
   RATION_CHECK(cfg.has("model.type"), cfg.origin(), ": no model.type; hint: add a [model] section with type = ",
-               "\"mlp\", \"cnn\", \"gpt\", \"lstm_lm\", \"tcn_lm\", \"birnn_tagger\" or \"ctr\" (or --set model.type=gpt)");
+               "\"mlp\", \"cnn\", \"gpt\", \"lstm_lm\", \"tcn_lm\", \"birnn_tagger\", \"ctr\" or \"torchscript\" (or --set model.type=gpt)");
   const std::string type = cfg.get_string("model.type", "mlp");
   // Sizes are checked against the machine as the parameters are allocated (base/allocator.h); the
   // error then names this config.
@@ -136,8 +137,10 @@ std::unique_ptr<Model> build_model(Config& cfg) {
   if (type == "birnn_tagger")
     return named([&] { return std::make_unique<BiRNNTagger>(BiRNNTaggerOptions::from_config(cfg)); });
   if (type == "ctr") return named([&] { return std::make_unique<Ctr>(CtrOptions::from_config(cfg)); });
+  if (type == "torchscript")
+    return named([&] { return std::make_unique<TorchScriptModel>(TorchScriptOptions::from_config(cfg)); });
   RATION_CHECK(false, "unknown model.type '", type, "' in ", cfg.origin(),
-               "; valid types: mlp, cnn, gpt, lstm_lm, tcn_lm, birnn_tagger, ctr (set [model] type = \"gpt\" or --set model.type=gpt)");
+               "; valid types: mlp, cnn, gpt, lstm_lm, tcn_lm, birnn_tagger, ctr, torchscript (set [model] type = \"gpt\" or --set model.type=gpt)");
   return nullptr;
 }
 

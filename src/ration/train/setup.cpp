@@ -14,6 +14,7 @@
 #include "ration/data/ctr_data.h"
 #include "ration/data/ctr_synthetic.h"
 #include "ration/data/fashion_mnist.h"
+#include "ration/data/tensor_file.h"
 #include "ration/data/text.h"
 #include "ration/models/families.h"
 #include "ration/optim/adamw.h"
@@ -70,6 +71,15 @@ int64_t load_text(Config& cfg, const char*, Setup& s) {
   return std::max(corpus.train().max().item<int64_t>(), corpus.val().max().item<int64_t>());
 }
 
+// data.train / data.test: files torch.save wrote ({"inputs": ..., "target": ...}; data/tensor_file.h).
+int64_t load_tensors(Config& cfg, const char*, Setup& s) {
+  RATION_CHECK(cfg.has("data.train"), cfg.origin(), ": data.kind = \"tensors\" needs data.train (and data.test), ",
+               "files written with torch.save({\"inputs\": x, \"target\": y}, path)");
+  s.train_set = std::make_shared<data::TensorFile>(cfg.get_string("data.train", ""));
+  s.eval_set = cfg.has("data.test") ? std::make_shared<data::TensorFile>(cfg.get_string("data.test", "")) : s.train_set;
+  return -1;
+}
+
 struct DataKind {
   const char* name;
   Task task;
@@ -81,6 +91,7 @@ const DataKind kDataKinds[] = {
     {"text", {Task::Kind::LanguageModel, "tok/s", false}, load_text},
     {"synthetic_ctr", {Task::Kind::ClickThrough, "samples/s", true}, load_ctr},
     {"movielens", {Task::Kind::ClickThrough, "samples/s", true}, load_ctr},
+    {"tensors", {Task::Kind::Classification, "samples/s", true}, load_tensors},
 };
 
 const DataKind& data_kind(Config& cfg) {

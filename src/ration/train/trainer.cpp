@@ -21,6 +21,7 @@
 #include "ration/plan/report.h"
 #include "ration/runtime/step_runtime.h"
 #include "ration/streaming/tbptt.h"
+#include "ration/torchscript/op_report.h"
 #include "ration/train/checkpoint.h"
 #include "ration/train/data_parallel_step.h"
 #include "ration/train/evaluation.h"
@@ -483,6 +484,10 @@ class TrainingRun {
         {"effective_config", setup_.config.effective()},
     };
     if (runtime_.engine()) report["offload"] = runtime_.offload_report(total_steps_ - first_step_);
+    // An imported TorchScript module: its ops by route (native / generic), with their share of the profiled
+    // step's node time when a plan profiled one (docs/TORCHSCRIPT.md).
+    if (plan != nullptr && model_.family() == "torchscript")
+      report["imported_ops"] = torchscript::op_share_json(torchscript::op_shares(runtime_.step_profile()));
     if (auto metrics = model_.report_metrics(); !metrics.empty()) {
       nlohmann::json ps = nlohmann::json::object();
       for (const auto& [k, v] : metrics) ps[k] = v;
