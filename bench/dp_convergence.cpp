@@ -174,7 +174,7 @@ int main(int argc, char** argv) try {
       // Every member evaluates the same images (the ensemble's vote); each trains on its own bootstrap sample.
       {"ensemble (soft vote)", {"dist.aggregate=ensemble"}, true},
       {"K-FAC", {"optim.name=kfac", "optim.lr=0.1", "optim.kfac_damping=0.1"}},
-      {"ES (population 32)", {"optim.name=es"}},
+      {"ES (population 32)", {"optim.name=es", "optim.lr=0.0005"}},  // the lr of the ES test; 0.05 diverges
   };
   const std::vector<int> ns = ration::bench::numbers<int>(n_list);
   for (int n : ns)

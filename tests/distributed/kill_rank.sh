@@ -15,7 +15,7 @@ total=$((n + servers))
 shift 4  # the rest: extra `ration train` arguments (e.g. --set dist.topology=ps --set dist.backup_workers=1)
 timeout_s=20
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log"; [ -n "${launcher:-}" ] && kill "$launcher" 2>/dev/null' EXIT  # ranks die with the launcher
 fail() { echo "---- launcher output ----"; cat "$log"; echo "FAIL: $*"; exit 1; }
 
 "$build/ration" launch -n "$n" --servers "$servers" --master-port 0 --grace 30 -- train "$src/configs/gpt.toml" --steps 100000 \

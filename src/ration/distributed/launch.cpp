@@ -178,7 +178,8 @@ static void check_options(const LaunchOptions& o) {
   const int here = o.nproc_per_node + (o.node_rank == 0 ? o.servers : 0);
   RATION_CHECK(o.oversubscribe || here <= max_ranks_per_node(), "ration launch: -n ", o.nproc_per_node,
                o.servers > 0 && o.node_rank == 0 ? " and --servers " + std::to_string(o.servers) : std::string(),
-               " is more processes than this machine runs (at most ", max_ranks_per_node(),
+               o.servers > 0 && o.node_rank == 0 ? " are more processes" : " is more ranks",
+               " than this machine runs (at most ", max_ranks_per_node(),
                ": 4 per core, one per 256 MiB of memory); pass --oversubscribe to start them anyway");
   RATION_CHECK(o.nnodes >= 1, "ration launch: --nnodes must be an integer >= 1, got ", o.nnodes);
   RATION_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "ration launch: --node-rank must be in [0, --nnodes) = [0, ",
