@@ -135,8 +135,8 @@ class TransformerBlock : public Module {
 };
 
 // Multi-layer recurrent nets, batch-first: x (B, T, I) -> outputs of the last layer (B, T, H).
-// Initial states are zeros. Unrolled over time with ops::lstm_cell / ops::gru_cell (one graph node per
-// step per layer). Parameters per layer l, PyTorch names and gate layouts: weight_ih_l{l} (G H, I or H),
+// Initial states are zeros. Unrolled over time with ops::lstm_cell_projected / ops::gru_cell (one graph
+// node per step per layer; an LSTM layer's input projection is one linear node over the sequence). Parameters per layer l, PyTorch names and gate layouts: weight_ih_l{l} (G H, I or H),
 // weight_hh_l{l} (G H, H), bias_ih_l{l} (G H), bias_hh_l{l} (G H), G = 4 (LSTM: i, f, g, o) or
 // 3 (GRU: r, z, n); init U(-1/sqrt(H), 1/sqrt(H)). `dropout` applies to the outputs of every layer
 // but the last, in training mode (as torch.nn.LSTM).
