@@ -9,6 +9,7 @@
 #include "ration/base/check.h"
 #include "ration/nn/observe.h"
 #include "ration/ops/ops.h"
+#include "ration/ops/recurrent.h"
 
 namespace ration::nn {
 namespace {

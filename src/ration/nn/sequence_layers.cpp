@@ -5,6 +5,7 @@
 
 #include "ration/base/check.h"
 #include "ration/ops/ops.h"
+#include "ration/ops/recurrent.h"
 
 namespace ration::nn {
 

@@ -109,9 +109,6 @@ Value causal_attention(const Value& q, const Value& k, const Value& v, double dr
 // LSTM: x (B, I), h/c (B, H), w_ih (4H, I), w_hh (4H, H), biases (4H) or undefined -> {h', c'}.
 Values lstm_cell(const Value& x, const Value& h, const Value& c, const Value& w_ih, const Value& w_hh,
                  const Value& b_ih, const Value& b_hh);
-// The same cell from the input's projection gx = x w_ih^T + b_ih (B, 4H), computed for many steps at once
-// by the caller: gx, h/c (B, H), w_hh (4H, H), b_hh (4H) or undefined -> {h', c'}.
-Values lstm_cell_projected(const Value& gx, const Value& h, const Value& c, const Value& w_hh, const Value& b_hh);
 // GRU: x (B, I), h (B, H), w_ih (3H, I), w_hh (3H, H), biases (3H) or undefined -> h'.
 Value gru_cell(const Value& x, const Value& h, const Value& w_ih, const Value& w_hh, const Value& b_ih,
                const Value& b_hh);

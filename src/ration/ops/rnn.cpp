@@ -21,6 +21,7 @@
 #include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
+#include "ration/ops/recurrent.h"
 
 #include <utility>
 
