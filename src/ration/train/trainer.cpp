@@ -231,7 +231,11 @@ class TrainingRun {
       o.shard_rank = 0;
       o.shard_count = 1;
     }
-    o.prefetch = true;  // the next batch is prepared on a thread while the step runs (data/dataset.h)
+    // No prefetch thread (data/dataset.h): every dataset here makes a batch from memory in well under a
+    // millisecond, while handing it over from a thread started per batch cost mlp's loop 0.6-5.6 ms on a
+    // shared 2-vCPU machine (2.8 against 4.1 ms an iteration, medians; BENCHMARKS.md, "`ration train` vs a
+    // PyTorch training loop").
+    o.prefetch = false;
     return o;
   }
 
