@@ -232,9 +232,9 @@ class TrainingRun {
       o.shard_count = 1;
     }
     // No prefetch thread (data/dataset.h): every dataset here makes a batch from memory in well under a
-    // millisecond, while handing it over from a thread started per batch cost mlp's loop 0.6-5.6 ms on a
-    // shared 2-vCPU machine (2.8 against 4.1 ms an iteration, medians; BENCHMARKS.md, "`ration train` vs a
-    // PyTorch training loop").
+    // millisecond, so a thread started per batch had nothing to hide and competed with the step for the
+    // cores (mlp's step 2.51 against 2.88 ms, medians on a shared 2-vCPU machine; BENCHMARKS.md, "What the
+    // training loop adds").
     o.prefetch = false;
     return o;
   }
