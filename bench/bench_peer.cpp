@@ -1,9 +1,9 @@
 // bench_peer.cpp — ration vs the model a PyTorch user would write, per model family, in one run.
 // Owns: the orchestration (repetitions interleaved ration / PyTorch, alternating which side goes first;
 //       identical thread settings: OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and the intra-op count given to
-//       both processes), the ration worker (one family's training steps through train::StepRuntime on a
-//       fixed batch: forward + backward + clip + optimiser, or forward + backward under a memory plan for
-//       the gpt budget curve), the table and the JSON.
+//       both processes; the peer gets OPENBLAS_CORETYPE = the OpenBLAS core ration's library runs), the
+//       ration worker (one family's training steps through train::StepRuntime on a fixed batch: forward +
+//       backward + clip + optimiser + zero), the table and the JSON.
 // Does not own: the PyTorch models (bench/peer_models.py, run by Debian's /usr/bin/python3), the
 //       planner, the model code.
 //
@@ -11,13 +11,13 @@
 //   bench_peer --worker ration --family F ...  (this binary again)
 //   /usr/bin/python3 bench/peer_models.py --family F ...
 // Medians over --steps steps after --warmup; the verdict per family is the ratio of the medians over the
-// repetitions (wall; CPU shown too). gpt budgets: ration's plan (knapsack) at fractions of the way from
-// the feasible minimum to the unconstrained peak, forward + backward only, against PyTorch plain and
-// per-block torch.utils.checkpoint (bench/peer_models.py --mode fwd-bwd / per-block), peaks above the
-// pre-step baseline measured by the same counting allocator (libration_memprobe.so in the peer).
+// repetitions (wall; CPU shown too); peaks above the pre-step baseline measured by the same counting
+// allocator (libration_memprobe.so in the peer). The engine's step without the trainer's loop around it:
+// `ration train` itself against a PyTorch training loop, and budgets against torch.utils.checkpoint, are
+// bench_train_peer's (bench/train_peer.cpp).
 //
 // usage: bench_peer [--reps 3] [--steps 20] [--warmup 3] [--threads N] [--families mlp,cnn,gpt,lstm_lm]
-//                   [--no-budgets] [--fractions 0.75,0.5,0.25,0] [--json FILE] [--set k=v ...]
+//                   [--json FILE] [--set k=v ...]
 //                   [--device cpu|cuda]   (cuda: both sides on the GPU, each step synchronised, peaks from
 //                   each side's CUDA caching allocator; the peer's interpreter is $RATION_PEER_PYTHON)
 //        bench_peer --variants 'train.threads=1|train.threads=2' [--reps 3] [--families ...] [--json FILE]
@@ -39,10 +39,10 @@
 #include <vector>
 
 #include "bench_setup.h"
+#include "ration/base/blas.h"
 #include "ration/base/check.h"
 #include "ration/core/compute_threads.h"
 #include "ration/base/allocator.h"
-#include "ration/plan/planner.h"
 #include "ration/optim/adamw.h"
 #include "ration/optim/sgd.h"
 #include "ration/runtime/step_runtime.h"
@@ -58,13 +58,11 @@ using bench::split;
 struct Args {
   int reps = 3, steps = 20, warmup = 3, threads = 0;  // threads 0: each family's train.threads
   std::vector<std::string> families = {"mlp", "cnn", "gpt", "lstm_lm"};
-  bool budgets = true;
   std::string json_path = "bench/results/bench_peer.json";
   // worker
   std::string worker, family, mode = "plain";
   std::string device = "cpu";  // cuda: both sides on the GPU (peaks from the caching allocators)
   bool counting_allocator = true;  // worker: false measures the counting allocator's own cost
-  std::vector<double> fractions;
   std::vector<std::string> sets;      // worker: config overrides (--set k=v)
   std::vector<std::string> variants;  // orchestrator: ration-only comparison of override sets (--variants)
 };
@@ -122,7 +120,7 @@ Series run_steps(train::StepRuntime& rt, models::Model& model, const data::Batch
   return s;
 }
 
-// One ration process: plain training steps, or (mode "budgets") the gpt budget points.
+// One ration process: full training steps on a fixed batch.
 int worker(const Args& a) {
   if (a.counting_allocator) memory::install_counting_allocator();
   std::vector<std::string> overrides;
@@ -136,50 +134,16 @@ int worker(const Args& a) {
   json out = {{"side", "ration"}, {"family", a.family}, {"mode", a.mode}, {"steps", a.steps}, {"warmup", a.warmup},
               {"threads", threads_json()},
               {"allocator", a.counting_allocator ? "counting" : "default"}, {"overrides", overrides}};
-  if (a.mode == "plain") {
-    std::unique_ptr<optim::Optimizer> opt = train::build_optimizer(r, model.named_parameters());
-    train::StepRuntime rt;
-    train::StepOptions o;
-    o.optimizer = opt.get();
-    o.clip_grad_norm = r.clip_grad_norm;
-    const Series s = run_steps(rt, model, batch, o, a.warmup, a.steps);
-    out["step_ms_median"] = median(s.ms);
-    out["step_cpu_ms_median"] = median(s.cpu);
-    out["step_ms"] = s.ms;
-    out["peak_above_baseline_bytes"] = s.peak_above;
-    std::printf("%s\n", out.dump().c_str());
-    return 0;
-  }
-  // budgets: forward + backward (gradients cleared), as the peer's fwd-bwd / per-block modes
-  train::StepRuntime planned;
-  const memory::StepProfile& profile = planned.profile(model, batch, 100);
-  memory::PlanOptions loose;
-  loose.budget_bytes = int64_t{1} << 40;
-  const memory::Plan full = memory::make_plan(profile, loose);
-  const int64_t hi = full.unconstrained_peak_bytes, lo = full.minimum_peak_bytes;
-  json points = json::array();
+  std::unique_ptr<optim::Optimizer> opt = train::build_optimizer(r, model.named_parameters());
+  train::StepRuntime rt;
   train::StepOptions o;
-  o.gradients = train::GradientsAfter::Cleared;
-  {
-    train::StepRuntime plain;
-    const Series s = run_steps(plain, model, batch, o, a.warmup, a.steps);
-    points.push_back({{"budget", "unconstrained"}, {"budget_bytes", hi}, {"predicted_peak_bytes", hi},
-                      {"step_ms_median", median(s.ms)}, {"step_cpu_ms_median", median(s.cpu)},
-                      {"peak_above_baseline_bytes", s.peak_above}});
-  }
-  for (double f : a.fractions) {
-    memory::PlanOptions po;
-    po.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
-    const memory::Plan& plan = planned.use_plan(memory::make_plan(profile, po));
-    const Series s = run_steps(planned, model, batch, o, a.warmup, a.steps);
-    char label[32];
-    std::snprintf(label, sizeof label, "%.2f", f);
-    points.push_back({{"budget", label}, {"budget_bytes", po.budget_bytes}, {"predicted_peak_bytes", plan.prediction.peak_bytes},
-                      {"step_ms_median", median(s.ms)}, {"step_cpu_ms_median", median(s.cpu)},
-                      {"peak_above_baseline_bytes", s.peak_above}});
-  }
-  out["baseline_bytes"] = profile.baseline_bytes;
-  out["points"] = points;
+  o.optimizer = opt.get();
+  o.clip_grad_norm = r.clip_grad_norm;
+  const Series s = run_steps(rt, model, batch, o, a.warmup, a.steps);
+  out["step_ms_median"] = median(s.ms);
+  out["step_cpu_ms_median"] = median(s.cpu);
+  out["step_ms"] = s.ms;
+  out["peak_above_baseline_bytes"] = s.peak_above;
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }
@@ -227,9 +191,9 @@ int orchestrate(const Args& a) {
                            std::string(RATION_SOURCE_DIR) + "/bench/peer_models.py";
   // On a GPU both sides read their caching allocator's peak; on CPU the peer counts with our allocator.
   const std::string probe = a.device == "cpu" ? std::string(" --probe ") + RATION_PROBE_PATH : std::string();
-  const std::vector<double> fractions = a.fractions.empty() ? std::vector<double>{0.75, 0.5, 0.25, 0.0} : a.fractions;
-  std::string fr;
-  for (double f : fractions) fr += (fr.empty() ? "" : ",") + std::to_string(f);
+  // The peer runs the OpenBLAS core ration's process runs (the library's choice here, or ration's: base/blas.h).
+  const std::string core = blas::core();
+  const std::string peer_core = core.empty() ? std::string() : "OPENBLAS_CORETYPE=" + core + " ";
 
   json runs = json::array();
   for (int rep = 0; rep < a.reps; ++rep) {
@@ -251,12 +215,7 @@ int orchestrate(const Args& a) {
       const std::string pconf = " --config '" + pc.dump() + "'";
       std::vector<std::pair<std::string, std::string>> cmds = {
           {"ration", env + exe + " --worker ration" + common + sets},
-          {"pytorch", env + peer + common + pconf + probe}};
-      if (fam == "gpt" && a.budgets) {
-        cmds.push_back({"ration-budgets", env + exe + " --worker ration --mode budgets --fractions " + fr + common + sets});
-        cmds.push_back({"pytorch-fwd-bwd", env + peer + common + pconf + " --mode fwd-bwd" + probe});
-        cmds.push_back({"pytorch-per-block", env + peer + common + pconf + " --mode per-block" + probe});
-      }
+          {"pytorch", env + peer_core + peer + common + pconf + probe}};
       if (rep % 2 == 1) std::reverse(cmds.begin(), cmds.end());  // alternate who goes first
       for (const auto& [side, cmd] : cmds) runs.push_back(run_tagged(cmd, rep, fam, "run", side));
     }
@@ -304,80 +263,11 @@ int orchestrate(const Args& a) {
     summary[fam] = fs;
   }
 
-  // gpt budgets: each ration point against the fastest PyTorch mode whose peak is at or below its own.
-  json budget_rows = json::array();
-  if (a.budgets && std::find(a.families.begin(), a.families.end(), "gpt") != a.families.end()) {
-    std::map<std::string, std::vector<double>> w, c;
-    std::map<std::string, int64_t> peak, predicted, budget;
-    std::vector<std::string> order;
-    for (const json* r : pick("gpt", "ration-budgets"))
-      for (const auto& p : (*r)["points"]) {
-        const std::string b = p["budget"];
-        if (!w.count(b)) order.push_back(b);
-        w[b].push_back(p["step_ms_median"]);
-        c[b].push_back(p["step_cpu_ms_median"]);
-        peak[b] = std::max<int64_t>(peak[b], p["peak_above_baseline_bytes"].get<int64_t>());
-        predicted[b] = p["predicted_peak_bytes"];
-        budget[b] = p["budget_bytes"];
-      }
-    struct PeerMode {
-      std::string name;
-      double wall, cpu;
-      int64_t peak;
-    };
-    std::vector<PeerMode> modes;
-    for (const char* m : {"pytorch-fwd-bwd", "pytorch-per-block"}) {
-      std::vector<double> pw, pcpu;
-      int64_t pk = 0;
-      for (const json* r : pick("gpt", m)) {
-        pw.push_back((*r)["step_ms_median"]);
-        pcpu.push_back((*r)["step_cpu_ms_median"]);
-        pk = std::max<int64_t>(pk, (*r)["peak_above_baseline_bytes"].get<int64_t>());
-      }
-      if (!pw.empty()) modes.push_back({m, median(pw), median(pcpu), pk});
-    }
-    std::printf("\ngpt forward+backward under a budget (knapsack plan; fraction of the way from the feasible minimum "
-                "to the unconstrained peak)\n%-13s %11s %11s %12s %8s %8s   %-18s %12s %8s %8s %s\n",
-                "budget", "bytes", "predicted", "peak above", "wall ms", "cpu ms", "pytorch peer", "peak above",
-                "wall ms", "cpu ms", "verdict");
-    for (const auto& pm : modes)
-      std::printf("%-13s %11s %11s %12s %8s %8s   %-18s %12s %8.1f %8.1f\n", "", "", "", "", "", "", pm.name.c_str(),
-                  memory::format_bytes(pm.peak).c_str(), pm.wall, pm.cpu);
-    for (const std::string& b : order) {
-      // The PyTorch option a user would pick at this memory: the fastest mode whose peak fits under ours.
-      const PeerMode* best = nullptr;
-      for (const auto& pm : modes)
-        if (pm.peak <= peak[b] && (!best || pm.wall < best->wall)) best = &pm;
-      const double rw = median(w[b]), rc = median(c[b]);
-      std::string verdict = "PyTorch has no mode this small: ration only";
-      bool ok = true;
-      if (best) {
-        ok = rw <= best->wall;
-        char v[96];
-        std::snprintf(v, sizeof v, "%.3fx wall %s", rw / best->wall, ok ? "ok" : "SLOWER");
-        verdict = v;
-      }
-      all_ok = all_ok && ok;
-      std::printf("%-13s %11s %11s %12s %8.1f %8.1f   %-18s %12s %8s %8s %s\n", b.c_str(),
-                  memory::format_bytes(budget[b]).c_str(), memory::format_bytes(predicted[b]).c_str(),
-                  memory::format_bytes(peak[b]).c_str(), rw, rc, best ? best->name.c_str() : "-",
-                  best ? memory::format_bytes(best->peak).c_str() : "-", "", "", verdict.c_str());
-      budget_rows.push_back({{"budget", b}, {"budget_bytes", budget[b]}, {"predicted_peak_bytes", predicted[b]},
-                             {"peak_above_baseline_bytes", peak[b]}, {"wall_ms_median", rw}, {"cpu_ms_median", rc},
-                             {"wall_ms_reps", w[b]}, {"peer", best ? json(best->name) : json(nullptr)},
-                             {"peer_wall_ms_median", best ? json(best->wall) : json(nullptr)},
-                             {"peer_peak_above_baseline_bytes", best ? json(best->peak) : json(nullptr)}, {"met", ok}});
-    }
-    json peer_modes = json::array();
-    for (const auto& pm : modes)
-      peer_modes.push_back({{"mode", pm.name}, {"wall_ms_median", pm.wall}, {"cpu_ms_median", pm.cpu},
-                            {"peak_above_baseline_bytes", pm.peak}});
-    summary["gpt_budgets"] = {{"points", budget_rows}, {"peer_modes", peer_modes}};
-  }
   std::printf("\nall targets met: %s\n", all_ok ? "yes" : "no");
   summary["all_met"] = all_ok;
 
   bench::write_json(a.json_path, {{"benchmark", "bench_peer"}, {"device", a.device}, {"overrides", a.sets},
+                                  {"blas_core", core}, {"flush_denormal", false},
                                   {"reps", a.reps}, {"steps", a.steps}, {"warmup", a.warmup}, {"summary", summary},
                                   {"runs", runs}});
   std::printf("wrote %s\n", a.json_path.c_str());
@@ -459,7 +349,6 @@ int main(int argc, char** argv) {
       else if (s == "--warmup") a.warmup = std::stoi(next());
       else if (s == "--threads") a.threads = std::stoi(next());
       else if (s == "--families") a.families = split(next(), ',');
-      else if (s == "--no-budgets") a.budgets = false;
       else if (s == "--default-allocator") a.counting_allocator = false;
       else if (s == "--json") a.json_path = next();
       else if (s == "--worker") a.worker = next();
@@ -468,16 +357,13 @@ int main(int argc, char** argv) {
       else if (s == "--mode") a.mode = next();
       else if (s == "--set") a.sets.push_back(next());
       else if (s == "--variants") a.variants = split(next(), '|');
-      else if (s == "--fractions") {
-        for (double f : bench::numbers<double>(next())) a.fractions.push_back(f);
-      } else
+      else
         throw Error("bench_peer: unknown argument " + s +
-                    " (expected --reps N --steps N --warmup N --threads N --families a,b --no-budgets "
-                    "--fractions f,g --json FILE --variants 'k=v,k=v|k=v' --set k=v --device cpu|cuda)");
+                    " (expected --reps N --steps N --warmup N --threads N --families a,b "
+                    "--json FILE --variants 'k=v,k=v|k=v' --set k=v --device cpu|cuda)");
     }
     if (a.device != "cpu" && a.device != "cuda")
       throw Error("bench_peer: --device '" + a.device + "' is not valid; expected cpu or cuda");
-    if (a.device == "cuda") a.budgets = false;  // budgets are planned on the counting CPU allocator (trainer.cpp)
     if (!a.worker.empty()) return worker(a);
     return a.variants.empty() ? orchestrate(a) : compare_variants(a);
   } catch (const std::exception& e) {

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """PyTorch peer for bench_budget_curve: the same GPT (architecture, sizes, batch, dropout; bench/peer_nets.py's,
-the models every bench script shares) trained one step at a time with (a) plain autograd and (b)
-torch.utils.checkpoint on every block, as PyTorch users do it. Peak memory is measured by ration's counting
+the models every bench script shares) trained one full step at a time (forward, backward, clip to 1.0, AdamW
+as configs/gpt.toml, zero_grad) with (a) plain autograd and (b) torch.utils.checkpoint on every block, as
+PyTorch users do it. Its peaks are what bench_budget_curve compares; the time of `ration train` against a
+PyTorch training loop is bench_train_peer's (bench/peer_train.py). Peak memory is measured by ration's counting
 ATen allocator loaded through ctypes (bench/peer_probe.py: the same libc10 as ration), so both sides are
 measured identically. Run with Debian's /usr/bin/python3.
 
@@ -43,6 +45,7 @@ for mode in ("none", "per-block"):
     model = peer_nets.GPT(args.vocab, args.n_layer, args.n_head, args.n_embd, args.block_size, args.dropout,
                           checkpoint_blocks=mode == "per-block")
     model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     times, cpus, peaks = [], [], []
     for step in range(args.steps + 2):
         model.zero_grad(set_to_none=True)
@@ -50,6 +53,8 @@ for mode in ("none", "per-block"):
         t0, c0 = time.perf_counter(), time.process_time()
         loss = peer_nets.loss(model, x, y)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
         ms = (time.perf_counter() - t0) * 1e3
         cpu_ms = (time.process_time() - c0) * 1e3
         peak = probe.peak_above()

@@ -8,15 +8,15 @@ and CPU (process) ms, the threads it ran with, and (with --probe) the peak bytes
 measured by ration's counting allocator (libration_memprobe.so through bench/peer_probe.py, the same
 allocator ration measures itself with).
 
-gpt only: --mode per-block wraps every transformer block in torch.utils.checkpoint (non-reentrant), and
---mode fwd-bwd (or per-block) times forward + backward only (as bench_budget_curve's points do).
+Checkpointing (torch.utils.checkpoint per block, attention only) against `ration train --memory-budget`
+is bench/peer_train.py's (bench_train_peer), which times the whole training loop.
 --profile-ops: one extra profiled step under torch.autograd.profiler; the per-op self-CPU table goes into
 the JSON ("ops": name -> {calls, self_ms}).
 
 Thread settings come from the environment (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, set by bench_peer for
 both sides) and --threads (torch.set_num_threads); the JSON echoes all three.
 
-usage: peer_models.py --family gpt --threads 1 --steps 20 [--mode plain|fwd-bwd|per-block] [--probe SO]
+usage: peer_models.py --family gpt --threads 1 --steps 20 [--probe SO]
          [--set model.n_layer=4 ...]   (sizes default to configs/<family>.toml's)"""
 import argparse
 import json
@@ -28,7 +28,6 @@ import peer_probe
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--family", required=True, choices=["mlp", "cnn", "gpt", "lstm_lm"])
-ap.add_argument("--mode", default="plain", choices=["plain", "fwd-bwd", "per-block"])
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--threads", type=int, default=1)
@@ -72,7 +71,7 @@ def build():
         batch = (torch.rand(cfg["batch"], 1, 28, 28), torch.randint(0, 10, (cfg["batch"],)))
     elif f == "gpt":
         model = peer_nets.GPT(cfg["vocab"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"], cfg["block_size"],
-                              cfg["dropout"], checkpoint_blocks=args.mode == "per-block")
+                              cfg["dropout"])
         tok = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["block_size"] + 1))
         batch = (tok[:, :-1].contiguous(), tok[:, 1:].contiguous())
     else:
@@ -94,16 +93,14 @@ if gpu:
     model.to("cuda")
     batch = tuple(t.to("cuda") for t in batch)
 model.train()
-with_optimizer = args.mode == "plain"
 
 
 def step():
     loss = peer_nets.loss(model, *batch)
     loss.backward()
-    if with_optimizer:
-        if cfg["clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"])
-        opt.step()
+    if cfg["clip"] > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"])
+    opt.step()
     model.zero_grad(set_to_none=True)
     return loss
 
@@ -133,7 +130,7 @@ for s in range(args.warmup + args.steps):
         cpus.append(cpu_ms)
         peaks.append(peak)
 
-out = {"side": "pytorch", "version": torch.__version__, "family": args.family, "mode": args.mode,
+out = {"side": "pytorch", "version": torch.__version__, "family": args.family,
        "steps": args.steps, "warmup": args.warmup, "step_ms_median": statistics.median(times),
        "step_cpu_ms_median": statistics.median(cpus), "step_ms": times,
        "threads": {"torch.set_num_threads": args.threads, "torch.get_num_threads": torch.get_num_threads(),

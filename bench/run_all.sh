@@ -29,7 +29,7 @@ ALL_SECTIONS=("${CPU_SECTIONS[@]}" gpu)
 
 # The build targets each section needs (bench/CMakeLists.txt; ration_cli for the benches that run `ration`).
 declare -A TARGETS=(
-  [speed]="bench_peer bench_engine_vs_libtorch"
+  [speed]="bench_train_peer bench_peer bench_engine_vs_libtorch"
   [memory]="bench_budget_curve bench_chain_yardstick"
   [offload]="bench_offload bench_joint_plan"
   [planner]="bench_plan_scaling"
@@ -80,10 +80,11 @@ ensure_movielens() {
 
 section_speed() {
   local B=$BUILD/bench
-  # Training step vs PyTorch (all families at one thread, gpt budget points forward + backward only).
-  run "$B"/bench_peer --reps 3 --threads 1 --json $R/bench_peer.json
-  # cnn at its default two threads.
-  run "$B"/bench_peer --families cnn --reps 3 --no-budgets --json $R/bench_peer_cnn_t2.json
+  # `ration train` vs a PyTorch training loop, each config's threads, same BLAS core; gpt under a budget vs
+  # torch.utils.checkpoint per block and attention only; and PyTorch as installed.
+  run "$B"/bench_train_peer --reps 5 --steps 40 --json $R/train_peer.json
+  # The engine's step alone (no loop around it) vs PyTorch's, each config's threads.
+  run "$B"/bench_peer --reps 3 --families mlp,cnn,gpt,lstm_lm --json $R/bench_peer.json
   # Engine vs libtorch's C++ autograd, each config's train.threads and one thread.
   run "$B"/bench_engine_vs_libtorch --steps 10 configs/cnn.toml configs/gpt.toml configs/lstm_lm.toml configs/mlp.toml \
     --out $R/engine_vs_libtorch.json

@@ -1,4 +1,4 @@
-// The speed settings (BENCHMARKS.md, "Training step, CPU") keep results exact: the counting allocator's
+// The speed settings (BENCHMARKS.md, "Speed vs PyTorch") keep results exact: the counting allocator's
 // lock-free counters give exact totals and peaks (device peak independent of host data allocated
 // mid-step), also with allocating threads; the loader's prefetch hands out the same batches in the same
 // order; train.threads sets ATen and OpenBLAS together; the per-op profile sees every op's backward.

@@ -9,6 +9,7 @@
 #include "ration/base/check.h"
 #include "ration/nn/observe.h"
 #include "ration/ops/ops.h"
+#include "ration/ops/recurrent.h"
 
 namespace ration::nn {
 namespace {
@@ -209,16 +210,19 @@ RecurrentBase::RecurrentBase(int64_t in, int64_t hidden, int64_t layers, double 
   }
 }
 
-Value RecurrentBase::unroll(const Value& x, const char* what, int num_states, const Step& step) {
+Value RecurrentBase::unroll(const Value& x, const char* what, int num_states, const Step& step,
+                            const Project& project) {
   RATION_CHECK(x.dim() == 3 && x.size(2) == input_size, what, " expects batch-first input (B, T, ", input_size,
                "); got ", x.sizes());
   const int64_t B = x.size(0), T = x.size(1), H = hidden_size;
   RATION_CHECK(T > 0, what, " needs at least one time step; got ", x.sizes());
   const at::TensorOptions opts = w_ih[0].tensor().options();
-  // (B, T, I) -> (B, T*I) -> T column blocks (B, I): one reshape and one split for the whole sequence.
-  Values inputs = ops::split(ops::reshape(x, {B, T * input_size}), input_size, 1);
+  // (B, T, I) -> (B, T*I): each layer's input, T column blocks (B, width) side by side.
+  Value layer_input = ops::reshape(x, {B, T * input_size});
+  int64_t width = input_size;
   Value flat;  // (B, T*H): the step outputs of the current layer side by side
   for (int64_t l = 0; l < num_layers; ++l) {
+    const Values inputs = project ? project(l, layer_input, T, width) : ops::split(layer_input, width, 1);
     Values state;
     for (int s = 0; s < num_states; ++s) state.emplace_back(at::zeros({B, H}, opts));  // (B, H)
     Values hs;  // T x (B, H)
@@ -230,7 +234,8 @@ Value RecurrentBase::unroll(const Value& x, const char* what, int num_states, co
     flat = ops::cat(hs, 1);  // (B, T*H)
     if (l + 1 < num_layers) {
       if (is_training() && dropout > 0.0) flat = ops::dropout(flat, dropout, true);
-      inputs = ops::split(flat, H, 1);  // T x (B, H)
+      layer_input = flat;
+      width = H;
     }
   }
   return ops::reshape(flat, {B, T, H});  // (B, T, H)
@@ -239,11 +244,24 @@ Value RecurrentBase::unroll(const Value& x, const char* what, int num_states, co
 LSTM::LSTM(int64_t in, int64_t hidden, int64_t layers, double dropout_)
     : RecurrentBase(in, hidden, layers, dropout_, 4) {}
 
+Values LSTM::project_inputs(int64_t l, const Value& input, int64_t steps, int64_t width) {
+  const size_t i = static_cast<size_t>(l);
+  const int64_t B = input.size(0), G = 4 * hidden_size;
+  const Value gx = ops::linear(ops::reshape(input, {B * steps, width}), w_ih[i], b_ih[i]);  // (B*T, 4H), row b*T + t
+  return ops::split(ops::reshape(gx, {B, steps * G}), G, 1);                               // T x (B, 4H)
+}
+
 Value LSTM::forward(const Value& x) {
   ScopeGuard scope(name());
-  return unroll(x, "LSTM", 2, [this](int64_t l, const Value& x_t, const Values& hc) {
-    return ops::lstm_cell(x_t, hc[0], hc[1], w_ih[l], w_hh[l], b_ih[l], b_hh[l]);  // {h, c}
-  });
+  return unroll(
+      x, "LSTM", 2,
+      [this](int64_t l, const Value& gx_t, const Values& hc) {
+        const size_t i = static_cast<size_t>(l);
+        return ops::lstm_cell_projected(gx_t, hc[0], hc[1], w_hh[i], b_hh[i]);  // {h, c}
+      },
+      [this](int64_t l, const Value& input, int64_t steps, int64_t width) {
+        return project_inputs(l, input, steps, width);
+      });
 }
 
 GRU::GRU(int64_t in, int64_t hidden, int64_t layers, double dropout_)

@@ -135,8 +135,8 @@ class TransformerBlock : public Module {
 };
 
 // Multi-layer recurrent nets, batch-first: x (B, T, I) -> outputs of the last layer (B, T, H).
-// Initial states are zeros. Unrolled over time with ops::lstm_cell / ops::gru_cell (one graph node per
-// step per layer). Parameters per layer l, PyTorch names and gate layouts: weight_ih_l{l} (G H, I or H),
+// Initial states are zeros. Unrolled over time with ops::lstm_cell_projected / ops::gru_cell (one graph
+// node per step per layer; an LSTM layer's input projection is one linear node over the sequence). Parameters per layer l, PyTorch names and gate layouts: weight_ih_l{l} (G H, I or H),
 // weight_hh_l{l} (G H, H), bias_ih_l{l} (G H), bias_hh_l{l} (G H), G = 4 (LSTM: i, f, g, o) or
 // 3 (GRU: r, z, n); init U(-1/sqrt(H), 1/sqrt(H)). `dropout` applies to the outputs of every layer
 // but the last, in training mode (as torch.nn.LSTM).
@@ -149,15 +149,23 @@ class RecurrentBase : public Module {
  protected:
   RecurrentBase(int64_t input_size, int64_t hidden_size, int64_t num_layers, double dropout, int64_t gates);
   // One time step of layer l: (x_t (B, I), state) -> new state; state[0] is h (B, H), the step output.
+  // x_t is the layer's input at step t, or what `Project` made of it.
   using Step = std::function<Values(int64_t layer, const Value& x_t, const Values& state)>;
+  // What the steps of layer l read, from the layer's whole input (B, T*W) of width W per step: T column
+  // blocks (B, W) when unset.
+  using Project = std::function<Values(int64_t layer, const Value& input, int64_t steps, int64_t width)>;
   // Runs all layers over all steps from zero states (`num_states` tensors of (B, H) per layer).
-  Value unroll(const Value& x, const char* what, int num_states, const Step& step);
+  Value unroll(const Value& x, const char* what, int num_states, const Step& step, const Project& project = {});
 };
 
+// The steps of an LSTM layer read the input's projection x w_ih^T + b_ih, computed for the whole sequence
+// (or a streamed chunk) in one matmul, as torch.nn.LSTM does (ops::lstm_cell_projected).
 class LSTM : public RecurrentBase {
  public:
   LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, double dropout = 0.0);
   Value forward(const Value& x);
+  // Layer l's input (B, T*W) -> T blocks (B, 4H) of x w_ih^T + b_ih.
+  Values project_inputs(int64_t layer, const Value& input, int64_t steps, int64_t width);
 };
 
 class GRU : public RecurrentBase {

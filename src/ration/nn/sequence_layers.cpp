@@ -5,6 +5,7 @@
 
 #include "ration/base/check.h"
 #include "ration/ops/ops.h"
+#include "ration/ops/recurrent.h"
 
 namespace ration::nn {
 
@@ -195,9 +196,11 @@ Value lstm_chunk(LSTM& lstm, const Value& x, std::vector<seq::RingBuffer*> state
   for (int64_t l = 0; l < lstm.num_layers; ++l)
     seq::note_op("lstm_cell", seq::TimeAccess::CarriedState, 0, ".l" + std::to_string(l));
   // Exactly the ops of RecurrentBase::unroll, started from the carried state instead of zeros.
-  Values inputs = ops::split(ops::reshape(x, {B, C * lstm.input_size}), lstm.input_size, 1);  // C x (B, I)
+  Value layer_input = ops::reshape(x, {B, C * lstm.input_size});  // (B, C*I)
+  int64_t width = lstm.input_size;
   Value flat;
   for (int64_t l = 0; l < lstm.num_layers; ++l) {
+    const Values inputs = lstm.project_inputs(l, layer_input, C, width);  // C x (B, 4H)
     seq::RingBuffer& buf = *state[static_cast<size_t>(l)];
     Value h, c;
     if (buf.filled() == 0) {
@@ -210,8 +213,8 @@ Value lstm_chunk(LSTM& lstm, const Value& x, std::vector<seq::RingBuffer*> state
     }
     Values hs;
     hs.reserve(static_cast<size_t>(C));
-    for (const Value& x_t : inputs) {
-      Values next = ops::lstm_cell(x_t, h, c, lstm.w_ih[l], lstm.w_hh[l], lstm.b_ih[l], lstm.b_hh[l]);
+    for (const Value& gx_t : inputs) {
+      Values next = ops::lstm_cell_projected(gx_t, h, c, lstm.w_hh[l], lstm.b_hh[l]);
       h = next[0];
       c = next[1];
       hs.push_back(h);
@@ -220,7 +223,8 @@ Value lstm_chunk(LSTM& lstm, const Value& x, std::vector<seq::RingBuffer*> state
     flat = ops::cat(hs, 1);  // (B, C*H)
     if (l + 1 < lstm.num_layers) {
       if (lstm.is_training() && lstm.dropout > 0.0) flat = ops::dropout(flat, lstm.dropout, true);
-      inputs = ops::split(flat, H, 1);
+      layer_input = flat;
+      width = H;
     }
   }
   return ops::reshape(flat, {B, C, H});  // (B, C, H)

@@ -6,6 +6,9 @@
 //   c' = f * c + i * g,  h' = o * tanh(c')
 //   keeps: x, h, c, w_ih, w_hh (inputs), c' (output 1) and the activated gates [i f g o] (output 2,
 //   internal, (B, 4H)); tanh(c') is recomputed in backward rather than kept.
+// lstm_cell_projected: the same cell given gx = x w_ih^T + b_ih (B, 4H), computed by the caller for a whole
+//   sequence in one matmul (nn::LSTM), as torch.nn.LSTM does; keeps h, c, w_hh, c' and the gates, and
+//   returns dgates as gx's gradient (so w_ih's gradient is one matmul over the sequence too).
 //
 // GRU (gates stacked r, z, n in w_ih (3H, I), w_hh (3H, H)):
 //   gi = x w_ih^T + b_ih, gh = h w_hh^T + b_hh                      (B, 3H) each
@@ -18,6 +21,9 @@
 #include "ration/base/check.h"
 #include "ration/ops/op_util.h"
 #include "ration/ops/ops.h"
+#include "ration/ops/recurrent.h"
+
+#include <utility>
 
 namespace ration::ops {
 using namespace detail;
@@ -40,6 +46,35 @@ void check_cell(const char* op, int64_t gates, const Value& x, const Value& h, c
 }
 }  // namespace
 
+// The cell from its pre-activation gates (B, 4H) and c (B, H): {h' (B, H), c' (B, H), act [i f g o] (B, 4H)}.
+static Tensors lstm_from_gates(const at::Tensor& gates, const at::Tensor& c) {
+  const int64_t hs = c.size(1);
+  const at::Tensor act = at::cat({at::sigmoid(gates.narrow(1, 0, 2 * hs)), at::tanh(gates.narrow(1, 2 * hs, hs)),
+                                  at::sigmoid(gates.narrow(1, 3 * hs, hs))},
+                                 1);  // (B, 4H)
+  const at::Tensor i = act.narrow(1, 0, hs), f = act.narrow(1, hs, hs), g = act.narrow(1, 2 * hs, hs),
+                   o = act.narrow(1, 3 * hs, hs);
+  at::Tensor c_next = at::mul(f, c).add(at::mul(i, g));  // (B, H)
+  at::Tensor h_next = at::mul(o, at::tanh(c_next));      // (B, H)
+  return Tensors{h_next, c_next, act};
+}
+
+// Backward through the gates: {dgates (B, 4H) pre-activation, dc (B, H) = dL/dc for the previous c}, from
+// the output gradients, the kept c' and act, and the input c.
+static std::pair<at::Tensor, at::Tensor> lstm_gate_grads(const Tensors& grads, const at::Tensor& c_next,
+                                                  const at::Tensor& act, const at::Tensor& c) {
+  const at::Tensor &dh_next = grads[0], &dc_next = grads[1];
+  const int64_t hs = act.size(1) / 4;
+  const at::Tensor i = act.narrow(1, 0, hs), f = act.narrow(1, hs, hs), g = act.narrow(1, 2 * hs, hs),
+                   o = act.narrow(1, 3 * hs, hs);
+  const at::Tensor tanh_c = at::tanh(c_next);                               // (B, H)
+  const at::Tensor dc = dc_next + at::tanh_backward(dh_next * o, tanh_c);  // (B, H) total dL/dc'
+  const at::Tensor dgates = at::cat({at::sigmoid_backward(dc * g, i), at::sigmoid_backward(dc * c, f),
+                                     at::tanh_backward(dc * i, g), at::sigmoid_backward(dh_next * tanh_c, o)},
+                                    1);  // (B, 4H), pre-activation
+  return {dgates, dc * f};
+}
+
 Values lstm_cell(const Value& x, const Value& h, const Value& c, const Value& w_ih, const Value& w_hh,
                  const Value& b_ih, const Value& b_hh) {
   check_cell("lstm_cell", 4, x, h, w_ih, w_hh, b_ih, b_hh);
@@ -49,32 +84,15 @@ Values lstm_cell(const Value& x, const Value& h, const Value& c, const Value& w_
   return apply_op(
       spec("lstm_cell", {0, 1, 2, 3, 4}, {1, 2}, /*visible_outputs=*/2), {x, h, c, w_ih, w_hh, b_ih, b_hh},
       [](const Tensors& in, ForwardCtx&) {
-        const int64_t hs = in[1].size(1);
         const at::Tensor gates = at::linear(in[1], in[4], in[6]).add(at::linear(in[0], in[3], in[5]));  // (B, 4H)
-        const at::Tensor act = at::cat({at::sigmoid(gates.narrow(1, 0, 2 * hs)), at::tanh(gates.narrow(1, 2 * hs, hs)),
-                                        at::sigmoid(gates.narrow(1, 3 * hs, hs))},
-                                       1);  // (B, 4H)
-        const at::Tensor i = act.narrow(1, 0, hs), f = act.narrow(1, hs, hs), g = act.narrow(1, 2 * hs, hs),
-                         o = act.narrow(1, 3 * hs, hs);
-        at::Tensor c_next = at::mul(f, in[2]).add(at::mul(i, g));  // (B, H)
-        at::Tensor h_next = at::mul(o, at::tanh(c_next));          // (B, H)
-        return Tensors{h_next, c_next, act};
+        return lstm_from_gates(gates, in[2]);
       },
       [](BackwardCtx& ctx, const Tensors& grads) {
-        const at::Tensor &dh_next = grads[0], &dc_next = grads[1];
-        const at::Tensor act = ctx.output(2);
-        const int64_t hs = act.size(1) / 4;
-        const at::Tensor i = act.narrow(1, 0, hs), f = act.narrow(1, hs, hs), g = act.narrow(1, 2 * hs, hs),
-                         o = act.narrow(1, 3 * hs, hs);
-        const at::Tensor tanh_c = at::tanh(ctx.output(1));                       // (B, H)
-        const at::Tensor dc = dc_next + at::tanh_backward(dh_next * o, tanh_c);  // (B, H) total dL/dc'
-        const at::Tensor dgates = at::cat({at::sigmoid_backward(dc * g, i), at::sigmoid_backward(dc * ctx.input(2), f),
-                                           at::tanh_backward(dc * i, g), at::sigmoid_backward(dh_next * tanh_c, o)},
-                                          1);  // (B, 4H), pre-activation
+        const auto [dgates, dc_prev] = lstm_gate_grads(grads, ctx.output(1), ctx.output(2), ctx.input(2));
         Tensors d(7);
         if (ctx.needs_input_grad(0)) d[0] = at::mm(dgates, ctx.input(3));
         if (ctx.needs_input_grad(1)) d[1] = at::mm(dgates, ctx.input(4));
-        if (ctx.needs_input_grad(2)) d[2] = dc * f;
+        if (ctx.needs_input_grad(2)) d[2] = dc_prev;
         if (ctx.needs_input_grad(3)) d[3] = at::mm(dgates.t(), ctx.input(0));
         if (ctx.needs_input_grad(4)) d[4] = at::mm(dgates.t(), ctx.input(1));
         if (ctx.needs_input_grad(5) || ctx.needs_input_grad(6)) {
@@ -82,6 +100,32 @@ Values lstm_cell(const Value& x, const Value& h, const Value& c, const Value& w_
           if (ctx.needs_input_grad(5)) d[5] = db;
           if (ctx.needs_input_grad(6)) d[6] = db;
         }
+        return d;
+      });
+}
+
+Values lstm_cell_projected(const Value& gx, const Value& h, const Value& c, const Value& w_hh, const Value& b_hh) {
+  RATION_CHECK(gx.dim() == 2 && h.dim() == 2 && gx.size(0) == h.size(0) && gx.size(1) == 4 * h.size(1),
+               "lstm_cell_projected expects gx (B, 4H) and h (B, H); got ", gx.sizes(), " and ", h.sizes());
+  RATION_CHECK(c.sizes() == h.sizes(), "lstm_cell_projected: c ", c.sizes(), " must match h ", h.sizes());
+  RATION_CHECK(w_hh.dim() == 2 && w_hh.size(0) == gx.size(1) && w_hh.size(1) == h.size(1),
+               "lstm_cell_projected: w_hh must be (4H, H); got ", w_hh.sizes());
+  // inputs: 0 gx, 1 h, 2 c, 3 w_hh, 4 b_hh
+  // outputs: 0 h' (B, H), 1 c' (B, H), 2 activated gates [i f g o] (B, 4H), internal
+  return apply_op(
+      spec("lstm_cell_projected", {1, 2, 3}, {1, 2}, /*visible_outputs=*/2), {gx, h, c, w_hh, b_hh},
+      [](const Tensors& in, ForwardCtx&) {
+        const at::Tensor gates = at::linear(in[1], in[3], in[4]).add(in[0]);  // (B, 4H)
+        return lstm_from_gates(gates, in[2]);
+      },
+      [](BackwardCtx& ctx, const Tensors& grads) {
+        const auto [dgates, dc_prev] = lstm_gate_grads(grads, ctx.output(1), ctx.output(2), ctx.input(2));
+        Tensors d(5);
+        if (ctx.needs_input_grad(0)) d[0] = dgates;
+        if (ctx.needs_input_grad(1)) d[1] = at::mm(dgates, ctx.input(3));
+        if (ctx.needs_input_grad(2)) d[2] = dc_prev;
+        if (ctx.needs_input_grad(3)) d[3] = at::mm(dgates.t(), ctx.input(1));
+        if (ctx.needs_input_grad(4)) d[4] = dgates.sum(0);
         return d;
       });
 }

@@ -58,13 +58,15 @@ namespace {
 struct StepRecord {
   nlohmann::json losses = nlohmann::json::array();
   std::vector<double> step_ms, recompute_ms;
-  std::vector<int64_t> peaks;
+  std::vector<double> loop_ms;  // each iteration of the loop: batch, step, progress, evaluation, checkpoint
+  std::vector<int64_t> peaks, peaks_above;
   int64_t items = 0;
   double seconds = 0;
 
   void add(const StepStats& st, int64_t items_in_batch, bool planned) {
     step_ms.push_back(st.ms);
     peaks.push_back(st.peak_bytes);
+    peaks_above.push_back(st.peak_above_baseline());
     if (planned) recompute_ms.push_back(st.recompute_ms);
     seconds += st.ms / 1000.0;
     items += items_in_batch;
@@ -72,6 +74,9 @@ struct StepRecord {
   }
   double items_per_second() const { return static_cast<double>(items) / std::max(seconds, 1e-9); }
   int64_t worst_peak() const { return peaks.empty() ? 0 : *std::max_element(peaks.begin(), peaks.end()); }
+  int64_t worst_peak_above() const {
+    return peaks_above.empty() ? 0 : *std::max_element(peaks_above.begin(), peaks_above.end());
+  }
 };
 
 // A step's dropout seed is train.seed * kSeedSpread + step: 2^64 divided by the golden ratio (odd), so
@@ -176,9 +181,11 @@ class TrainingRun {
     }
     try {
       for (; step_ < total_steps_; ++step_) {
+        const auto iteration_start = Clock::now();
         step_begin_ = step_;
         train_one_step();
         after_step_duties();
+        record_.loop_ms.push_back(ms_since(iteration_start));
         if ((stop_signal_ = sync_->active() ? sync_->agreed_stop() : InterruptScope::requested()) != 0) {
           ++step_;  // this step is done
           break;
@@ -234,7 +241,11 @@ class TrainingRun {
       o.shard_rank = 0;
       o.shard_count = 1;
     }
-    o.prefetch = true;  // the next batch is prepared on a thread while the step runs (data/dataset.h)
+    // No prefetch thread (data/dataset.h): every dataset here makes a batch from memory in well under a
+    // millisecond, so a thread started per batch had nothing to hide and competed with the step for the
+    // cores (mlp's step 2.51 against 2.88 ms, medians on a shared 2-vCPU machine; BENCHMARKS.md, "What the
+    // training loop adds").
+    o.prefetch = false;
     return o;
   }
 
@@ -441,6 +452,7 @@ class TrainingRun {
 
   nlohmann::json memory_report() {
     nlohmann::json mem = runtime_.memory_report(record_.worst_peak(), model_.parameter_options().device());
+    mem["step_peak_above_baseline_bytes"] = record_.worst_peak_above();  // above each step's pre-step bytes
     if (mem.contains("within_budget") && !mem["within_budget"].get<bool>())
       progress_.note("warning: measured peak " + memory::format_bytes(record_.worst_peak()) + " exceeded the budget " +
                      memory::format_bytes(mem["budget_bytes"].get<int64_t>()));
@@ -451,7 +463,10 @@ class TrainingRun {
     // The first step allocates optimiser state and warms caches: leave it out of the median when possible.
     const std::vector<double>& ms = record_.step_ms;
     const std::vector<double> steady(ms.begin() + (ms.size() > 1 ? 1 : 0), ms.end());
+    const std::vector<double>& loop = record_.loop_ms;
+    const std::vector<double> steady_loop(loop.begin() + (loop.size() > 1 ? 1 : 0), loop.end());
     nlohmann::json t = {{"step_ms_median", median(steady)},
+                        {"loop_ms_median", median(steady_loop)},  // the step plus what the loop adds around it
                         {"train_seconds", record_.seconds},
                         {"wall_seconds", seconds_since(t_start_)},
                         {"items_per_second", record_.items_per_second()}};
