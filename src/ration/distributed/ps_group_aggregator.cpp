@@ -19,17 +19,13 @@
 #include "ration/base/check.h"
 #include "ration/core/value.h"
 #include "ration/distributed/aggregators.h"
-#include "ration/optim/clip.h"
+#include "ration/distributed/shard_model.h"
 
 namespace ration::dist {
 namespace {
 
 constexpr int kSnapshotTag = 5, kFinalTag = 6;
 
-// An optimiser entry "optim.<param>.<slot>" (not the step count "optim.step" or the rate "optim.lr").
-bool per_parameter(const std::string& key) {
-  return key.rfind("optim.", 0) == 0 && key != "optim.step" && key != "optim.lr";
-}
 
 // Which server holds which parameters: largest first, each to the server holding the fewest elements so
 // far (the lowest index on a tie); each server's list in model order. The same on every rank.
@@ -80,87 +76,18 @@ void check_group(const AggregatorContext& context, const PsAggregationOptions& o
                "every server steps on the same version; set optim.clip_grad_norm = 0 or dist.servers = 1");
 }
 
-// Server j's part of the global model: its parameters (copies), an optimiser built like the run's (the
-// resumed state of its parameters imported), clipping by the whole gradient's norm, the schedule.
-class ShardModel : public ServerModel {
- public:
-  ShardModel(const AggregatorContext& context, const optim::NamedParams& trainable, const std::vector<size_t>& held,
-             World servers)
-      : context_(context), servers_(std::move(servers)), held_(held), total_params_(trainable.size()) {
-    for (size_t i : held) {
-      const auto& [name, p] = trainable[i];
-      params_.emplace_back(name, parameter(p.tensor().detach().clone(), name));
-      values_.push_back(params_.back().second);
-      numel_ += p.numel();
-    }
-    optimizer_ = context.make_optimizer(params_);
-    optimizer_->import_state(own_entries(context.optimizer->export_state()));
-  }
-  int64_t numel() const override { return numel_; }
-  void apply(const at::Tensor& gradient, int64_t step) override {
-    int64_t offset = 0;
-    for (auto& [name, p] : params_) {
-      p.impl()->grad = gradient.narrow(0, offset, p.numel()).view(p.tensor().sizes());
-      offset += p.numel();
-    }
-    if (context_.clip_grad_norm > 0) optim::clip_by_norms(values_, context_.clip_grad_norm, all_norms());
-    if (context_.schedule) context_.schedule->apply(*optimizer_, step);
-    optimizer_->step();
-    optimizer_->zero_grad();
-  }
-  void read(at::Tensor& out) const override {
-    int64_t offset = 0;
-    for (const auto& [name, p] : params_) {
-      out.narrow(0, offset, p.numel()).copy_(p.tensor().reshape({-1}));
-      offset += p.numel();
-    }
-  }
-  // What a checkpoint holds of this server: "w:<param>" its weights, "o:<entry>" its optimiser state.
-  optim::NamedTensors state() const {
-    optim::NamedTensors out;
-    for (const auto& [name, p] : params_) out.emplace_back("w:" + name, p.tensor().clone());
-    for (const auto& [name, t] : optimizer_->export_state()) out.emplace_back("o:" + name, t.clone());
-    return out;
-  }
-
- private:
-  // The run's optimiser entries that belong to this server's parameters (and the step count, the rate).
-  optim::NamedTensors own_entries(const optim::NamedTensors& all) const {
-    optim::NamedTensors out;
-    for (const auto& [key, t] : all) {
-      bool mine = !per_parameter(key);
-      for (const auto& [name, p] : params_) mine = mine || key.substr(6, key.rfind('.') - 6) == name;
-      if (mine) out.emplace_back(key, t);
-    }
-    return out;
-  }
-  // Every trainable parameter's gradient norm in model order: this server's computed here, the others'
-  // from the other servers (one all-reduce of a float per parameter; a sum with zeros is exact).
-  std::vector<at::Tensor> all_norms() {
-    std::vector<at::Tensor> mine = optim::gradient_norms(values_);
-    if (servers_.size() <= 1) return mine;
-    at::Tensor all = at::zeros({static_cast<int64_t>(total_params_)}, at::kFloat);
-    for (size_t k = 0; k < held_.size(); ++k) all[static_cast<int64_t>(held_[k])].copy_(mine[k]);
-    servers_.all_reduce_sum(all);
-    std::vector<at::Tensor> out;
-    for (int64_t i = 0; i < all.numel(); ++i) out.push_back(all[i]);
-    return out;
-  }
-
-  const AggregatorContext& context_;
-  World servers_;
-  std::vector<size_t> held_;
-  size_t total_params_;
-  optim::NamedParams params_;
-  std::vector<Value> values_;
-  int64_t numel_ = 0;
-  std::unique_ptr<optim::Optimizer> optimizer_;
-};
-
 optim::NamedParams trainable_of(const optim::NamedParams& params) {
   optim::NamedParams out;
   for (const auto& [name, p] : params)
     if (p.requires_grad()) out.emplace_back(name, p);
+  return out;
+}
+
+// What a checkpoint holds of a server: "w:<param>" its weights, "o:<entry>" its optimiser state.
+optim::NamedTensors state_of(ShardModel& model) {
+  optim::NamedTensors out;
+  for (const auto& [name, p] : model.params()) out.emplace_back("w:" + name, p.tensor().clone());
+  for (const auto& [name, t] : model.optimizer().export_state()) out.emplace_back("o:" + name, t.clone());
   return out;
 }
 
@@ -280,13 +207,13 @@ ServerStep GroupPsAggregator::exchange(int64_t step, double share, double loss_s
   return out;
 }
 
-// Server j's state (ShardModel::state) into a checkpoint's weights (model order) and optimiser entries (the
+// Server j's state (state_of) into a checkpoint's weights (model order) and optimiser entries (the
 // step count and rate once, from the first server).
 void GroupPsAggregator::split(const optim::NamedTensors& states, optim::NamedTensors& weights,
                               optim::NamedTensors& optimizer_state, bool first) const {
   for (const auto& [key, t] : states) {
     if (key.rfind("w:", 0) == 0) weights.emplace_back(key.substr(2), t);
-    if (key.rfind("o:", 0) == 0 && (per_parameter(key.substr(2)) || first))
+    if (key.rfind("o:", 0) == 0 && (per_parameter_entry(key.substr(2)) || first))
       optimizer_state.emplace_back(key.substr(2), t);
   }
 }
@@ -370,12 +297,12 @@ nlohmann::json serve_parameter_shard(const AggregatorContext& context, const PsA
   auto aggregator = std::make_shared<PsAggregator>(workers, server_rule(options), model, context.first_step);
   {
     PsServerLinks links(channel, aggregator, /*worker_offset=*/1, [&](const World& ch, int rank) {
-      aggregator->with_model([&](ServerModel&, int64_t) { send_named_tensors(ch, rank, model.state(), kSnapshotTag); });
+      aggregator->with_model([&](ServerModel&, int64_t) { send_named_tensors(ch, rank, state_of(model), kSnapshotTag); });
     });
     links.wait_for_workers();  // throws CollectiveError naming a lost worker
   }
   const nlohmann::json stats = stats_json(aggregator->stats());
-  optim::NamedTensors final_state = model.state();
+  optim::NamedTensors final_state = state_of(model);
   const std::string text = stats.dump();
   final_state.emplace_back(
       "stats", at::from_blob(const_cast<char*>(text.data()), {static_cast<int64_t>(text.size())}, at::kByte).clone());

@@ -1,7 +1,7 @@
 // ps_partial_aggregator.cpp — partial and asynchronous aggregation on the parameter server
 // (dist.backup_workers, dist.sync = "async"; docs/DISTRIBUTED.md, "Backup workers and bounded asynchrony"):
-// rank 0 keeps a server copy of the global model (parameters cloned from the model, its own optimiser
-// built like the run's, clipping and the learning-rate schedule: the update rule the server applies);
+// rank 0 keeps a server copy of the global model (distributed/shard_model.h holding every parameter: its
+// own optimiser built like the run's, clipping and the learning-rate schedule);
 // every rank, after the reducer's finalize, pushes its weighted gradient, receives the global parameters
 // and copies them into its model; at the end rank 0 waits for the workers and leaves the final global
 // model in the model. Which pushes a version aggregates and when a worker may go on:
@@ -14,52 +14,10 @@
 #include "ration/base/check.h"
 #include "ration/core/value.h"
 #include "ration/distributed/aggregators.h"
-#include "ration/optim/clip.h"
+#include "ration/distributed/shard_model.h"
 
 namespace ration::dist {
 namespace {
-
-// Rank 0's global model: parameters of its own (the model rank 0 trains on is a worker's copy), an
-// optimiser built like the run's, clipping and the schedule, exactly as the synchronous server applies
-// them to the summed gradient.
-class ServerCopy : public ServerModel {
- public:
-  ServerCopy(const optim::NamedParams& params, const AggregatorContext& context) : context_(context) {
-    for (const auto& [name, p] : params) {
-      params_.emplace_back(name, parameter(p.tensor().detach().clone(), name));
-      numel_ += p.numel();
-    }
-    optimizer_ = context.make_optimizer(params_);
-    optimizer_->import_state(context.optimizer->export_state());
-  }
-  int64_t numel() const override { return numel_; }
-  void apply(const at::Tensor& gradient, int64_t step) override {
-    int64_t offset = 0;
-    for (auto& [name, p] : params_) {
-      p.impl()->grad = gradient.narrow(0, offset, p.numel()).view(p.tensor().sizes());
-      offset += p.numel();
-    }
-    if (context_.clip_grad_norm > 0) optim::clip_grad_norm(optimizer_->params(), context_.clip_grad_norm);
-    if (context_.schedule) context_.schedule->apply(*optimizer_, step);
-    optimizer_->step();
-    optimizer_->zero_grad();
-  }
-  void read(at::Tensor& out) const override {
-    int64_t offset = 0;
-    for (const auto& [name, p] : params_) {
-      out.narrow(0, offset, p.numel()).copy_(p.tensor().reshape({-1}));
-      offset += p.numel();
-    }
-  }
-  const optim::NamedParams& params() const { return params_; }
-  optim::Optimizer& optimizer() { return *optimizer_; }
-
- private:
-  const AggregatorContext& context_;
-  optim::NamedParams params_;
-  int64_t numel_ = 0;
-  std::unique_ptr<optim::Optimizer> optimizer_;
-};
 
 class PartialPsAggregator : public Aggregator {
  public:
@@ -91,7 +49,7 @@ class PartialPsAggregator : public Aggregator {
   int64_t numel_ = 0;
   int64_t version_ = 0;
   at::Tensor received_;  // (numel) the parameters of the last reply
-  std::unique_ptr<ServerCopy> server_;             // rank 0
+  std::unique_ptr<ShardModel> server_;             // rank 0: every parameter
   std::shared_ptr<PsAggregator> aggregator_;       // rank 0
   std::unique_ptr<PsServerLinks> links_;           // rank 0, destroyed before server_
   std::unique_ptr<PsClient> client_;               // workers
@@ -109,7 +67,9 @@ std::string PartialPsAggregator::attach(const AggregatorContext& context) {
   }
   received_ = at::empty({numel_}, at::kFloat);
   if (channel_.rank() == 0) {
-    server_ = std::make_unique<ServerCopy>(params_, context_);
+    std::vector<size_t> every(params_.size());
+    for (size_t i = 0; i < every.size(); ++i) every[i] = i;
+    server_ = std::make_unique<ShardModel>(context_, params_, every, World::init_single());
     aggregator_ = std::make_shared<PsAggregator>(channel_.size(), options_, *server_, version_);
     links_ = std::make_unique<PsServerLinks>(channel_, aggregator_);
   } else {
