@@ -394,6 +394,7 @@ TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
 // per-group decisions: the oracle of the incremental-peak tests below.
 struct ProfiledGroups {
   memory::StepProfile profile;
+  memory::Plan loose;  // the plan of an unbounded budget: every group kept, the minimum and unconstrained peaks
   std::vector<memory::Group> groups;
   int64_t simulated(const std::vector<memory::Decision>& d, int64_t extra) const {
     std::vector<memory::Decision> by_storage(profile.storages.size(), memory::Decision::Keep);
@@ -411,7 +412,8 @@ ProfiledGroups profiled_groups(const Case& c) {
   out.profile = train::profile_step(*model, batch_for(c.name), 11);
   memory::PlanOptions o;
   o.budget_bytes = int64_t{1} << 40;
-  out.groups = memory::make_plan(out.profile, o).groups;
+  out.loose = memory::make_plan(out.profile, o);
+  out.groups = out.loose.groups;
   return out;
 }
 
@@ -741,14 +743,10 @@ TEST(Planner, PresetOrderStrategiesDeleteInForwardOrderUntilTheRestFits) {
   int count_differs = 0;  // budgets where the count rule deleted another prefix than the search
   for (const auto& c : cases()) {
     SCOPED_TRACE(c.name);
-    Config cfg = Config::from_string(c.toml, c.name + ".toml");
-    at::manual_seed(3);
-    auto model = models::build_model(cfg);
-    model->train();
-    const memory::StepProfile profile = train::profile_step(*model, batch_for(c.name), 11);
+    const ProfiledGroups profiled = profiled_groups(c);
+    const memory::StepProfile& profile = profiled.profile;
+    const memory::Plan& loose = profiled.loose;
     memory::PlanOptions o;
-    o.budget_bytes = int64_t{1} << 40;
-    const memory::Plan loose = memory::make_plan(profile, o);
     const size_t n = loose.groups.size();
     int64_t unit = 0;
     for (const auto& g : loose.groups) unit = std::max(unit, g.bytes);
@@ -794,14 +792,10 @@ TEST(Planner, PresetOrderStrategiesDeleteInForwardOrderUntilTheRestFits) {
 TEST(Planner, OrderedSetsEqualsTheWholeStepSearch) {
   for (const auto& c : cases()) {
     SCOPED_TRACE(c.name);
-    Config cfg = Config::from_string(c.toml, c.name + ".toml");
-    at::manual_seed(3);
-    auto model = models::build_model(cfg);
-    model->train();
-    const memory::StepProfile profile = train::profile_step(*model, batch_for(c.name), 11);
+    const ProfiledGroups profiled = profiled_groups(c);
+    const memory::StepProfile& profile = profiled.profile;
+    const memory::Plan& loose = profiled.loose;
     memory::PlanOptions o;
-    o.budget_bytes = int64_t{1} << 40;
-    const memory::Plan loose = memory::make_plan(profile, o);
     const std::vector<memory::Group>& groups = loose.groups;
     const size_t n = groups.size();
     std::vector<std::string> names;

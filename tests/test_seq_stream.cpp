@@ -18,22 +18,16 @@
 #include "ration/models/model.h"
 #include "ration/models/tcn_lm.h"
 #include "ration/streaming/stream_executor.h"
+#include "seq_fixture.h"
 #include "test_util.h"
 
 namespace ration::testing {
 namespace {
 
-std::unique_ptr<models::Model> build(const std::string& toml) {
-  Config cfg = Config::from_string(toml, "test_seq_stream");
-  auto model = models::build_model(cfg);
-  cfg.check_all_used();
-  model->eval();
-  return model;
-}
+std::unique_ptr<models::Model> build(const std::string& toml) { return build_eval_model(toml, "test_seq_stream"); }
 
-const char* kLstm = "[model]\ntype = \"lstm_lm\"\nvocab_size = 11\nn_embd = 6\nhidden_size = 8\nn_layer = 2\n";
-const char* kTcn =
-    "[model]\ntype = \"tcn_lm\"\nvocab_size = 11\nn_embd = 8\nn_layer = 3\nkernel_size = 3\ndilation_growth = 2\n";
+const char* const kLstm = kSeqLstm;
+const char* const kTcn = kSeqTcn;
 const char* kGptWindow =
     "[model]\ntype = \"gpt\"\nvocab_size = 11\nn_layer = 2\nn_head = 2\nn_embd = 8\nblock_size = 32\n"
     "attention_window = 5\ndropout = 0.0\n";
