@@ -126,9 +126,7 @@ Prepared prepare(const std::string& config_path, const std::vector<std::string>&
   p.runtime = std::make_unique<train::StepRuntime>(std::move(memory));
   // The optimiser a training run would build: its state is fixed memory the plan leaves room for.
   const auto optimizer = train::build_optimizer(run, model.named_parameters());
-  const int64_t prefetch_bytes = model.prefetches() ? model.prefetch_bytes(p.batch) : 0;  // as `train` plans
-  p.runtime->prepare(model, p.batch, p.setup.seed + 1, optimizer->unseen_state_bytes() + prefetch_bytes,
-                     optimizer->update_workspace_bytes());
+  p.runtime->prepare(model, p.batch, p.setup.seed + 1, optimizer.get());
   const memory::Plan* plan = p.runtime->current_plan();
   if (Trace* trace = current_trace(); trace != nullptr && plan != nullptr) trace->set_budget(plan->budget_bytes);
   return p;

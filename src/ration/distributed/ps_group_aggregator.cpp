@@ -20,6 +20,7 @@
 #include "ration/core/value.h"
 #include "ration/distributed/aggregators.h"
 #include "ration/distributed/shard_model.h"
+#include "ration/distributed/topology.h"
 
 namespace ration::dist {
 namespace {
@@ -164,14 +165,13 @@ at::Tensor GroupPsAggregator::pack(int server) const {
 }
 
 void GroupPsAggregator::unpack(int server, const at::Tensor& flat) {
-  at::NoGradGuard no_grad;
-  int64_t offset = 0;
+  std::vector<at::Tensor> tensors;
   for (size_t i : placement_.held[static_cast<size_t>(server)]) {
     const Value& p = trainable_[i].second;
-    p.impl()->tensor.copy_(flat.narrow(0, offset, p.numel()).view(p.tensor().sizes()));
+    tensors.push_back(p.impl()->tensor);
     p.impl()->grad = at::Tensor();
-    offset += p.numel();
   }
+  dist::unpack_parameters(flat, tensors);  // distributed/topology.h
 }
 
 ServerStep GroupPsAggregator::exchange(int64_t step, double share, double loss_sum, double samples, int stop_signal) {

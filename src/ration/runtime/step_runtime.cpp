@@ -202,13 +202,14 @@ const memory::Plan& StepRuntime::replan(int64_t budget_bytes) {
 }
 
 const memory::Plan* StepRuntime::prepare(models::Model& model, const data::Batch& batch, uint64_t seed,
-                                         int64_t extra_fixed_bytes, int64_t update_bytes) {
+                                         optim::Optimizer* optimizer, int64_t extra_fixed_bytes) {
   if (!settings_.budget.has_budget()) return nullptr;
   if (engine_) offload_costs();  // measured before profiling, while nothing of the step is live
   profile(model, batch, seed);
   memory::PlanOptions options = settings_.budget.plan;
-  options.extra_fixed_bytes = extra_fixed_bytes;
-  update_bytes_ = update_bytes;
+  options.extra_fixed_bytes =
+      extra_fixed_bytes + model.prefetch_bytes(batch) + (optimizer ? optimizer->unseen_state_bytes() : 0);
+  update_bytes_ = optimizer ? optimizer->update_workspace_bytes() : 0;
   return &plan(options);
 }
 

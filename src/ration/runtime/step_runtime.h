@@ -99,12 +99,13 @@ class StepRuntime {
 
   // ---- the plan
   // With a budget in the settings: profile one step of `model` on `batch` and plan for the settings'
-  // [memory] options plus `extra_fixed_bytes` (memory the profile cannot see, e.g. optimiser state to
-  // come). `update_bytes`: the optimiser update's own workspace (Optimizer::update_workspace_bytes): the
-  // step's memory after backward (measured in the profile) plus the fixed extra plus this must fit the
-  // budget too, or planning fails naming it. Returns the plan, or null without a budget (nothing to do).
+  // [memory] options. Memory the profile cannot see is fixed memory of the plan: `optimizer`'s state to
+  // come, what `model` holds for a prefetched batch (Model::prefetch_bytes), and `extra_fixed_bytes` (e.g.
+  // a data-parallel aggregator's). The optimiser step after backward (the step's memory then, measured in
+  // the profile, plus the update's workspace, Optimizer::update_workspace_bytes) must fit the budget too,
+  // or planning fails naming it. Returns the plan, or null without a budget (nothing to do).
   const memory::Plan* prepare(models::Model& model, const data::Batch& batch, uint64_t seed,
-                              int64_t extra_fixed_bytes = 0, int64_t update_bytes = 0);
+                              optim::Optimizer* optimizer = nullptr, int64_t extra_fixed_bytes = 0);
   // One measured forward+backward of `model` on `batch` under seed `seed`, keeping everything; no
   // update: gradients and buffers are restored afterwards. The runtime keeps the profile.
   const memory::StepProfile& profile(models::Model& model, const data::Batch& batch, uint64_t seed);

@@ -293,11 +293,7 @@ class TrainingRun {
     loader_.set_position(here);
     // Data parallel: what the aggregation holds (buckets, residuals, denominators) is fixed memory too.
     const int64_t dist_bytes = sync_->fixed_bytes(model_.num_parameters());
-    // A model that prefetches holds the next batch and its fetched state during every step.
-    const int64_t prefetch_bytes = model_.prefetches() ? model_.prefetch_bytes(first) : 0;
-    const memory::Plan* plan = runtime_.prepare(model_, first, setup_.seed,
-                                                optimizer_->unseen_state_bytes() + dist_bytes + prefetch_bytes,
-                                                optimizer_->update_workspace_bytes());
+    const memory::Plan* plan = runtime_.prepare(model_, first, setup_.seed, optimizer_.get(), dist_bytes);
     runtime_.correct_measured_peaks();
     progress_.note(plan->to_table());
   }
