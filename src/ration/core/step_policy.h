@@ -27,6 +27,9 @@ class StepPolicy {
   // internal ones included).
   virtual void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                                   const std::vector<at::Tensor>& outputs) = 0;
+  // A step of several micro-batches whose forward and backward interleave (a pipeline stage): the
+  // backward of one micro-batch (numbered as its forward was) begins.
+  virtual void begin_backward() {}
   virtual void before_backward_node(Node& /*node*/) {}
   virtual void after_backward_node(Node& /*node*/) {}
   // May a prefetch of `bytes` (not yet needed by backward) start now? (T3)

@@ -364,9 +364,9 @@ World World::subgroup(const std::string& name, const std::vector<int>& members) 
   for (int m : members)
     RATION_CHECK(m >= 0 && m < s.size && std::count(members.begin(), members.end(), m) == 1, "process group '", name,
                  "': members must be distinct ranks in [0, ", s.size, ")");
-  if (!s.group) {
+  if (!s.group || members.size() == 1) {
     World w;
-    w.state_ = std::make_shared<State>();  // one process
+    w.state_ = std::make_shared<State>();  // one process (no store keys, no sockets)
     return w;
   }
   const int serial = const_cast<State&>(s).subgroups_opened[name]++;

@@ -58,9 +58,29 @@ Value CNN::logits(const Value& images) {
                ") images (model.in_channels, model.image_size); got ", images.sizes());
   Value x = images;
   for (auto& block : blocks) x = block->forward(x);  // (B, C_i, S_i, S_i)
-  x = ops::flatten(x, 1);                            // (B, flat_features)
+  return head(x);
+}
+
+Value CNN::head(const Value& features) {
+  Value x = ops::flatten(features, 1);               // (B, flat_features)
   x = drop->forward(ops::relu(fc->forward(x)));      // (B, fc_hidden)
   return out->forward(x);                            // (B, num_classes)
+}
+
+Value CNN::pipeline_unit(int64_t unit, const Value& x) {
+  ScopeGuard scope(name());
+  RATION_CHECK(unit >= 0 && unit < pipeline_units(), "cnn: no pipeline unit ", unit, " (it has ", pipeline_units(), ")");
+  if (unit < static_cast<int64_t>(blocks.size())) return blocks[static_cast<size_t>(unit)]->forward(x);
+  return head(x);
+}
+
+std::string CNN::pipeline_unit_name(int64_t unit) const {
+  return unit < static_cast<int64_t>(blocks.size()) ? "blocks." + std::to_string(unit) : std::string("head");
+}
+
+std::vector<std::string> CNN::pipeline_unit_modules(int64_t unit) const {
+  if (unit < static_cast<int64_t>(blocks.size())) return {"blocks." + std::to_string(unit)};
+  return {"fc", "drop", "out"};
 }
 
 }  // namespace ration::models

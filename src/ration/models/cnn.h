@@ -39,6 +39,11 @@ class CNN : public Classifier {
   explicit CNN(const CNNOptions& options);
   Value logits(const Value& images) override;
   std::string family() const override { return "cnn"; }
+  // Pipeline units: one per conv block, then the head (flatten, fc, dropout, out).
+  int64_t pipeline_units() const override { return static_cast<int64_t>(blocks.size()) + 1; }
+  Value pipeline_unit(int64_t unit, const Value& x) override;
+  std::string pipeline_unit_name(int64_t unit) const override;
+  std::vector<std::string> pipeline_unit_modules(int64_t unit) const override;
 
   CNNOptions options;
   std::vector<std::shared_ptr<ConvBlock>> blocks;
@@ -46,6 +51,9 @@ class CNN : public Classifier {
   std::shared_ptr<nn::Dropout> drop;
   std::shared_ptr<nn::Linear> out;
   int64_t flat_features = 0;  // channels.back() * S' * S' after all pools
+
+ private:
+  Value head(const Value& features);  // (B, C, S', S') -> logits (B, num_classes)
 };
 
 }  // namespace ration::models

@@ -14,6 +14,9 @@ class Classifier : public Model {
   virtual Value logits(const Value& images) = 0;
   Value loss(const data::Batch& batch) override;
   EvalStats evaluate(const data::Batch& batch) override;
+  Value model_input(const data::Batch& batch) override;  // the images, on the parameters' device and dtype
+  Value output_loss(const Value& logits, const data::Batch& batch) override;
+  EvalStats output_evaluate(const Value& logits, const data::Batch& batch) override;
 };
 
 class LanguageModel : public Model {
@@ -24,6 +27,9 @@ class LanguageModel : public Model {
   virtual int64_t vocab_size() const = 0;
   Value loss(const data::Batch& batch) override;
   EvalStats evaluate(const data::Batch& batch) override;
+  Value model_input(const data::Batch& batch) override;  // the tokens (B, T)
+  Value output_loss(const Value& logits, const data::Batch& batch) override;
+  EvalStats output_evaluate(const Value& logits, const data::Batch& batch) override;
 };
 
 // Batch tensors are data, not graph values: floating inputs take the parameters' dtype, everything

@@ -61,6 +61,31 @@ Value GPT::logits(const Value& tokens) {
   return head(x);                                     // (B, T, V)
 }
 
+Value GPT::pipeline_unit(int64_t unit, const Value& x) {
+  ScopeGuard scope(name());
+  RATION_CHECK(unit >= 0 && unit < pipeline_units(), "gpt: no pipeline unit ", unit, " (it has ", pipeline_units(), ")");
+  if (unit == 0) {
+    RATION_CHECK(x.dim() == 2 && x.size(1) <= options.block_size, "gpt expects tokens (B, T) with T <= ",
+                 options.block_size, "; got ", x.sizes());
+    return drop->forward(embed(x, 0));
+  }
+  if (unit <= options.n_layer) return blocks[static_cast<size_t>(unit - 1)]->forward(x);
+  return head(x);
+}
+
+std::string GPT::pipeline_unit_name(int64_t unit) const {
+  if (unit == 0) return "embedding";
+  if (unit <= options.n_layer) return "blocks." + std::to_string(unit - 1);
+  return "head";
+}
+
+std::vector<std::string> GPT::pipeline_unit_modules(int64_t unit) const {
+  if (unit == 0) return {"wte", "wpe", "drop"};
+  if (unit <= options.n_layer) return {"blocks." + std::to_string(unit - 1)};
+  if (lm_head) return {"ln_f", "lm_head"};
+  return {"ln_f", "wte"};
+}
+
 Value GPT::embed(const Value& tokens, int64_t start) {
   const int64_t T = tokens.size(1);
   at::Tensor pos = at::arange(start, start + T, at::TensorOptions().dtype(at::kLong).device(tokens.tensor().device()));

@@ -42,6 +42,12 @@ class GPT : public LanguageModel, public seq::Streamable {
   int64_t vocab_size() const override { return options.vocab_size; }
   std::vector<seq::LayerDependency> sequence_layers() const override;
   Value stream_logits(const Value& tokens, seq::StreamBuffers& buffers) override;
+  // Pipeline units: 0 the embedding (wte, wpe, dropout), 1..n_layer the blocks, n_layer + 1 the head
+  // (ln_f and the lm head; tied, it uses wte too).
+  int64_t pipeline_units() const override { return options.n_layer + 2; }
+  Value pipeline_unit(int64_t unit, const Value& x) override;
+  std::string pipeline_unit_name(int64_t unit) const override;
+  std::vector<std::string> pipeline_unit_modules(int64_t unit) const override;
 
   GPTOptions options;
   std::shared_ptr<nn::Embedding> wte, wpe;

@@ -82,15 +82,22 @@ EvalStats stats_of(const Value& logits, const Value& targets, const Value& mean_
 
 }  // namespace
 
-Value Classifier::loss(const data::Batch& batch) {
-  ClassBatch b = class_batch(batch, *this);
-  return ops::cross_entropy(logits(b.images), b.labels);
-}
+Value Classifier::loss(const data::Batch& batch) { return output_loss(logits(model_input(batch)), batch); }
 
 EvalStats Classifier::evaluate(const data::Batch& batch) {
   NoGradGuard no_grad;
-  ClassBatch b = class_batch(batch, *this);
-  Value lg = logits(b.images);  // (B, K)
+  return output_evaluate(logits(model_input(batch)), batch);
+}
+
+Value Classifier::model_input(const data::Batch& batch) { return class_batch(batch, *this).images; }
+
+Value Classifier::output_loss(const Value& output, const data::Batch& batch) {
+  return ops::cross_entropy(output, class_batch(batch, *this).labels);
+}
+
+EvalStats Classifier::output_evaluate(const Value& lg, const data::Batch& batch) {
+  NoGradGuard no_grad;
+  ClassBatch b = class_batch(batch, *this);  // lg: (B, K)
   EvalStats s = stats_of(lg, b.labels, ops::cross_entropy(lg, b.labels));
   const at::Tensor p = lg.tensor().softmax(-1).to(at::kCPU, at::kFloat).contiguous();  // (B, K)
   const at::Tensor t = b.labels.tensor().to(at::kCPU, at::kLong).contiguous();          // (B)
@@ -100,16 +107,53 @@ EvalStats Classifier::evaluate(const data::Batch& batch) {
   return s;
 }
 
-Value LanguageModel::loss(const data::Batch& batch) {
-  TokenBatch b = token_batch(batch, *this);
-  return ops::cross_entropy(flat_logits(logits(b.tokens)), b.targets);
-}
+Value LanguageModel::loss(const data::Batch& batch) { return output_loss(logits(model_input(batch)), batch); }
 
 EvalStats LanguageModel::evaluate(const data::Batch& batch) {
   NoGradGuard no_grad;
-  TokenBatch b = token_batch(batch, *this);
-  Value lg = flat_logits(logits(b.tokens));  // (B*T, V)
-  return stats_of(lg, b.targets, ops::cross_entropy(lg, b.targets));
+  return output_evaluate(logits(model_input(batch)), batch);
+}
+
+Value LanguageModel::model_input(const data::Batch& batch) { return token_batch(batch, *this).tokens; }
+
+Value LanguageModel::output_loss(const Value& output, const data::Batch& batch) {
+  return ops::cross_entropy(flat_logits(output), token_batch(batch, *this).targets);
+}
+
+EvalStats LanguageModel::output_evaluate(const Value& output, const data::Batch& batch) {
+  NoGradGuard no_grad;
+  Value lg = flat_logits(output);  // (B*T, V)
+  const Value targets = token_batch(batch, *this).targets;
+  return stats_of(lg, targets, ops::cross_entropy(lg, targets));
+}
+
+// ---- model parallelism: what a model without these forms says ----------------------------------------
+Value Model::pipeline_unit(int64_t unit, const Value&) {
+  RATION_CHECK(false, "model ", family(), " has no pipeline unit ", unit, " (it has ", pipeline_units(), ")");
+  return {};
+}
+
+std::string Model::pipeline_unit_name(int64_t unit) const { return "unit " + std::to_string(unit); }
+
+Value Model::model_input(const data::Batch& batch) { return batch.input; }
+
+Value Model::output_loss(const Value&, const data::Batch&) {
+  RATION_CHECK(false, "model ", family(), " has no loss of its output alone (it cannot be split into pipeline stages)");
+  return {};
+}
+
+EvalStats Model::output_evaluate(const Value&, const data::Batch&) {
+  RATION_CHECK(false, "model ", family(), " has no evaluation of its output alone (it cannot be split into pipeline stages)");
+  return {};
+}
+
+std::string Model::shard_tensor_parallel(const dist::World&) {
+  return "model.type = \"" + family() + "\" has no tensor-parallel form (parallel.tensor splits gpt's transformer blocks)";
+}
+
+std::string Model::split_features(const dist::World&) {
+  return "parallel.features = \"table\" places embedding tables on ranks; model.type = \"" + family() +
+         "\" has no tables (the ctr model does)";
 }
 
 // ---- factory --------------------------------------------------------------------------------------

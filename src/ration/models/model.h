@@ -15,6 +15,9 @@
 namespace ration::train {
 class StepHook;
 }
+namespace ration::dist {
+class World;
+}
 
 namespace ration::models {
 
@@ -61,6 +64,33 @@ class Model : public nn::Module {
   // can): state outside named_parameters that each process would keep privately (ctr's embedded
   // parameter-server shards) would make the ranks train unrelated models.
   virtual std::string data_parallel_refusal() const { return {}; }
+
+  // ---- model parallelism (train/model_parallel_step.h; docs/DISTRIBUTED.md, "Model and hybrid parallelism")
+  // Pipeline: a model that is a sequence of units, each a group of consecutive layers, can be split into
+  // stages of consecutive units. Unit 0 takes model_input(batch); unit i > 0 the output of unit i - 1; the
+  // last unit's output goes to output_loss / output_evaluate. 0 units: the model cannot be split.
+  virtual int64_t pipeline_units() const { return 0; }
+  virtual Value pipeline_unit(int64_t unit, const Value& x);
+  // The unit's name ("embedding", "blocks.3", "head") and the top-level modules whose parameters it uses
+  // (a weight two units use, e.g. a tied embedding and lm head, is listed by both).
+  virtual std::string pipeline_unit_name(int64_t unit) const;
+  virtual std::vector<std::string> pipeline_unit_modules(int64_t unit) const { return {}; }
+  // The batch's input as unit 0 takes it; the mean loss and the evaluation counts from the last unit's
+  // output (what loss() and evaluate() compute from it).
+  virtual Value model_input(const data::Batch& batch);
+  virtual Value output_loss(const Value& output, const data::Batch& batch);
+  virtual EvalStats output_evaluate(const Value& output, const data::Batch& batch);
+  // Tensor parallelism: replace the layers that have a tensor-parallel form by their shards over `group`
+  // (rank r of T keeps the r-th slice of the weights the model was built with, so the T processes compute
+  // what this one did). Returns "" when done, else why this model cannot be split that way.
+  virtual std::string shard_tensor_parallel(const dist::World& group);
+  // The dimension along which parameter `name` is split over the tensor-parallel group (the shards in
+  // rank order, concatenated along it, give the whole weight: how checkpoints merge), or -1 when every
+  // rank of the group holds it whole (counted once in the global gradient norm).
+  virtual int64_t tensor_split_dim(const std::string& name) const { return -1; }
+  // Feature split (ctr): place the embedding tables whole on the ranks of `group` and route lookups to
+  // their owners. Returns "" when done, else why this model cannot.
+  virtual std::string split_features(const dist::World& group);
 };
 
 // Reads model.* keys (model.type selects the family). `input_info` keys the data side published

@@ -30,6 +30,7 @@ class BudgetPolicy : public StepPolicy {
   void begin_step() override;
   void after_forward_node(Node& node, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs) override;
+  void begin_backward() override { backward_step_ = -1; }
   void before_backward_node(Node& node) override;
   bool store_rebuilt(Node& producer) override;
   int64_t dropped_values() const { return dropped_values_; }      // this step

@@ -109,6 +109,13 @@ const memory::OffloadCosts& StepRuntime::offload_costs(int64_t probe_bytes) {
 // ---- profile and plan ----------------------------------------------------------------------------------
 
 const memory::StepProfile& StepRuntime::profile(models::Model& model, const data::Batch& batch, uint64_t seed) {
+  return profile_run(model, seed, [&] {
+    Value loss = model.loss(batch);
+    loss.backward();
+  });
+}
+
+const memory::StepProfile& StepRuntime::profile_run(models::Model& model, uint64_t seed, const std::function<void()>& run) {
   const std::vector<at::Tensor> buffers = model.snapshot_buffers();
   model.zero_grad();
   memory::StepPolicy* const previous = active_;
@@ -121,8 +128,7 @@ const memory::StepProfile& StepRuntime::profile(models::Model& model, const data
       Scope step(*this);
       manual_seed(seed);
       memory::CategoryGuard workspace(memory::Category::Workspace);
-      Value loss = model.loss(batch);
-      loss.backward();
+      run();
       after_backward_bytes_ = memory::device_current_bytes(memory::stats());  // the gradients live: the update's base
       profile_ = profiler.finish();
     } catch (...) {
@@ -206,9 +212,13 @@ const memory::Plan* StepRuntime::prepare(models::Model& model, const data::Batch
   if (!settings_.budget.has_budget()) return nullptr;
   if (engine_) offload_costs();  // measured before profiling, while nothing of the step is live
   profile(model, batch, seed);
+  return prepare_profiled(optimizer, extra_fixed_bytes + model.prefetch_bytes(batch));
+}
+
+const memory::Plan* StepRuntime::prepare_profiled(optim::Optimizer* optimizer, int64_t extra_fixed_bytes) {
+  if (!settings_.budget.has_budget()) return nullptr;
   memory::PlanOptions options = settings_.budget.plan;
-  options.extra_fixed_bytes =
-      extra_fixed_bytes + model.prefetch_bytes(batch) + (optimizer ? optimizer->unseen_state_bytes() : 0);
+  options.extra_fixed_bytes = extra_fixed_bytes + (optimizer ? optimizer->unseen_state_bytes() : 0);
   update_bytes_ = optimizer ? optimizer->update_workspace_bytes() : 0;
   return &plan(options);
 }
@@ -267,7 +277,26 @@ void StepRuntime::correct_for_peak(StepStats& st) {
 
 // ---- steps ---------------------------------------------------------------------------------------------
 
+void StepRuntime::begin_micro_batch(int64_t index) {
+  RATION_CHECK(index >= 0, "micro-batch index must be >= 0; got ", index);
+  if (micro_current_ >= 0) micro_orders_[static_cast<size_t>(micro_current_)] = order_;
+  if (static_cast<int64_t>(micro_orders_.size()) <= index) micro_orders_.resize(static_cast<size_t>(index) + 1);
+  order_.begin();
+  micro_current_ = index;
+}
+
+void StepRuntime::resume_micro_batch(int64_t index) {
+  RATION_CHECK(index >= 0 && index < static_cast<int64_t>(micro_orders_.size()), "micro-batch ", index,
+               " resumed before it began");
+  if (micro_current_ >= 0) micro_orders_[static_cast<size_t>(micro_current_)] = order_;
+  order_ = micro_orders_[static_cast<size_t>(index)];
+  micro_current_ = index;
+  if (active_) active_->begin_backward();
+}
+
 void StepRuntime::begin_step() {
+  micro_orders_.clear();
+  micro_current_ = -1;
   order_.begin();
   recompute_ms_ = 0;
   recomputed_nodes_ = 0;

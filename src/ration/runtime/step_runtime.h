@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,9 +107,17 @@ class StepRuntime {
   // or planning fails naming it. Returns the plan, or null without a budget (nothing to do).
   const memory::Plan* prepare(models::Model& model, const data::Batch& batch, uint64_t seed,
                               optim::Optimizer* optimizer = nullptr, int64_t extra_fixed_bytes = 0);
+  // The second half of prepare(), for a step profiled otherwise (profile_run): with a budget, plan the
+  // profiled step leaving room for `optimizer`'s state to come and its update, and `extra_fixed_bytes`.
+  // Returns null without a budget.
+  const memory::Plan* prepare_profiled(optim::Optimizer* optimizer, int64_t extra_fixed_bytes);
   // One measured forward+backward of `model` on `batch` under seed `seed`, keeping everything; no
   // update: gradients and buffers are restored afterwards. The runtime keeps the profile.
   const memory::StepProfile& profile(models::Model& model, const data::Batch& batch, uint64_t seed);
+  // A step that is not Model::loss and backward (a pipeline stage's micro-batch: forward from a received
+  // activation, backward from a received gradient), profiled as profile() profiles one: `run` performs
+  // forward and backward; `model`'s gradients and buffers are restored afterwards.
+  const memory::StepProfile& profile_run(models::Model& model, uint64_t seed, const std::function<void()>& run);
   void set_profile(memory::StepProfile profile);  // plan from a profile measured elsewhere
   const memory::StepProfile& step_profile() const;
   // Plan the profiled step (when the runtime offloads and `options.offload` is unset, with the tier's
@@ -156,6 +165,12 @@ class StepRuntime {
   // The same step, measured.
   StepStats measure_step(models::Model& model, const data::Batch& batch, const StepOptions& options = {});
 
+  // Inside a Scope, micro-batches whose forward and backward interleave (a pipeline stage under 1F1B):
+  // micro-batch `index` begins its forward, its nodes numbered from 0 as the profile of one micro-batch
+  // numbers them, so one plan applies to every micro-batch; or begins its backward, its numbering back.
+  void begin_micro_batch(int64_t index);
+  void resume_micro_batch(int64_t index);
+
   // A step around code other than a Model (a custom forward and backward): the memory runtime is
   // active while the Scope lives. No hooks run.
   class Scope {
@@ -183,6 +198,8 @@ class StepRuntime {
   MemorySettings settings_;
   MemoryMode mode_ = MemoryMode::Keep;
   memory::StepOrder order_;
+  std::vector<memory::StepOrder> micro_orders_;  // each micro-batch's numbering (begin_micro_batch)
+  int64_t micro_current_ = -1;                   // the micro-batch numbered now, or -1
   std::unique_ptr<memory::OffloadEngine> engine_;
   std::optional<memory::OffloadCosts> offload_costs_;
   std::optional<memory::StepProfile> profile_;

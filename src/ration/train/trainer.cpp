@@ -25,6 +25,7 @@
 #include "ration/train/checkpoint.h"
 #include "ration/train/data_parallel_step.h"
 #include "ration/train/evaluation.h"
+#include "ration/train/model_parallel_step.h"
 #include "ration/train/op_profile.h"
 #include "ration/train/progress.h"
 #include "ration/train/signals.h"
@@ -89,18 +90,25 @@ class TrainingRun {
   explicit TrainingRun(const TrainOptions& options)
       : options_(options), setup_(build_setup(load_config(options.config_path, options.overrides))),
         model_(*setup_.model), params_(model_.named_parameters()), run_(read_run_settings(setup_.config)),
-        keys_(read_data_parallel_keys(setup_.config)), runtime_(read_memory_settings(setup_.config)),
-        roles_(dist::split_roles(checked_world(), keys_.dp.servers, setup_.config.origin())), world_(roles_.workers),
+        keys_(read_data_parallel_keys(setup_.config)), parallel_(dist::read_parallel_settings(setup_.config)),
+        runtime_(read_memory_settings(setup_.config)), roles_(job_roles()), world_(roles_.workers),
         loader_(setup_.train_set, shard_options()), progress_(options.json || roles_.everyone.rank() != 0, run_.log_every) {
     Config& c = setup_.config;
     if (roles_.everyone.size() > 1) liveness_ = std::make_unique<dist::Liveness>(roles_.everyone);
     RATION_CHECK(!keys_.members || setup_.task.kind == Task::Kind::Classification, c.origin(),
                  ": dist.aggregate = \"ensemble\" combines the members' class predictions; it needs a classification "
                  "model (mlp, cnn), got model.type = \"", model_.family(), "\"");
-    const std::string refusal = world_.size() > 1 ? model_.data_parallel_refusal() : std::string();
+    const std::string refusal =
+        world_.size() > 1 && !parallel_.feature_split ? model_.data_parallel_refusal() : std::string();
     RATION_CHECK(refusal.empty(), c.origin(), ": ", world_.size(), " ranks: ", refusal);
+    if (parallel_.model_parallel()) split_model();
     optimizer_ = build_optimizer(run_, params_);
-    sync_ = std::make_unique<DataParallelStep>(roles_, keys_, params_, *optimizer_, run_, setup_.seed, c.origin());
+    dist::JobRoles sync_roles = roles_;
+    if (mp_) {  // the model-parallel step exchanges the replicas' gradients itself
+      sync_roles.workers = dist::World::init_single();
+      sync_roles.workers_count = 1;
+    }
+    sync_ = std::make_unique<DataParallelStep>(sync_roles, keys_, params_, *optimizer_, run_, setup_.seed, c.origin());
     per_epoch_ = (loader_.batches_per_epoch() + keys_.dp.reducer.sync_every - 1) / keys_.dp.reducer.sync_every;
     RATION_CHECK(per_epoch_ > 0, c.origin(), ": train.batch_size ", setup_.batch_size,
                  " is larger than the training set (", setup_.train_set->size(), " items)");
@@ -164,7 +172,7 @@ class TrainingRun {
     // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
     const InterruptScope interrupt;
     // Data parallel: every rank starts from rank 0's parameters (fresh or resumed).
-    dist::broadcast_from_rank0(roles_.everyone, params_, model_.named_buffers());
+    dist::broadcast_from_rank0(mp_ ? world_ : roles_.everyone, params_, model_.named_buffers());
     if (roles_.server >= 0) return sync_->serve(*schedule_, step_, resumed_hook_state_);  // a dedicated server
     model_.train();
     memory::reset_peak();
@@ -186,7 +194,7 @@ class TrainingRun {
         train_one_step();
         after_step_duties();
         record_.loop_ms.push_back(ms_since(iteration_start));
-        if ((stop_signal_ = sync_->active() ? sync_->agreed_stop() : InterruptScope::requested()) != 0) {
+        if ((stop_signal_ = mp_ ? agreed_stop() : sync_->active() ? sync_->agreed_stop() : InterruptScope::requested()) != 0) {
           ++step_;  // this step is done
           break;
         }
@@ -222,6 +230,57 @@ class TrainingRun {
     RATION_CHECK(checkpoint_error.empty(), "the final checkpoint was not saved: ", checkpoint_error,
                  options_.report_path.empty() ? "" : "; the report was written to " + options_.report_path);
     return report;
+  }
+
+  // The job's processes by role: data-parallel workers (and dedicated servers), or with [parallel] model
+  // parallelism the layout's process groups, built once (the workers' group is the data-parallel one).
+  dist::JobRoles job_roles() {
+    const dist::World w = checked_world();
+    const std::string& origin = setup_.config.origin();
+    if (!parallel_.model_parallel()) return dist::split_roles(w, keys_.dp.servers, origin);
+    check_model_parallel_keys();
+    groups_ = dist::build_groups(w, dist::make_layout(parallel_, w.size(), w.rank(), origin));
+    dist::JobRoles roles;
+    roles.everyone = w;
+    roles.workers = groups_.data;
+    roles.workers_count = groups_.layout.data;
+    return roles;
+  }
+
+  // What model parallelism does not combine with, named before any process starts training.
+  void check_model_parallel_keys() const {
+    const std::string& origin = setup_.config.origin();
+    const dist::DataParallelSettings& dp = keys_.dp;
+    RATION_CHECK(dp.servers == 0 && dp.topology == dist::Topology::AllReduce && dp.compress == "none" &&
+                     dp.aggregate == dist::Aggregate::Gradients && dp.reducer.sync_every == 1 && !keys_.members,
+                 origin, ": [parallel] model parallelism averages the replicas' gradients with one all-reduce; it does ",
+                 "not combine with dist.servers, dist.topology other than \"allreduce\", dist.compress, ",
+                 "dist.aggregate or dist.sync_every > 1 (use parallel.micro_batches for micro-batches)");
+    RATION_CHECK(run_.optimizer == "adamw" || run_.optimizer == "sgd", origin, ": [parallel] model parallelism ",
+                 "trains with optim.name = \"adamw\" or \"sgd\"; got \"", run_.optimizer, "\"");
+    RATION_CHECK(run_.tbptt == 0, origin, ": [parallel] model parallelism and train.tbptt do not combine");
+    RATION_CHECK(parallel_.pipeline == 1 || setup_.batch_size % parallel_.micro_batches == 0, origin,
+                 ": train.batch_size = ", setup_.batch_size, " does not split into parallel.micro_batches = ",
+                 parallel_.micro_batches, " equal micro-batches; hint: make the batch a multiple of it");
+  }
+
+  // Split the model as [parallel] says (its shards, its stage), from the first batch; from here on
+  // params_ are the parameters this process holds.
+  void split_model() {
+    const data::LoaderPosition here = loader_.position();
+    const data::Batch first = loader_.next();
+    loader_.set_position(here);
+    mp_ = std::make_unique<ModelParallelStep>(parallel_, groups_, model_, first, setup_.seed, setup_.config.origin());
+    params_ = mp_->parameters();
+    if (roles_.everyone.rank() == 0)
+      for (const std::string& line : groups_.layout.describe_all()) progress_.note("layout " + line);
+  }
+
+  // Every rank stops after the same step (a signal reached some of them): one all-reduce per step.
+  int agreed_stop() const {
+    const int mine = InterruptScope::requested();
+    const double any = dist::all_reduce_doubles(roles_.everyone, {static_cast<double>(mine)})[0];
+    return mine != 0 ? mine : (any > 0 ? 15 : 0);
   }
 
   // The world (from the environment unless the options give one), after the config is fully read.
@@ -293,7 +352,8 @@ class TrainingRun {
     loader_.set_position(here);
     // Data parallel: what the aggregation holds (buckets, residuals, denominators) is fixed memory too.
     const int64_t dist_bytes = sync_->fixed_bytes(model_.num_parameters());
-    const memory::Plan* plan = runtime_.prepare(model_, first, setup_.seed, optimizer_.get(), dist_bytes);
+    const memory::Plan* plan = mp_ ? mp_->prepare(runtime_, first, optimizer_.get(), setup_.seed)
+                                   : runtime_.prepare(model_, first, setup_.seed, optimizer_.get(), dist_bytes);
     runtime_.correct_measured_peaks();
     progress_.note(plan->to_table());
   }
@@ -301,7 +361,8 @@ class TrainingRun {
   void train_one_step() {
     const double lr = schedule_->apply(*optimizer_, step_);
     const StepStats st =
-        sync_->active() ? sync_->step(runtime_, model_, loader_, *setup_.train_set, step_,
+        mp_ ? model_parallel_step()
+        : sync_->active() ? sync_->step(runtime_, model_, loader_, *setup_.train_set, step_,
                                       [this](uint64_t micro) { return step_options(micro); }, step_items_)
                         : local_step();
     if (!st.replan_note.empty()) progress_.note(st.replan_note);
@@ -335,6 +396,12 @@ class TrainingRun {
       model_.prefetch(*lookahead_);
     }
     return runtime_.measure_step(model_, batch, step_options(0));
+  }
+
+  StepStats model_parallel_step() {
+    const data::Batch batch = next_batch();
+    step_items_ = batch.items * world_.size();  // every replica's
+    return mp_->step(runtime_, batch, step_options(0));
   }
 
   data::Batch next_batch() {
@@ -384,7 +451,7 @@ class TrainingRun {
     if (!sync_->central() && !keys_.members) dist::broadcast_from_rank0(world_, {}, model_.named_buffers());
     const EvalResult r =
         keys_.members ? evaluate_members(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches, world_)
-                      : evaluate(model_, setup_.eval_set, setup_.batch_size, run_.eval_batches,
+                      : evaluate(mp_ ? mp_->eval_model() : model_, setup_.eval_set, setup_.batch_size, run_.eval_batches,
                                  sync_->central() ? dist::World::init_single() : world_);
     nlohmann::json e = {{"step", at_step}, {"loss", r.loss}, {"items", r.count}, {"seconds", seconds_since(t0)}};
     if (r.vote_accuracy) {
@@ -509,6 +576,7 @@ class TrainingRun {
       report["exit_status"] = InterruptScope::exit_status(stop_signal_);
     }
     report["dist"] = sync_->report();
+    if (mp_) report["parallel"] = mp_->report();
     report["blas"] = blas_report();
     if (sync_->active()) report["memory"]["dist_bucket_bytes"] = sync_->bucket_bytes();
     return report;
@@ -570,8 +638,10 @@ class TrainingRun {
   optim::NamedParams params_;
   RunSettings run_;
   DataParallelKeys keys_;
+  dist::ParallelSettings parallel_;  // [parallel]
   StepRuntime runtime_;
   std::unique_ptr<seq::ChunkedLoss> tbptt_;  // train.tbptt: the steps' chunks
+  dist::ParallelGroups groups_;  // [parallel] model parallelism: the layout's process groups (before roles_)
   dist::JobRoles roles_;  // the whole job, and this process's role in it (worker, or dedicated server)
   dist::World world_;     // the workers' process group
   data::Loader loader_;
@@ -584,7 +654,8 @@ class TrainingRun {
   int64_t step_items_ = 0;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::WarmupCosine> schedule_;
-  std::unique_ptr<DataParallelStep> sync_;  // how the ranks (or micro-batches) make a step together
+  std::unique_ptr<DataParallelStep> sync_;
+  std::unique_ptr<ModelParallelStep> mp_;  // [parallel] model parallelism: how the processes make a step  // how the ranks (or micro-batches) make a step together
   int64_t step_begin_ = 0;          // step_ when the current iteration began
   int64_t per_epoch_ = 0, total_steps_ = 0, step_ = 0, first_step_ = 0;
   std::string fingerprint_;                            // this run's identity in its checkpoints
