@@ -230,7 +230,7 @@ void Ctr::prefetch(const data::Batch& next) {
 // The next batch the trainer took early (its tensors), and up to two prefetches in flight, each with a
 // row of embedding_dim floats per id of its batch (unique ids are at most all of them).
 int64_t Ctr::prefetch_bytes(const data::Batch& batch) const {
-  if (!options.prefetch) return 0;
+  if (!prefetches()) return 0;  // (no prefetch under a feature split either)
   int64_t batch_bytes = 0, ids = 0;
   for (const Value* v : {&batch.input, &batch.target})
     if (v->defined()) batch_bytes += static_cast<int64_t>(v->tensor().nbytes());
@@ -499,6 +499,16 @@ void Ctr::restore_external_state(const std::string& run_dir, int64_t step) {
   settle_prefetches();
   prefetches_.clear();  // pulled before the restore: stale
   const std::string dir = run_dir + "/ps" + (split_ ? "/rank" + std::to_string(split_->group.rank()) : "");
+  // A feature split's snapshots are per rank: resuming across that boundary would find no tables.
+  const bool saved_split = std::filesystem::exists(run_dir + "/ps/rank0");
+  RATION_CHECK(!beside || saved_split == (split_ != nullptr) || !std::filesystem::exists(run_dir + "/ps"),
+               "ctr: the checkpoint in ", run_dir, saved_split ? " holds tables split over ranks (ps/rank<r>: written with "
+               "parallel.features = \"table\")" : " holds every table in one process's shards (ps/)",
+               "; resume it with the layout it was saved with (", saved_split ? "parallel.features = \"table\" and the same "
+               "number of ranks" : "without parallel.features = \"table\"", ")");
+  RATION_CHECK(!beside || !split_ || std::filesystem::exists(dir), "ctr: the checkpoint in ", run_dir, " holds no tables of rank ",
+               split_ ? split_->group.rank() : 0, " (", dir, "): it was saved by fewer ranks; resume with parallel.features = "
+               "\"table\" and the number of ranks it was saved with");
   client_->restore(step, beside ? dir : std::string());
 }
 

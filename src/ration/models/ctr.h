@@ -113,8 +113,6 @@ class Ctr : public Model {
   // back to the owners, which push them. Refused ("" when done): remote shards, fewer tables than ranks.
   std::string split_features(const dist::World& group) override;
   void evaluate_nothing() override;
-  // Per field: the rank whose tables hold it (empty without a feature split).
-  std::vector<int> table_owners() const;
   // Pushes the sparse row gradients of the last training loss() to the servers (step `step` is recorded
   // with the rows), then clears them. Nothing to push (no gradient): nothing happens.
   void push_gradients(int64_t step);

@@ -44,8 +44,6 @@ std::string Ctr::split_features(const dist::World& group) {
   return {};
 }
 
-std::vector<int> Ctr::table_owners() const { return split_ ? split_->owner : std::vector<int>{}; }
-
 std::vector<Value> Ctr::routed_lookup(const std::vector<data::SparseBag>& bags, int64_t batch, ps::MissingRow missing,
                                       bool trainable) {
   Split& s = *split_;
@@ -61,8 +59,7 @@ std::vector<Value> Ctr::routed_lookup(const std::vector<data::SparseBag>& bags, 
     for (const GlobalBags& g : asked.fields) {
       FieldRows fr;
       fr.table = table_name(g.field);
-      ps::PulledRows pulled = client_->pull(fr.table, g.ids.data_ptr<int64_t>(), g.ids.numel(),
-                                            missing);
+      ps::PulledRows pulled = client_->pull(fr.table, g.ids.data_ptr<int64_t>(), g.ids.numel(), missing);
       fr.unique_ids = std::move(pulled.unique_ids);
       at::Tensor rows = pulled.rows;
       const auto dtype = parameter_options().dtype().toScalarType();
