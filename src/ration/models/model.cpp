@@ -152,8 +152,8 @@ std::string Model::shard_tensor_parallel(const dist::World&) {
 }
 
 std::string Model::split_features(const dist::World&) {
-  return "parallel.features = \"table\" places embedding tables on ranks; model.type = \"" + family() +
-         "\" has no tables (the ctr model does)";
+  return "model.type = \"" + family() + "\" has no tables to place on the ranks (the ctr model's embedding tables "
+         "can be); remove parallel.features or set it to \"none\"";
 }
 
 // ---- factory --------------------------------------------------------------------------------------
