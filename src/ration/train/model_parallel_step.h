@@ -74,6 +74,9 @@ class ModelParallelStep {
   models::Model& eval_model();
   // Micro-batches this stage holds between forward and backward at most.
   int64_t in_flight() const;
+  // After the last step, on every rank: every rank's budget, predicted and measured peak, gathered for
+  // the report (its "parallel.memory"; a collective).
+  void gather_memory(int64_t measured_peak_bytes, const memory::Plan* plan);
   nlohmann::json report() const;
 
  private:
@@ -98,6 +101,8 @@ class ModelParallelStep {
   int64_t planned_in_flight_bytes_ = 0;  // the plan's fixed memory for the other micro-batches in flight
   double comm_wait_ms_ = 0, step_ms_ = 0;  // summed over steps: blocked on a neighbour stage, whole steps
   int64_t steps_ = 0;
+  int64_t sent_bytes_ = 0;  // point-to-point and all-reduce payload this process sent, summed over steps
+  nlohmann::json memory_ = nlohmann::json::array();  // gather_memory's
 };
 
 }  // namespace ration::train

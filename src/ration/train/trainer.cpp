@@ -143,7 +143,7 @@ class TrainingRun {
       const std::string diagnosis = liveness_ ? liveness_->diagnose(window, std::chrono::seconds(keys_.dp.timeout_s))
                                               : std::string("one process");
       const int workers = roles_.workers_count, size = roles_.everyone.size();
-      const std::string servers = workers == size ? std::string() : detail::str(" (ranks ", workers, "-", size - 1,
+      const std::string servers = keys_.dp.servers == 0 ? std::string() : detail::str(" (ranks ", workers, "-", size - 1,
                                                                                  " are the parameter servers)");
       throw Error(detail::str("rank ", roles_.everyone.rank(), " of ", size, ": ", diagnosis, servers,
                               "; stopping (resume from the last checkpoint with --resume, with any number of "
@@ -204,6 +204,7 @@ class TrainingRun {
       throw;
     }
     sync_->finish();  // the server's final model, or one averaged model
+    if (mp_) mp_->gather_memory(record_.worst_peak(), runtime_.current_plan());
     progress_.finish();
     // A stopped run skips the final evaluation (the user is waiting) and saves where it stopped.
     if (stop_signal_ != 0) {
