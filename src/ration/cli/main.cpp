@@ -22,6 +22,7 @@
 #include "ration/plan/report.h"
 #include "ration/torchscript/op_report.h"
 #include "ration/runtime/budget.h"
+#include "ration/train/checkpoint_shards.h"
 #include "ration/train/gradcheck.h"
 #include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
@@ -397,6 +398,18 @@ int main(int argc, char** argv) {
 
   auto ps_cmd = ration::cli::add_ps_command(app);
 
+  std::string merge_dir, merge_out;
+  int64_t merge_step = -1;
+  auto* checkpoint = app.add_subcommand("checkpoint", "checkpoint tools");
+  auto* merge = checkpoint->add_subcommand(
+      "merge", "merge the per-shard checkpoints of a split model (parallel.tensor / parallel.pipeline) into one model.pt");
+  merge->add_option("dir", merge_dir, "the run's train.checkpoint_dir (holding manifest.json)")->required()
+      ->check(CLI::ExistingDirectory);
+  merge->add_option("--out", merge_out, "the merged model.pt (torch.load gives a dict of name -> tensor)")->required();
+  merge->add_option("--step", merge_step, "the step to merge (default: the newest step every shard has)")
+      ->check(integer_at_least(0, "checkpoint step"));
+  checkpoint->require_subcommand(1);
+
   if (const int rc = parse_command_line(app, argc, argv); rc >= 0) return rc;
   train_budget.apply(topt.overrides);
   gc_budget.apply(gc_overrides);
@@ -423,6 +436,13 @@ int main(int argc, char** argv) {
     if (*plan)
       return with_trace(plan_trace, [&] { return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json, plan_html); });
     if (*ps_cmd->ps) return ration::cli::run_ps_command(*ps_cmd);
+    if (*merge) {
+      const auto weights = ration::train::merge_checkpoint_shards(
+          merge_dir, merge_step >= 0 ? std::optional<int64_t>(merge_step) : std::nullopt);
+      ration::train::write_model_file(merge_out, weights);
+      std::printf("merged %zu weights of %s into %s\n", weights.size(), merge_dir.c_str(), merge_out.c_str());
+      return 0;
+    }
   } catch (const ration::Error& e) {
     std::fprintf(stderr, "\nerror: %s\n", ration::describe_error(e).c_str());
     return 2;

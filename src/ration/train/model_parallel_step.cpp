@@ -364,7 +364,7 @@ class ModelParallelStep::EvalModel : public models::Model {
 
 ModelParallelStep::ModelParallelStep(const dist::ParallelSettings& settings, dist::ParallelGroups groups,
                                      models::Model& model, const data::Batch& first_batch, uint64_t seed,
-                                     const std::string& origin)
+                                     const std::string& origin, const std::vector<int64_t>& first_unit)
     : settings_(settings), groups_(std::move(groups)), model_(model), origin_(origin) {
   const dist::ParallelLayout& l = groups_.layout;
   if (l.tensor > 1) {
@@ -376,7 +376,7 @@ ModelParallelStep::ModelParallelStep(const dist::ParallelSettings& settings, dis
     RATION_CHECK(refusal.empty(), origin_, ": parallel.features = \"table\": ", refusal);
   }
   if (l.pipeline > 1) {
-    split_pipeline(first_batch, seed);
+    split_pipeline(first_batch, seed, first_unit);
     release_other_stages();
   }
   for (auto& [name, p] : model_.named_parameters()) {
@@ -392,7 +392,8 @@ ModelParallelStep::ModelParallelStep(const dist::ParallelSettings& settings, dis
 
 ModelParallelStep::~ModelParallelStep() = default;
 
-void ModelParallelStep::split_pipeline(const data::Batch& first_batch, uint64_t seed) {
+void ModelParallelStep::split_pipeline(const data::Batch& first_batch, uint64_t seed,
+                                       const std::vector<int64_t>& first_unit) {
   const dist::ParallelLayout& l = groups_.layout;
   const int64_t units = model_.pipeline_units();
   RATION_CHECK(units > 0, origin_, ": parallel.pipeline = ", l.pipeline, ": model.type = \"", model_.family(),
@@ -448,6 +449,12 @@ void ModelParallelStep::split_pipeline(const data::Batch& first_batch, uint64_t 
   for (int64_t u = 0; u < units; ++u)
     bytes[static_cast<size_t>(u)] = split_.unit_saved_bytes[static_cast<size_t>(u)] + split_.unit_param_bytes[static_cast<size_t>(u)];
   split_.first_unit = balance_units(split_.unit_ms, bytes, l.pipeline);
+  if (!first_unit.empty()) {  // a resumed run keeps the split its checkpoints were made with
+    RATION_CHECK(static_cast<int64_t>(first_unit.size()) == l.pipeline + 1 && first_unit.front() == 0 &&
+                     first_unit.back() == units && std::is_sorted(first_unit.begin(), first_unit.end()),
+                 origin_, ": the saved pipeline split does not fit ", l.pipeline, " stages of ", units, " units");
+    split_.first_unit = first_unit;
+  }
   const int64_t begin = split_.first_unit[static_cast<size_t>(l.stage)];
   const int64_t end = split_.first_unit[static_cast<size_t>(l.stage) + 1];
   pipeline_ = std::make_unique<Pipeline>(model_, groups_, begin, end, settings_);

@@ -54,13 +54,18 @@ class ModelParallelStep {
   // balanced from a profile of one micro-batch of `first_batch` (every rank measures; the times are
   // averaged so every rank computes the same split). Throws before training when the model cannot be
   // split so (naming the model, the key and what it has).
+  // `first_unit`, when not empty, is the split to use (a resumed run's: PipelineSplit::first_unit).
   ModelParallelStep(const dist::ParallelSettings& settings, dist::ParallelGroups groups, models::Model& model,
-                    const data::Batch& first_batch, uint64_t seed, const std::string& origin);
+                    const data::Batch& first_batch, uint64_t seed, const std::string& origin,
+                    const std::vector<int64_t>& first_unit = {});
   ~ModelParallelStep();
 
   // The parameters this rank holds and updates (its stage's; its shards).
   const optim::NamedParams& parameters() const { return params_; }
   const dist::ParallelGroups& groups() const { return groups_; }
+  // Weights the first and the last pipeline stage both hold (gpt's tied embedding and lm head).
+  const std::vector<std::string>& tied() const { return tied_; }
+  const PipelineSplit& split() const { return split_; }
   // With a budget in `runtime`'s settings: profile one micro-batch of this stage and plan it for the
   // micro-batches the stage holds in flight (their held activations are fixed memory of the plan).
   const memory::Plan* prepare(StepRuntime& runtime, const data::Batch& batch, optim::Optimizer* optimizer,
@@ -82,7 +87,7 @@ class ModelParallelStep {
  private:
   class Pipeline;
   class EvalModel;
-  void split_pipeline(const data::Batch& first_batch, uint64_t seed);
+  void split_pipeline(const data::Batch& first_batch, uint64_t seed, const std::vector<int64_t>& first_unit);
   void release_other_stages();
   void exchange_gradients();
   double clip(double max_norm);
