@@ -148,8 +148,11 @@ class TrainingRun {
       const std::string servers = keys_.dp.servers == 0 ? std::string() : detail::str(" (ranks ", workers, "-", size - 1,
                                                                                  " are the parameter servers)");
       throw Error(detail::str("rank ", roles_.everyone.rank(), " of ", size, ": ", diagnosis, servers,
-                              "; stopping (resume from the last checkpoint with --resume, with any number of "
-                              "ranks). The failed collective: ", e.what()));
+                              mp_ ? "; stopping (resume from the last checkpoint with --resume and the same "
+                                    "[parallel] layout). The failed collective: "
+                                  : "; stopping (resume from the last checkpoint with --resume, with any number of "
+                                    "ranks). The failed collective: ",
+                              e.what()));
     } catch (const std::exception& e) {
       if (liveness_) liveness_->leaving(e.what());
       throw;
