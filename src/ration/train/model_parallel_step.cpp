@@ -693,11 +693,17 @@ nlohmann::json ModelParallelStep::report() const {
     r["stages"] = split_.to_json();
     r["in_flight"] = pipeline_->in_flight();
     r["planned_in_flight_bytes"] = planned_in_flight_bytes_;
-    // The bubble: the share of a step a stage waits on its neighbours (mean over every rank, and stage 0's
-    // alone), next to the 1F1B formula for equal stages, (P - 1) / (M + P - 1).
-    double mean = 0;
-    for (const auto& e : memory_) mean += e["wait_fraction"].get<double>() / static_cast<double>(memory_.size());
+    // The bubble: the share of a step a stage waits on its neighbours (the mean over every rank, the
+    // slowest stage's, this rank's), next to the 1F1B formula for equal stages, (P - 1) / (M + P - 1).
+    // The slowest stage waits only while the pipe fills and drains: its share is the bubble the formula
+    // describes; the others wait for it too (unequal stages).
+    double mean = 0, slowest = memory_.empty() ? 0.0 : 1.0;
+    for (const auto& e : memory_) {
+      mean += e["wait_fraction"].get<double>() / static_cast<double>(memory_.size());
+      slowest = std::min(slowest, e["wait_fraction"].get<double>());
+    }
     r["bubble"] = {{"measured_wait_fraction_mean", mean},
+                   {"measured_wait_fraction_slowest_stage", slowest},
                    {"measured_wait_fraction_this_rank", step_ms_ > 0 ? comm_wait_ms_ / step_ms_ : 0.0},
                    {"formula_1f1b", (p - 1) / (m + p - 1)}};
     r["tied_parameters"] = tied_;
