@@ -1,7 +1,7 @@
 // mp_worker.cpp — model and hybrid parallelism in `ration train` (train/model_parallel_step.h), one rank of
-// a job started by ration_dist_launch. Each layout of the world (pipeline 2, pipeline 2 x data 2, ...)
-// trains gpt for 20 steps and must give the same loss as one process at the same global batch at every
-// step (relative difference <= 1e-5), the same parameters at the end (its merged shards against the one
+// a job started by ration_dist_launch. Each layout of the world (pipeline 2, tensor 2, pipeline 2 x data 2,
+// tensor 2 x data 2, ...) trains gpt for 20 steps and must give the same loss as one process at the same
+// global batch at every step (relative difference <= 1e-5), the same parameters at the end (its merged shards against the one
 // process's checkpoint, within the data-parallel equivalence test's 1e-6), and, resumed from step 10 with
 // the same layout, the same parameters again. A case whose layout needs another number of processes
 // is skipped (each ctest entry filters its own).
@@ -74,14 +74,18 @@ void expect_same_weights(const train::NamedTensors& a, const train::NamedTensors
 }
 
 // `layout` splits the world's N processes into T x P shards and stages and D = N / (T x P) replicas of
-// `batch` each; the reference is one process with the global batch D x batch.
-void check_layout(const std::vector<std::string>& layout, int replicas, int64_t batch, const std::string& name) {
+// `batch` each; the reference is one process with the global batch D x batch. `both`: overrides of both
+// runs (e.g. a dropout, which equals one process's where every replica's masks are one process's).
+void check_layout(const std::vector<std::string>& layout, int replicas, int64_t batch, const std::string& name,
+                  const std::vector<std::string>& both = {}) {
   const World& w = world();
   const std::filesystem::path dir = shared_dir(name);
   const std::filesystem::path mine = dir.string() + "-single-" + std::to_string(w.rank());
-  const nlohmann::json split = train::run_training(gpt_options(dir / "split", batch, w, layout));
+  std::vector<std::string> split_layout = layout;
+  split_layout.insert(split_layout.end(), both.begin(), both.end());
+  const nlohmann::json split = train::run_training(gpt_options(dir / "split", batch, w, split_layout));
   const nlohmann::json one =
-      train::run_training(gpt_options(mine / "one", batch * replicas, World::init_single(), {}));
+      train::run_training(gpt_options(mine / "one", batch * replicas, World::init_single(), both));
   ASSERT_EQ(split["loss"].size(), 20u);
   double worst = 0;
   for (size_t s = 0; s < 20; ++s) {
@@ -109,7 +113,7 @@ void check_layout(const std::vector<std::string>& layout, int replicas, int64_t 
     }
   }
   w.barrier();
-  train::TrainOptions again = gpt_options(dir / "resumed", batch, w, layout);
+  train::TrainOptions again = gpt_options(dir / "resumed", batch, w, split_layout);
   again.resume = from10.string();
   (void)train::run_training(again);
   w.barrier();
@@ -135,6 +139,25 @@ TEST(ModelParallel, GptPipeline2GPipeMatchesOneProcess) {
 TEST(ModelParallel, GptPipeline2Data2MatchesOneProcess) {
   if (!world_is(4)) GTEST_SKIP() << "needs 4 processes";
   check_layout({"parallel.pipeline=2", "parallel.micro_batches=2"}, 2, 4, "pipeline 2 x data 2");
+}
+
+// Tensor parallel (distributed/tensor_parallel_block.h): every block's heads and MLP columns over 2 ranks;
+// the merge puts qkv's q, k and v parts back together.
+TEST(ModelParallel, GptTensor2MatchesOneProcess) {
+  if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
+  check_layout({"parallel.tensor=2"}, 1, 8, "tensor 2");
+}
+
+// With dropout: each rank draws the residual masks of the whole activation and the attention mask of
+// every head (keeping its heads' slice), from the same seeds as one process.
+TEST(ModelParallel, GptTensor2WithDropoutMatchesOneProcess) {
+  if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
+  check_layout({"parallel.tensor=2"}, 1, 8, "tensor 2 dropout 0.1", {"model.dropout=0.1"});
+}
+
+TEST(ModelParallel, GptTensor2Data2MatchesOneProcess) {
+  if (!world_is(4)) GTEST_SKIP() << "needs 4 processes";
+  check_layout({"parallel.tensor=2"}, 2, 4, "tensor 2 x data 2");
 }
 
 // Per-stage memory plans: each stage plans its micro-batches in flight for the same per-process budget;

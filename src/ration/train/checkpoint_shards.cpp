@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "ration/base/check.h"
+#include "ration/distributed/tensor_parallel_block.h"
 
 namespace ration::train {
 namespace fs = std::filesystem;
@@ -29,7 +30,7 @@ void write_shard_manifest(const std::string& dir, const ShardManifest& m) {
     for (int t = 0; t < m.tensor; ++t) shards.push_back({{"dir", shard_dir_name(s, t)}, {"stage", s}, {"tensor_rank", t}});
   const nlohmann::json j = {{"format", kFormat}, {"model", m.model},          {"tensor", m.tensor},
                             {"pipeline", m.pipeline}, {"shards", shards}, {"split_dims", m.split_dims},
-                            {"tied", m.tied},    {"first_unit", m.first_unit}};
+                            {"tied", m.tied},    {"first_unit", m.first_unit}, {"split_parts", m.split_parts}};
   fs::create_directories(dir);
   const fs::path target = fs::path(dir) / kManifest;
   const fs::path tmp = target.string() + ".tmp-" + std::to_string(::getpid());
@@ -62,6 +63,7 @@ ShardManifest read_shard_manifest(const std::string& dir) {
     m.split_dims = j.at("split_dims").get<std::map<std::string, int64_t>>();
     m.tied = j.at("tied").get<std::vector<std::string>>();
     m.first_unit = j.at("first_unit").get<std::vector<int64_t>>();
+    if (j.contains("split_parts")) m.split_parts = j.at("split_parts").get<std::map<std::string, int64_t>>();
   } catch (const std::exception& e) {
     RATION_CHECK(false, "'", path.string(), "': ", e.what(), " (expected fields model, tensor, pipeline, split_dims, tied, first_unit)");
   }
@@ -106,7 +108,9 @@ NamedTensors merge_checkpoint_shards(const std::string& dir, std::optional<int64
     if (auto it = pieces.find(name); it != pieces.end()) {
       RATION_CHECK(static_cast<int>(it->second.size()) == m.tensor, "weight '", name, "' has ", it->second.size(),
                    " tensor shards in '", dir, "', expected ", m.tensor);
-      out.emplace_back(name, at::cat(it->second, m.split_dims.at(name)));
+      const auto parts = m.split_parts.find(name);
+      out.emplace_back(name, dist::merge_tensor_shards(it->second, m.split_dims.at(name),
+                                                       parts == m.split_parts.end() ? 1 : parts->second));
     } else {
       for (auto& [n, t] : merged)
         if (n == name) out.emplace_back(n, t);

@@ -9,10 +9,13 @@
 //   DIR/manifest.json            {"format": "ration-shards-1", "model", "tensor", "pipeline", "shards":
 //                                [{"dir", "stage", "tensor_rank"}...], "split_dims": {name: dim, ...},
 //                                "tied": [names the first and last stage both hold], "first_unit": [the
-//                                pipeline split's boundaries: a resumed run splits the same way]}; atomic.
+//                                pipeline split's boundaries: a resumed run splits the same way],
+//                                "split_parts": {name: parts, ...} (weights of several parts, each split
+//                                separately; optional)}; atomic.
 //   DIR/shard-s<S>-t<T>/         the checkpoints of stage S, tensor shard T (written by replica 0's process)
 // The merge takes every shard's checkpoint of one step: a weight split over the tensor group is its shards
-// concatenated along its split dimension in tensor-rank order; any other weight is taken from the first
+// concatenated along its split dimension in tensor-rank order, part by part for a weight of several parts
+// (dist::merge_tensor_shards); any other weight is taken from the first
 // shard that holds it (a tied weight is equal on both stages).
 #pragma once
 #include <cstdint>
@@ -33,6 +36,9 @@ struct ShardManifest {
   std::map<std::string, int64_t> split_dims;  // weights split over the tensor group -> their dimension
   std::vector<std::string> tied;
   std::vector<int64_t> first_unit;  // the pipeline's split (PipelineSplit::first_unit), kept on resume
+  // Split weights made of several parts split separately (gpt's attn.qkv: q, k and v each by heads) ->
+  // the number of parts (Model::tensor_split_parts); absent: 1.
+  std::map<std::string, int64_t> split_parts;
 };
 void write_shard_manifest(const std::string& dir, const ShardManifest& manifest);
 // Throws naming the file when it is missing or malformed.

@@ -276,9 +276,12 @@ class TrainingRun {
     const data::Batch first = loader_.next();
     loader_.set_position(here);
     // Every parameter's split dimension, read before the split releases other stages' weights.
-    ShardManifest manifest{model_.family(), static_cast<int>(parallel_.tensor), static_cast<int>(parallel_.pipeline), {}, {}, {}};
+    ShardManifest manifest{model_.family(), static_cast<int>(parallel_.tensor), static_cast<int>(parallel_.pipeline), {}, {}, {}, {}};
     for (auto& [name, p] : model_.named_parameters())
-      if (const int64_t dim = model_.tensor_split_dim(name); dim >= 0) manifest.split_dims[name] = dim;
+      if (const int64_t dim = model_.tensor_split_dim(name); dim >= 0) {
+        manifest.split_dims[name] = dim;
+        if (const int64_t parts = model_.tensor_split_parts(name); parts > 1) manifest.split_parts[name] = parts;
+      }
     const bool sharded = manifest.tensor > 1 || manifest.pipeline > 1;
     std::vector<int64_t> saved_split;
     if (sharded && !resume_path_.empty()) {
