@@ -532,6 +532,9 @@ class TrainingRun {
     // parameter server its global model and optimiser are what is saved, not rank 0's working copy.
     NamedTensors weights, state, residuals;
     const bool from_server = sync_->checkpoint(weights, state, residuals);
+    // A feature split's tables are each rank's own (parallel.features = "table"): every rank snapshots its.
+    if (parallel_.feature_split && !run_.checkpoint_dir.empty() && world_.rank() != 0)
+      model_.save_external_state(run_.checkpoint_dir, at_step);
     if (run_.checkpoint_dir.empty() || world_.rank() != 0) return std::string();
     Metadata meta;
     meta.ints["epoch"] = trained_position().epoch;
