@@ -22,6 +22,7 @@
 #include "ration/plan/report.h"
 #include "ration/torchscript/op_report.h"
 #include "ration/runtime/budget.h"
+#include "ration/train/checkpoint_shards.h"
 #include "ration/train/gradcheck.h"
 #include "ration/runtime/step_runtime.h"
 #include "ration/train/trainer.h"
@@ -316,6 +317,31 @@ int parse_command_line(CLI::App& app, int argc, char** argv) {
 
 }  // namespace
 
+// `ration checkpoint merge DIR --out model.pt [--step N]`: the shards of a split model's run as one model.pt.
+struct MergeCommand {
+  std::string dir, out;
+  int64_t step = -1;
+  CLI::App* command = nullptr;
+  void add_to(CLI::App& app) {
+    auto* checkpoint = app.add_subcommand("checkpoint", "checkpoint tools");
+    command = checkpoint->add_subcommand(
+        "merge", "merge the per-shard checkpoints of a split model (parallel.tensor / parallel.pipeline) into one model.pt");
+    command->add_option("dir", dir, "the run's train.checkpoint_dir (holding manifest.json)")->required()
+        ->check(CLI::ExistingDirectory);
+    command->add_option("--out", out, "the merged model.pt (torch.load gives a dict of name -> tensor)")->required();
+    command->add_option("--step", step, "the step to merge (default: the newest step every shard has)")
+        ->check(integer_at_least(0, "checkpoint step"));
+    checkpoint->require_subcommand(1);
+  }
+  int run() const {
+    const auto weights =
+        ration::train::merge_checkpoint_shards(dir, step >= 0 ? std::optional<int64_t>(step) : std::nullopt);
+    ration::train::write_model_file(out, weights);
+    std::printf("merged %zu weights of %s into %s\n", weights.size(), dir.c_str(), out.c_str());
+    return 0;
+  }
+};
+
 int main(int argc, char** argv) {
   ration::blas::select_core(argv);  // may restart this process once with OpenBLAS's best kernels
   if (argc > 1 && std::string(argv[1]) == "launch") {
@@ -397,6 +423,9 @@ int main(int argc, char** argv) {
 
   auto ps_cmd = ration::cli::add_ps_command(app);
 
+  MergeCommand merge;
+  merge.add_to(app);
+
   if (const int rc = parse_command_line(app, argc, argv); rc >= 0) return rc;
   train_budget.apply(topt.overrides);
   gc_budget.apply(gc_overrides);
@@ -423,6 +452,7 @@ int main(int argc, char** argv) {
     if (*plan)
       return with_trace(plan_trace, [&] { return cmd_plan(plan_config, plan_overrides, plan_batch, plan_json, plan_html); });
     if (*ps_cmd->ps) return ration::cli::run_ps_command(*ps_cmd);
+    if (*merge.command) return merge.run();
   } catch (const ration::Error& e) {
     std::fprintf(stderr, "\nerror: %s\n", ration::describe_error(e).c_str());
     return 2;

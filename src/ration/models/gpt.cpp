@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ration/base/check.h"
+#include "ration/distributed/tensor_parallel_block.h"
 #include "ration/nn/sequence_layers.h"
 #include "ration/ops/ops.h"
 
@@ -57,8 +58,8 @@ Value GPT::logits(const Value& tokens) {
                " exceeds model.block_size ", options.block_size,
                " (raise model.block_size, shorten the data's sequence length, or set model.attention_window)");
   Value x = drop->forward(embed(tokens, 0));          // (B, T, C)
-  for (auto& block : blocks) x = block->forward(x);  // (B, T, C)
-  return head(x);                                     // (B, T, V)
+  for (size_t i = 0; i < blocks.size(); ++i) x = block(i, x);  // (B, T, C)
+  return head(x);                                               // (B, T, V)
 }
 
 Value GPT::pipeline_unit(int64_t unit, const Value& x) {
@@ -69,7 +70,7 @@ Value GPT::pipeline_unit(int64_t unit, const Value& x) {
                  options.block_size, "; got ", x.sizes());
     return drop->forward(embed(x, 0));
   }
-  if (unit <= options.n_layer) return blocks[static_cast<size_t>(unit - 1)]->forward(x);
+  if (unit <= options.n_layer) return block(static_cast<size_t>(unit - 1), x);
   return head(x);
 }
 
@@ -84,6 +85,43 @@ std::vector<std::string> GPT::pipeline_unit_modules(int64_t unit) const {
   if (unit <= options.n_layer) return {"blocks." + std::to_string(unit - 1)};
   if (lm_head) return {"ln_f", "lm_head"};
   return {"ln_f", "wte"};
+}
+
+Value GPT::block(size_t i, const Value& x) {
+  return tensor_parallel_blocks.empty() ? blocks[i]->forward(x) : tensor_parallel_blocks[i]->forward(x);
+}
+
+std::string GPT::shard_tensor_parallel(const dist::World& group) {
+  const int64_t t = group.size();
+  if (!tensor_parallel_blocks.empty()) return "gpt: the blocks are already split over a tensor-parallel group";
+  // Each rank holds n_head / T whole heads (attn.qkv's rows, attn.proj's columns) and 4 n_embd / T of the
+  // MLP's hidden columns (mlp.fc's rows, mlp.proj's columns).
+  if (options.n_head % t != 0 || (4 * options.n_embd) % t != 0)
+    return "model.n_head = " + std::to_string(options.n_head) + " (and 4 x model.n_embd = " +
+           std::to_string(4 * options.n_embd) + ") must be divisible by parallel.tensor = " + std::to_string(t) +
+           ": each tensor-parallel rank holds n_head / T whole attention heads and 4 n_embd / T MLP columns; "
+           "hint: set parallel.tensor to a divisor of model.n_head";
+  for (auto& b : blocks) tensor_parallel_blocks.push_back(std::make_shared<dist::TensorParallelBlock>(b, group));
+  return {};
+}
+
+// "blocks.<i>.<name in the block>" -> the block's layout; the embeddings, ln_f and the head are whole.
+namespace {
+std::string name_in_block(const std::string& name) {
+  if (name.rfind("blocks.", 0) != 0) return {};
+  const size_t dot = name.find('.', 7);
+  return dot == std::string::npos ? std::string() : name.substr(dot + 1);
+}
+}  // namespace
+
+int64_t GPT::tensor_split_dim(const std::string& name) const {
+  const std::string local = name_in_block(name);
+  return local.empty() ? -1 : dist::block_split_dim(local);
+}
+
+int64_t GPT::tensor_split_parts(const std::string& name) const {
+  const std::string local = name_in_block(name);
+  return local.empty() ? 1 : dist::block_split_parts(local);
 }
 
 Value GPT::embed(const Value& tokens, int64_t start) {
@@ -106,6 +144,8 @@ Value GPT::stream_logits(const Value& tokens, seq::StreamBuffers& buffers) {
   RATION_CHECK(options.attention_window > 0 || buffers.position + tokens.size(1) <= options.block_size,
                "gpt with full attention streams at most model.block_size = ", options.block_size, " steps; step ",
                buffers.position + tokens.size(1), " asked (set model.attention_window to stream further)");
+  RATION_CHECK(tensor_parallel_blocks.empty(), "gpt: streaming runs whole blocks; this model's blocks are split ",
+               "over a tensor-parallel group (parallel.tensor > 1)");
   seq::note_op_of("wte+wpe", "embedding + position embedding", seq::TimeAccess::Pointwise);
   Value x = drop->forward(embed(tokens, buffers.position));  // (B, C, E)
   for (auto& block : blocks) {

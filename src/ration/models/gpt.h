@@ -20,6 +20,10 @@
 #include "ration/nn/layers.h"
 #include "ration/seq/streamable.h"
 
+namespace ration::dist {
+class TensorParallelBlock;
+}
+
 namespace ration::models {
 
 struct GPTOptions {
@@ -48,6 +52,12 @@ class GPT : public LanguageModel, public seq::Streamable {
   Value pipeline_unit(int64_t unit, const Value& x) override;
   std::string pipeline_unit_name(int64_t unit) const override;
   std::vector<std::string> pipeline_unit_modules(int64_t unit) const override;
+  // Tensor parallel (distributed/tensor_parallel_block.h): every block's attention heads and MLP columns
+  // split over `group`, the embeddings, ln_f and the head replicated. Needs model.n_head (and 4 n_embd)
+  // divisible by the group's size. Streaming (stream_logits) is refused once split.
+  std::string shard_tensor_parallel(const dist::World& group) override;
+  int64_t tensor_split_dim(const std::string& name) const override;
+  int64_t tensor_split_parts(const std::string& name) const override;
 
   GPTOptions options;
   std::shared_ptr<nn::Embedding> wte, wpe;
@@ -55,10 +65,13 @@ class GPT : public LanguageModel, public seq::Streamable {
   std::vector<std::shared_ptr<nn::TransformerBlock>> blocks;
   std::shared_ptr<nn::LayerNorm> ln_f;
   std::shared_ptr<nn::Linear> lm_head;  // null when tied
+  // Set by shard_tensor_parallel: block i's forward over its shards (it holds blocks[i]); empty otherwise.
+  std::vector<std::shared_ptr<dist::TensorParallelBlock>> tensor_parallel_blocks;
 
  private:
   Value embed(const Value& tokens, int64_t start);  // tokens (B, T) at positions start.. -> (B, T, C)
   Value head(const Value& x);                       // ln_f and the lm head: (B, T, C) -> (B, T, V)
+  Value block(size_t i, const Value& x);            // block i, whole or over its shards: (B, T, C) -> (B, T, C)
 };
 
 }  // namespace ration::models

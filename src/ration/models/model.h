@@ -88,6 +88,10 @@ class Model : public nn::Module {
   // rank order, concatenated along it, give the whole weight: how checkpoints merge), or -1 when every
   // rank of the group holds it whole (counted once in the global gradient norm).
   virtual int64_t tensor_split_dim(const std::string& name) const { return -1; }
+  // How many equal parts along that dimension are split separately (gpt's fused attn.qkv: 3, q, k and v
+  // each split by heads): the merge is dist::merge_tensor_shards(shards, dim, parts)
+  // (distributed/tensor_parallel_block.h). 1 for a plain split.
+  virtual int64_t tensor_split_parts(const std::string& name) const { return 1; }
   // Feature split (ctr): place the embedding tables whole on the ranks of `group` and route lookups to
   // their owners. Returns "" when done, else why this model cannot.
   virtual std::string split_features(const dist::World& group);

@@ -20,7 +20,9 @@
 // forward time, which the profile measured); a dropped att is rebuilt by re-running the weights node from
 // q and k — the same closure, so bitwise the same weights — when the first of its two readers' backward
 // needs it. Only the weights node re-runs: y, v and the keep-mask are untouched. The dropout generator
-// belongs to the second node, so the masks drawn are independent of how att was obtained.
+// belongs to the second node, so the masks drawn are independent of how att was obtained. Given a HeadSlice
+// (a tensor-parallel rank's heads), the node draws the whole layer's mask and keeps its heads' slice: T
+// ranks draw what one process drew (the seed stream advances the same on every rank).
 #include <cmath>
 #include <limits>
 
@@ -75,8 +77,19 @@ Value attention_weights(const Value& q, const Value& k, double scale, int64_t wi
       }));
 }
 
+// The keep-mask of `att` (B, H, Tq, Tk): drawn for the layer's `heads.total` heads, then this slice's H
+// (the generator's draws are in element order, so the slice is the one-process mask's; the whole mask is
+// transient, the saved one is the slice's).
+at::Tensor head_keep_mask(const at::Tensor& att, double keep_prob, at::Generator& gen, const HeadSlice& heads) {
+  if (heads.total == 0 || heads.total == att.size(1)) return keep_mask(att, keep_prob, gen);
+  std::vector<int64_t> all = att.sizes().vec();
+  all[1] = heads.total;
+  const at::Tensor whole = keep_mask(at::empty({}, att.options()).expand(all), keep_prob, gen);  // (B, total, Tq, Tk)
+  return whole.narrow(1, heads.first, att.size(1)).contiguous();                                  // (B, H, Tq, Tk)
+}
+
 // Node 2: (att, v) -> y, with dropout on att. Backward: v's gradient from (dropped-out) att, att's from v.
-Value attention_apply(const Value& att, const Value& v, double dropout_p, bool use_dropout) {
+Value attention_apply(const Value& att, const Value& v, double dropout_p, bool use_dropout, HeadSlice heads) {
   const double keep_scale = use_dropout ? 1.0 / (1.0 - dropout_p) : 1.0;
   // outputs: 0 y (B, H, T, D); 1 keep-mask (B, H, T, T) bool, internal, dropout only
   OpSpec s = spec("causal_attention", {0, 1}, use_dropout ? std::vector<int>{1} : std::vector<int>{}, 1,
@@ -87,7 +100,7 @@ Value attention_apply(const Value& att, const Value& v, double dropout_p, bool u
         const at::Tensor &a = in[0], &vt = in[1];
         if (!use_dropout) return Tensors{at::matmul(a, vt)};
         RATION_ASSERT(ctx.generator.has_value(), "causal_attention ran without its recorded generator");
-        at::Tensor keep = keep_mask(a, 1.0 - dropout_p, *ctx.generator);
+        at::Tensor keep = head_keep_mask(a, 1.0 - dropout_p, *ctx.generator, heads);
         return Tensors{at::matmul(masked_scaled(a, keep, keep_scale), vt), keep};
       },
       [=](BackwardCtx& ctx, const Tensors& g) {
@@ -108,16 +121,19 @@ Value attention_apply(const Value& att, const Value& v, double dropout_p, bool u
 }  // namespace
 
 Value causal_attention(const Value& q, const Value& k, const Value& v, double dropout_p, bool training,
-                       int64_t window) {
+                       int64_t window, HeadSlice heads) {
   RATION_CHECK(q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() && k.size(0) == q.size(0) &&
                    k.size(1) == q.size(1) && k.size(3) == q.size(3) && k.size(2) >= q.size(2),
                "causal_attention expects q (B, H, Tq, D) and k, v (B, H, Tk >= Tq, D); got ", q.sizes(), ", ",
                k.sizes(), ", ", v.sizes());
   RATION_CHECK(window >= 0, "causal_attention window must be >= 0 (0 = no window); got ", window);
   RATION_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_attention dropout_p must be in [0, 1); got ", dropout_p);
+  RATION_CHECK(heads.total == 0 || (heads.first >= 0 && heads.first + q.size(1) <= heads.total),
+               "causal_attention: heads [", heads.first, ", ", heads.first + q.size(1), ") are not within the layer's ",
+               heads.total, " heads");
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   const bool use_dropout = training && dropout_p > 0.0;
-  return attention_apply(attention_weights(q, k, scale, window), v, dropout_p, use_dropout);
+  return attention_apply(attention_weights(q, k, scale, window), v, dropout_p, use_dropout, heads);
 }
 
 }  // namespace ration::ops

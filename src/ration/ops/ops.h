@@ -102,8 +102,15 @@ Value mean(const Value& x, std::vector<int64_t> dims, bool keepdim = false);
 // dropout on the weights. Query i sits at position i + Tk - Tq among the keys (Tk == Tq: self-attention
 // over one sequence; Tk > Tq: the keys start with Tk - Tq cached earlier steps). window = 0 attends every
 // earlier key; window = L > 0 only the current key and the previous L (sliding-window attention).
+// `heads` says which heads of a larger layer q holds (tensor parallel, distributed/tensor_parallel_block.h):
+// the dropout mask is drawn for all `heads.total` heads and this slice of it kept, so the masks are the
+// one-process layer's for these heads (the default: q holds every head).
+struct HeadSlice {
+  int64_t first = 0;  // q's head 0 is head `first` of the layer
+  int64_t total = 0;  // the layer's heads; 0: q.size(1) (q holds them all)
+};
 Value causal_attention(const Value& q, const Value& k, const Value& v, double dropout_p = 0.0,
-                       bool training = false, int64_t window = 0);
+                       bool training = false, int64_t window = 0, HeadSlice heads = {});
 
 // ---- recurrent cells (PyTorch gate layouts) --------------------------------------------------------
 // LSTM: x (B, I), h/c (B, H), w_ih (4H, I), w_hh (4H, H), biases (4H) or undefined -> {h', c'}.

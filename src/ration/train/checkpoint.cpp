@@ -406,6 +406,15 @@ bool has_checkpoint(const std::string& dir) {
   }
 }
 
+void write_model_file(const std::string& path, const NamedTensors& weights) {
+  const std::vector<char> bytes = dict_bytes(kModelFile, weights);
+  const fs::path target(path);
+  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  const fs::path tmp = target.string() + ".tmp-" + std::to_string(::getpid());
+  write_file_synced(tmp, bytes.data(), bytes.size());
+  fs::rename(tmp, target);
+}
+
 Checkpoint load_checkpoint(const std::string& path) {
   Checkpoint ck;
   ck.path = resolve_checkpoint(path);

@@ -91,6 +91,10 @@ bool has_checkpoint(const std::string& dir);
 // The ckpt-<step> directories in `dir`, by increasing step.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 
+// Writes `weights` to `path` as a model.pt (the format above: torch.load gives a dict of name -> tensor),
+// through a temporary file in the same folder and a rename.
+void write_model_file(const std::string& path, const NamedTensors& weights);
+
 // Copies the checkpoint's weights into the model's parameters and buffers (in place, no grad).
 // Throws naming every missing or unexpected weight, and any shape mismatch, before changing anything.
 void restore_weights(const Checkpoint& checkpoint, const std::vector<std::pair<std::string, Value>>& params,

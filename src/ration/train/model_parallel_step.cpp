@@ -166,14 +166,22 @@ class ModelParallelStep::Pipeline {
   double run(StepRuntime& runtime, const data::Batch& batch, const std::optional<uint64_t>& seed);
 
   // One micro-batch as a step of its own, with stand-ins for what neighbours send (the profile of a stage).
-  void stand_alone(const data::Batch& mb, const std::vector<int64_t>& input_sizes) {
+  // Returns the bytes it held between forward and backward (its input, output and saved activations).
+  int64_t stand_alone(const data::Batch& mb, const std::vector<int64_t>& input_sizes) {
+    const at::Device device = model_.parameter_options().device();
+    const int64_t before = memory::device_current_bytes(device);
+    int64_t held = 0;
     Value x = first() ? model_.model_input(mb) : Value(at::randn(input_sizes, model_.parameter_options()), true);
-    Value y = run_units(x);
-    if (last()) {
-      model_.output_loss(y, mb).backward(at::scalar_tensor(1.0 / static_cast<double>(micro_), y.tensor().options()));
+    if (last()) {  // the model's output is not held past the loss (as in run())
+      Value loss = model_.output_loss(run_units(x), mb);
+      held = memory::device_current_bytes(device) - before;
+      loss.backward(at::scalar_tensor(1.0 / static_cast<double>(micro_), loss.tensor().options()));
     } else {
+      Value y = run_units(x);
+      held = memory::device_current_bytes(device) - before;
       y.backward(at::randn_like(y.tensor()));
     }
+    return held;
   }
 
   models::EvalStats evaluate(const data::Batch& batch);
@@ -356,7 +364,7 @@ class ModelParallelStep::EvalModel : public models::Model {
 
 ModelParallelStep::ModelParallelStep(const dist::ParallelSettings& settings, dist::ParallelGroups groups,
                                      models::Model& model, const data::Batch& first_batch, uint64_t seed,
-                                     const std::string& origin)
+                                     const std::string& origin, const std::vector<int64_t>& first_unit)
     : settings_(settings), groups_(std::move(groups)), model_(model), origin_(origin) {
   const dist::ParallelLayout& l = groups_.layout;
   if (l.tensor > 1) {
@@ -368,7 +376,7 @@ ModelParallelStep::ModelParallelStep(const dist::ParallelSettings& settings, dis
     RATION_CHECK(refusal.empty(), origin_, ": parallel.features = \"table\": ", refusal);
   }
   if (l.pipeline > 1) {
-    split_pipeline(first_batch, seed);
+    split_pipeline(first_batch, seed, first_unit);
     release_other_stages();
   }
   for (auto& [name, p] : model_.named_parameters()) {
@@ -384,7 +392,8 @@ ModelParallelStep::ModelParallelStep(const dist::ParallelSettings& settings, dis
 
 ModelParallelStep::~ModelParallelStep() = default;
 
-void ModelParallelStep::split_pipeline(const data::Batch& first_batch, uint64_t seed) {
+void ModelParallelStep::split_pipeline(const data::Batch& first_batch, uint64_t seed,
+                                       const std::vector<int64_t>& first_unit) {
   const dist::ParallelLayout& l = groups_.layout;
   const int64_t units = model_.pipeline_units();
   RATION_CHECK(units > 0, origin_, ": parallel.pipeline = ", l.pipeline, ": model.type = \"", model_.family(),
@@ -440,6 +449,12 @@ void ModelParallelStep::split_pipeline(const data::Batch& first_batch, uint64_t 
   for (int64_t u = 0; u < units; ++u)
     bytes[static_cast<size_t>(u)] = split_.unit_saved_bytes[static_cast<size_t>(u)] + split_.unit_param_bytes[static_cast<size_t>(u)];
   split_.first_unit = balance_units(split_.unit_ms, bytes, l.pipeline);
+  if (!first_unit.empty()) {  // a resumed run keeps the split its checkpoints were made with
+    RATION_CHECK(static_cast<int64_t>(first_unit.size()) == l.pipeline + 1 && first_unit.front() == 0 &&
+                     first_unit.back() == units && std::is_sorted(first_unit.begin(), first_unit.end()),
+                 origin_, ": the saved pipeline split does not fit ", l.pipeline, " stages of ", units, " units");
+    split_.first_unit = first_unit;
+  }
   const int64_t begin = split_.first_unit[static_cast<size_t>(l.stage)];
   const int64_t end = split_.first_unit[static_cast<size_t>(l.stage) + 1];
   pipeline_ = std::make_unique<Pipeline>(model_, groups_, begin, end, settings_);
@@ -488,33 +503,54 @@ const memory::Plan* ModelParallelStep::prepare(StepRuntime& runtime, const data:
   const int64_t first = split_.first_unit[static_cast<size_t>(groups_.layout.stage)];
   const std::vector<int64_t> input_sizes =
       first > 0 ? split_.unit_output_sizes[static_cast<size_t>(first) - 1] : std::vector<int64_t>{};
-  const memory::StepProfile& profile = runtime.profile_run(model_, seed, [&] { pipeline_->stand_alone(mb, input_sizes); });
+  int64_t held_all = 0;  // what one micro-batch holds between its forward and backward, everything kept
+  // From the second micro-batch of a step on, every gradient of the stage exists while the next one runs
+  // (they accumulate): the profiled micro-batch starts with them allocated, as those do.
+  runtime.profile_run(model_, seed, [&] {
+    {
+      memory::CategoryGuard gradients(memory::Category::Gradients);
+      for (auto& [name, p] : params_)
+        if (!p.grad().defined()) p.grad() = at::zeros_like(p.tensor());
+    }
+    held_all = pipeline_->stand_alone(mb, input_sizes);
+  });
   const int64_t others = pipeline_->in_flight() - 1;
-  const int64_t held_all = profile.nodes.empty() ? 0 : profile.nodes.back().end_bytes - profile.baseline_bytes;
   auto held_by = [&](const memory::Plan& p) { return std::max<int64_t>(0, held_all - p.dropped_bytes); };
-  int64_t assumed = held_all;
-  std::optional<memory::Plan> best;
-  int64_t best_assumed = 0;
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    const memory::Plan* p = nullptr;
+  auto plan_for = [&](int64_t assumed) -> std::optional<memory::Plan> {
     try {
-      p = runtime.prepare_profiled(optimizer, others * assumed);
+      return *runtime.prepare_profiled(optimizer, others * assumed);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  };
+  // Assuming the others hold everything always gives a valid plan (if any); the least the others may be
+  // assumed to hold is found by bisection: assuming less leaves more room, so the plan keeps more.
+  std::optional<memory::Plan> best = plan_for(held_all);
+  if (!best) {
+    try {
+      runtime.prepare_profiled(optimizer, others * held_all);
     } catch (const Error& e) {
-      if (best) break;
       throw Error(detail::str(e.message(), " (stage ", groups_.layout.stage, " of ", groups_.layout.pipeline,
-                              " holds ", others + 1, " micro-batches in flight under ", dist::to_string(settings_.schedule),
-                              "; the other ", others, " hold ", memory::format_bytes(others * assumed), ")"));
+                              " holds ", others + 1, " micro-batches in flight under ",
+                              dist::to_string(settings_.schedule), "; the other ", others, " hold up to ",
+                              memory::format_bytes(others * held_all),
+                              "; more parallel.micro_batches make each one smaller)"));
     }
-    const int64_t held = held_by(*p);
-    if (held <= assumed && (!best || p->prediction.recompute_ms < best->prediction.recompute_ms)) {
-      best = *p;
-      best_assumed = assumed;
-    }
-    if (held == assumed) break;
-    assumed = held;
   }
-  RATION_CHECK(best.has_value(), origin_, ": no memory plan of stage ", groups_.layout.stage,
-               " holds no more per micro-batch than it assumed; raise --memory-budget");
+  int64_t best_assumed = held_all;
+  for (int64_t lo = 0, hi = held_all, tries = 0; others > 0 && hi - lo > 4096 && tries < 16; ++tries) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    std::optional<memory::Plan> p = plan_for(mid);
+    if (p && held_by(*p) <= mid) {
+      hi = mid;
+      if (p->prediction.recompute_ms <= best->prediction.recompute_ms) {
+        best = std::move(p);
+        best_assumed = mid;
+      }
+    } else {
+      lo = mid;
+    }
+  }
   planned_in_flight_bytes_ = others * best_assumed;
   return &runtime.use_plan(std::move(*best));
 }
@@ -540,6 +576,7 @@ StepStats ModelParallelStep::step(StepRuntime& runtime, const data::Batch& batch
       loss_sum = pipeline_->run(runtime, batch, options.seed);
     }
     wait = pipeline_->wait_ms;
+    sent_bytes_ += pipeline_->sent_bytes;
   }
   exchange_gradients();
   if (options.optimizer) {
@@ -570,13 +607,17 @@ void ModelParallelStep::exchange_gradients() {
   };
   if (groups_.ends.defined() && groups_.ends.size() > 1)
     for (auto& [name, p] : params_)
-      if (std::count(tied_.begin(), tied_.end(), name) > 0) groups_.ends.all_reduce_sum(grad_of(p));
+      if (std::count(tied_.begin(), tied_.end(), name) > 0) {
+        groups_.ends.all_reduce_sum(grad_of(p));
+        sent_bytes_ += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
+      }
   const int replicas = groups_.data.defined() ? groups_.data.size() : 1;
   if (replicas <= 1 || params_.empty()) return;
   std::vector<at::Tensor> flat;
   for (auto& [name, p] : params_) flat.push_back(grad_of(p).reshape({-1}));
   at::Tensor all = at::cat(flat);
   groups_.data.all_reduce_sum(all);
+  sent_bytes_ += all.numel() * static_cast<int64_t>(all.element_size());
   all.div_(static_cast<double>(replicas));
   int64_t at = 0;
   for (auto& [name, p] : params_) {
@@ -613,6 +654,28 @@ double ModelParallelStep::agree_loss(double local_loss_sum) const {
   return dist::all_reduce_doubles(groups_.data, {replica})[0] / static_cast<double>(replicas);
 }
 
+void ModelParallelStep::gather_memory(int64_t measured_peak_bytes, const memory::Plan* plan) {
+  constexpr size_t kFields = 4;  // measured peak, predicted peak, budget, time blocked on a neighbour stage
+  std::vector<double> all(kFields * static_cast<size_t>(groups_.everyone.size()), 0.0);
+  double* mine = &all[kFields * static_cast<size_t>(groups_.layout.rank)];
+  mine[0] = static_cast<double>(measured_peak_bytes);
+  mine[1] = static_cast<double>(plan ? plan->prediction.peak_bytes : 0);
+  mine[2] = static_cast<double>(plan ? plan->budget_bytes : 0);
+  mine[3] = step_ms_ > 0 ? comm_wait_ms_ / step_ms_ : 0.0;
+  all = dist::all_reduce_doubles(groups_.everyone, all);
+  memory_ = nlohmann::json::array();
+  const std::vector<std::string> where = groups_.layout.describe_all();
+  for (size_t r = 0; r < all.size() / kFields; ++r) {
+    const double* f = &all[kFields * r];
+    nlohmann::json m = {{"rank", where[r]}, {"measured_peak_bytes", std::llround(f[0])}, {"wait_fraction", f[3]}};
+    if (f[2] > 0) {
+      m["predicted_peak_bytes"] = std::llround(f[1]);
+      m["budget_bytes"] = std::llround(f[2]);
+    }
+    memory_.push_back(m);
+  }
+}
+
 nlohmann::json ModelParallelStep::report() const {
   const dist::ParallelLayout& l = groups_.layout;
   nlohmann::json r = {{"tensor", l.tensor},
@@ -620,7 +683,9 @@ nlohmann::json ModelParallelStep::report() const {
                       {"data", l.data},
                       {"this_rank", l.describe()},
                       {"ranks", l.describe_all()},
-                      {"features", settings_.feature_split ? "table" : "none"}};
+                      {"features", settings_.feature_split ? "table" : "none"},
+                      {"memory", memory_},
+                      {"bytes_sent_per_step", steps_ > 0 ? sent_bytes_ / steps_ : 0}};
   if (pipeline_) {
     const auto m = static_cast<double>(settings_.micro_batches), p = static_cast<double>(l.pipeline);
     r["schedule"] = dist::to_string(settings_.schedule);
@@ -628,7 +693,18 @@ nlohmann::json ModelParallelStep::report() const {
     r["stages"] = split_.to_json();
     r["in_flight"] = pipeline_->in_flight();
     r["planned_in_flight_bytes"] = planned_in_flight_bytes_;
-    r["bubble"] = {{"measured_wait_fraction", step_ms_ > 0 ? comm_wait_ms_ / step_ms_ : 0.0},
+    // The bubble: the share of a step a stage waits on its neighbours (the mean over every rank, the
+    // slowest stage's, this rank's), next to the 1F1B formula for equal stages, (P - 1) / (M + P - 1).
+    // The slowest stage waits only while the pipe fills and drains: its share is the bubble the formula
+    // describes; the others wait for it too (unequal stages).
+    double mean = 0, slowest = memory_.empty() ? 0.0 : 1.0;
+    for (const auto& e : memory_) {
+      mean += e["wait_fraction"].get<double>() / static_cast<double>(memory_.size());
+      slowest = std::min(slowest, e["wait_fraction"].get<double>());
+    }
+    r["bubble"] = {{"measured_wait_fraction_mean", mean},
+                   {"measured_wait_fraction_slowest_stage", slowest},
+                   {"measured_wait_fraction_this_rank", step_ms_ > 0 ? comm_wait_ms_ / step_ms_ : 0.0},
                    {"formula_1f1b", (p - 1) / (m + p - 1)}};
     r["tied_parameters"] = tied_;
   }

@@ -54,13 +54,18 @@ class ModelParallelStep {
   // balanced from a profile of one micro-batch of `first_batch` (every rank measures; the times are
   // averaged so every rank computes the same split). Throws before training when the model cannot be
   // split so (naming the model, the key and what it has).
+  // `first_unit`, when not empty, is the split to use (a resumed run's: PipelineSplit::first_unit).
   ModelParallelStep(const dist::ParallelSettings& settings, dist::ParallelGroups groups, models::Model& model,
-                    const data::Batch& first_batch, uint64_t seed, const std::string& origin);
+                    const data::Batch& first_batch, uint64_t seed, const std::string& origin,
+                    const std::vector<int64_t>& first_unit = {});
   ~ModelParallelStep();
 
   // The parameters this rank holds and updates (its stage's; its shards).
   const optim::NamedParams& parameters() const { return params_; }
   const dist::ParallelGroups& groups() const { return groups_; }
+  // Weights the first and the last pipeline stage both hold (gpt's tied embedding and lm head).
+  const std::vector<std::string>& tied() const { return tied_; }
+  const PipelineSplit& split() const { return split_; }
   // With a budget in `runtime`'s settings: profile one micro-batch of this stage and plan it for the
   // micro-batches the stage holds in flight (their held activations are fixed memory of the plan).
   const memory::Plan* prepare(StepRuntime& runtime, const data::Batch& batch, optim::Optimizer* optimizer,
@@ -74,12 +79,15 @@ class ModelParallelStep {
   models::Model& eval_model();
   // Micro-batches this stage holds between forward and backward at most.
   int64_t in_flight() const;
+  // After the last step, on every rank: every rank's budget, predicted and measured peak, gathered for
+  // the report (its "parallel.memory"; a collective).
+  void gather_memory(int64_t measured_peak_bytes, const memory::Plan* plan);
   nlohmann::json report() const;
 
  private:
   class Pipeline;
   class EvalModel;
-  void split_pipeline(const data::Batch& first_batch, uint64_t seed);
+  void split_pipeline(const data::Batch& first_batch, uint64_t seed, const std::vector<int64_t>& first_unit);
   void release_other_stages();
   void exchange_gradients();
   double clip(double max_norm);
@@ -98,6 +106,8 @@ class ModelParallelStep {
   int64_t planned_in_flight_bytes_ = 0;  // the plan's fixed memory for the other micro-batches in flight
   double comm_wait_ms_ = 0, step_ms_ = 0;  // summed over steps: blocked on a neighbour stage, whole steps
   int64_t steps_ = 0;
+  int64_t sent_bytes_ = 0;  // point-to-point and all-reduce payload this process sent, summed over steps
+  nlohmann::json memory_ = nlohmann::json::array();  // gather_memory's
 };
 
 }  // namespace ration::train

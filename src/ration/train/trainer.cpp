@@ -23,6 +23,7 @@
 #include "ration/streaming/tbptt.h"
 #include "ration/torchscript/op_report.h"
 #include "ration/train/checkpoint.h"
+#include "ration/train/checkpoint_shards.h"
 #include "ration/train/data_parallel_step.h"
 #include "ration/train/evaluation.h"
 #include "ration/train/model_parallel_step.h"
@@ -101,6 +102,7 @@ class TrainingRun {
     const std::string refusal =
         world_.size() > 1 && !parallel_.feature_split ? model_.data_parallel_refusal() : std::string();
     RATION_CHECK(refusal.empty(), c.origin(), ": ", world_.size(), " ranks: ", refusal);
+    resume_path_ = options.resume;
     if (parallel_.model_parallel()) split_model();
     optimizer_ = build_optimizer(run_, params_);
     dist::JobRoles sync_roles = roles_;
@@ -143,11 +145,14 @@ class TrainingRun {
       const std::string diagnosis = liveness_ ? liveness_->diagnose(window, std::chrono::seconds(keys_.dp.timeout_s))
                                               : std::string("one process");
       const int workers = roles_.workers_count, size = roles_.everyone.size();
-      const std::string servers = workers == size ? std::string() : detail::str(" (ranks ", workers, "-", size - 1,
+      const std::string servers = keys_.dp.servers == 0 ? std::string() : detail::str(" (ranks ", workers, "-", size - 1,
                                                                                  " are the parameter servers)");
       throw Error(detail::str("rank ", roles_.everyone.rank(), " of ", size, ": ", diagnosis, servers,
-                              "; stopping (resume from the last checkpoint with --resume, with any number of "
-                              "ranks). The failed collective: ", e.what()));
+                              mp_ ? "; stopping (resume from the last checkpoint with --resume and the same "
+                                    "[parallel] layout). The failed collective: "
+                                  : "; stopping (resume from the last checkpoint with --resume, with any number of "
+                                    "ranks). The failed collective: ",
+                              e.what()));
     } catch (const std::exception& e) {
       if (liveness_) liveness_->leaving(e.what());
       throw;
@@ -161,11 +166,10 @@ class TrainingRun {
     dist::check_same_numbers(roles_.everyone, {{"total number of steps (--steps, --epochs, train.steps, train.epochs)", total_steps_},
                                       {"first step (--resume)", step_}},
                              setup_.config.origin());
-    // Only rank 0 writes checkpoints, so only rank 0 locks and checks the directory.
-    if (roles_.everyone.rank() == 0) {
-      prepare_checkpoint_dir();
-      check_report_path();
-    }
+    // Only rank 0 writes checkpoints, so only rank 0 locks and checks the directory; with a split model
+    // each shard's writer (replica 0) its shard's folder.
+    if (mp_ ? world_.rank() == 0 : roles_.everyone.rank() == 0) prepare_checkpoint_dir();
+    if (roles_.everyone.rank() == 0) check_report_path();
     if (!blas::core().empty())
       progress_.note(detail::str("BLAS: OpenBLAS '", blas::core(), "' kernels, ", blas::threads(), " threads (chosen by ",
                                  blas::chosen_by(), ")"));
@@ -204,6 +208,7 @@ class TrainingRun {
       throw;
     }
     sync_->finish();  // the server's final model, or one averaged model
+    if (mp_) mp_->gather_memory(record_.worst_peak(), runtime_.current_plan());
     progress_.finish();
     // A stopped run skips the final evaluation (the user is waiting) and saves where it stopped.
     if (stop_signal_ != 0) {
@@ -270,10 +275,39 @@ class TrainingRun {
     const data::LoaderPosition here = loader_.position();
     const data::Batch first = loader_.next();
     loader_.set_position(here);
-    mp_ = std::make_unique<ModelParallelStep>(parallel_, groups_, model_, first, setup_.seed, setup_.config.origin());
+    // Every parameter's split dimension, read before the split releases other stages' weights.
+    ShardManifest manifest{model_.family(), static_cast<int>(parallel_.tensor), static_cast<int>(parallel_.pipeline), {}, {}, {}, {}};
+    for (auto& [name, p] : model_.named_parameters())
+      if (const int64_t dim = model_.tensor_split_dim(name); dim >= 0) {
+        manifest.split_dims[name] = dim;
+        if (const int64_t parts = model_.tensor_split_parts(name); parts > 1) manifest.split_parts[name] = parts;
+      }
+    const bool sharded = manifest.tensor > 1 || manifest.pipeline > 1;
+    std::vector<int64_t> saved_split;
+    if (sharded && !resume_path_.empty()) {
+      const ShardManifest saved = read_shard_manifest(resume_path_);
+      RATION_CHECK(saved.tensor == manifest.tensor && saved.pipeline == manifest.pipeline && saved.model == manifest.model,
+                   "--resume ", resume_path_, ": saved by a ", saved.model, " run with parallel.tensor = ", saved.tensor,
+                   " and parallel.pipeline = ", saved.pipeline, "; this run is ", manifest.model, " with ",
+                   manifest.tensor, " and ", manifest.pipeline, " (resume with the same layout, or merge the shards ",
+                   "with `ration checkpoint merge` and start from the merged weights)");
+      saved_split = saved.first_unit;
+      resume_path_ = (std::filesystem::path(resume_path_) /
+                      shard_dir_name(groups_.layout.stage, groups_.layout.tensor_rank)).string();
+    }
+    mp_ = std::make_unique<ModelParallelStep>(parallel_, groups_, model_, first, setup_.seed, setup_.config.origin(),
+                                              saved_split);
     params_ = mp_->parameters();
     if (roles_.everyone.rank() == 0)
       for (const std::string& line : groups_.layout.describe_all()) progress_.note("layout " + line);
+    // Each shard's checkpoints in a folder of their own (written by replica 0), with a manifest for the merge.
+    if (!sharded) return;  // every replica holds the whole model
+    if (run_.checkpoint_dir.empty()) return;
+    manifest.tied = mp_->tied();
+    manifest.first_unit = mp_->split().first_unit;
+    if (roles_.everyone.rank() == 0) write_shard_manifest(run_.checkpoint_dir, manifest);
+    run_.checkpoint_dir = (std::filesystem::path(run_.checkpoint_dir) /
+                           shard_dir_name(groups_.layout.stage, groups_.layout.tensor_rank)).string();
   }
 
   // Every rank stops after the same step (a signal reached some of them): one all-reduce per step.
@@ -309,8 +343,8 @@ class TrainingRun {
   }
 
   void resume() {
-    if (options_.resume.empty()) return;
-    const Checkpoint ckpt = load_checkpoint(options_.resume);
+    if (resume_path_.empty()) return;
+    const Checkpoint ckpt = load_checkpoint(resume_path_);
     RATION_CHECK(ckpt.step < total_steps_, "checkpoint ", ckpt.path, " is at step ", ckpt.step, " but this run has ",
                  total_steps_, " steps in all, so there is nothing to train; hint: pass --steps greater than ",
                  ckpt.step, " (the total, not the number of further steps)");
@@ -419,13 +453,18 @@ class TrainingRun {
                        (record_.seconds / static_cast<double>(step_ - first_step_ + 1));
     const std::string gnorm =
         run_.clip_grad_norm > 0 ? std::string(" | gnorm ") + std::to_string(st.grad_norm).substr(0, 6) : "";
-    char line[320];
+    // A split model: its layout (tensor x pipeline x data), this line being rank 0's (stage 0, shard 0).
+    const std::string layout = mp_ ? detail::str(" | T", groups_.layout.tensor, "xP", groups_.layout.pipeline, "xD",
+                                                 groups_.layout.data)
+                                   : std::string();
+    char line[352];
     std::snprintf(line, sizeof line,
-                  "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s | eta %s",
+                  "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s%s | eta %s",
                   static_cast<long long>(step_ + 1), static_cast<long long>(total_steps_), st.loss,
                   record_.items_per_second(), setup_.task.throughput_unit,
                   memory::format_bytes(memory::device_current_bytes(st.memory)).c_str(),
-                  memory::format_bytes(st.peak_bytes).c_str(), lr, gnorm.c_str(), format_duration(eta).c_str());
+                  memory::format_bytes(st.peak_bytes).c_str(), lr, gnorm.c_str(), layout.c_str(),
+                  format_duration(eta).c_str());
     progress_.update(step_ + 1, line, step_ + 1 == total_steps_);
   }
 
@@ -579,7 +618,10 @@ class TrainingRun {
       report["exit_status"] = InterruptScope::exit_status(stop_signal_);
     }
     report["dist"] = sync_->report();
-    if (mp_) report["parallel"] = mp_->report();
+    if (mp_) {
+      report["parallel"] = mp_->report();
+      report["dist"]["rank"] = roles_.everyone.rank();  // one JSON report per job (--json)
+    }
     report["blas"] = blas_report();
     if (sync_->active()) report["memory"]["dist_bucket_bytes"] = sync_->bucket_bytes();
     return report;
@@ -658,7 +700,8 @@ class TrainingRun {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::WarmupCosine> schedule_;
   std::unique_ptr<DataParallelStep> sync_;
-  std::unique_ptr<ModelParallelStep> mp_;  // [parallel] model parallelism: how the processes make a step  // how the ranks (or micro-batches) make a step together
+  std::unique_ptr<ModelParallelStep> mp_;
+  std::string resume_path_;  // --resume (a split model: this process's shard of it)  // [parallel] model parallelism: how the processes make a step  // how the ranks (or micro-batches) make a step together
   int64_t step_begin_ = 0;          // step_ when the current iteration began
   int64_t per_epoch_ = 0, total_steps_ = 0, step_ = 0, first_step_ = 0;
   std::string fingerprint_;                            // this run's identity in its checkpoints

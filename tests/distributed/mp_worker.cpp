@@ -1,0 +1,210 @@
+// mp_worker.cpp — model and hybrid parallelism in `ration train` (train/model_parallel_step.h), one rank of
+// a job started by ration_dist_launch. Each layout of the world (pipeline 2, tensor 2, pipeline 2 x data 2,
+// tensor 2 x data 2, ...) trains gpt for 20 steps and must give the same loss as one process at the same
+// global batch at every step (relative difference <= 1e-5), the same parameters at the end (its merged shards against the one
+// process's checkpoint, within the data-parallel equivalence test's 1e-6), and, resumed from step 10 with
+// the same layout, the same parameters again. A case whose layout needs another number of processes
+// is skipped (each ctest entry filters its own).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ration/base/allocator.h"
+#include "ration/train/checkpoint.h"
+#include "ration/train/checkpoint_shards.h"
+#include "ration/train/trainer.h"
+#include "worker_main.h"
+
+namespace ration::dist {
+namespace {
+
+using testing::world;
+
+double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = b.abs().max().item<double>();
+  const double diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+  return scale > 0 ? diff / scale : diff;
+}
+
+// A directory name every rank agrees on (rank 0 draws it).
+std::filesystem::path shared_dir(const std::string& tag) {
+  at::Tensor id = at::empty({1}, at::kLong);
+  id.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
+  world().broadcast(id, 0);
+  return std::filesystem::temp_directory_path() / ("ration-mp-" + tag + "-" + std::to_string(id.data_ptr<int64_t>()[0]));
+}
+
+// The small gpt of the data-parallel equivalence tests (2 blocks: 4 pipeline units), SGD with momentum,
+// the config's gradient clipping (1.0: the global norm over every stage and shard is exercised).
+train::TrainOptions gpt_options(const std::filesystem::path& dir, int64_t batch, const World& in,
+                                const std::vector<std::string>& layout) {
+  train::TrainOptions o;
+  o.config_path = std::string(RATION_SOURCE_DIR) + "/configs/gpt.toml";
+  o.overrides = {"train.threads=1", "train.checkpoint_dir=" + dir.string(), "train.checkpoint_every=10",
+                 "train.keep_checkpoints=3", "train.batch_size=" + std::to_string(batch), "model.dropout=0",
+                 "train.eval_batches=1", "train.eval_every=0", "train.log_every=1000", "optim.name=sgd",
+                 "optim.lr=0.05", "optim.momentum=0.9", "model.n_layer=2", "model.n_embd=32", "model.block_size=32",
+                 "model.n_head=2"};
+  o.overrides.insert(o.overrides.end(), layout.begin(), layout.end());
+  o.steps = 20;
+  o.json = true;
+  o.world = in;
+  return o;
+}
+
+void expect_same_weights(const train::NamedTensors& a, const train::NamedTensors& b, double tol,
+                         const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, t] : b) {
+    const auto it = std::find_if(a.begin(), a.end(), [&](const auto& e) { return e.first == name; });
+    ASSERT_NE(it, a.end()) << what << ": " << name << " missing";
+    const double d = rel_diff(it->second, t);
+    if (d > worst) worst = d, worst_name = name;
+  }
+  EXPECT_LE(worst, tol) << what << ": worst parameter " << worst_name;
+  std::printf("[rank %d] %s: worst relative parameter difference %.3g (%s)\n", world().rank(), what.c_str(), worst,
+              worst_name.c_str());
+}
+
+// `layout` splits the world's N processes into T x P shards and stages and D = N / (T x P) replicas of
+// `batch` each; the reference is one process with the global batch D x batch. `both`: overrides of both
+// runs (e.g. a dropout, which equals one process's where every replica's masks are one process's).
+void check_layout(const std::vector<std::string>& layout, int replicas, int64_t batch, const std::string& name,
+                  const std::vector<std::string>& both = {}) {
+  const World& w = world();
+  const std::filesystem::path dir = shared_dir(name);
+  const std::filesystem::path mine = dir.string() + "-single-" + std::to_string(w.rank());
+  std::vector<std::string> split_layout = layout;
+  split_layout.insert(split_layout.end(), both.begin(), both.end());
+  const nlohmann::json split = train::run_training(gpt_options(dir / "split", batch, w, split_layout));
+  const nlohmann::json one =
+      train::run_training(gpt_options(mine / "one", batch * replicas, World::init_single(), both));
+  ASSERT_EQ(split["loss"].size(), 20u);
+  double worst = 0;
+  for (size_t s = 0; s < 20; ++s) {
+    const double a = split["loss"][s].get<double>(), b = one["loss"][s].get<double>();
+    worst = std::max(worst, std::abs(a - b) / std::abs(b));
+    EXPECT_LE(std::abs(a - b) / std::abs(b), 1e-5) << name << " step " << s + 1 << ": " << a << " vs " << b;
+  }
+  std::printf("[rank %d] %s: worst relative loss difference over 20 steps %.3g\n", w.rank(), name.c_str(), worst);
+  w.barrier();  // every shard's checkpoints are complete
+  const train::NamedTensors reference = train::load_checkpoint((mine / "one" / "ckpt-20").string()).weights;
+  const train::NamedTensors merged = train::merge_checkpoint_shards((dir / "split").string(), 20);
+  expect_same_weights(merged, reference, 1e-6, name + " vs one process at step 20");
+  // Resume every shard from step 10 with the same layout (a run folder whose shards end at step 10).
+  namespace fs = std::filesystem;
+  const fs::path from10 = dir / "from10";
+  if (w.rank() == 0) {
+    fs::create_directories(from10);
+    fs::copy_file(dir / "split" / "manifest.json", from10 / "manifest.json");
+    for (const auto& shard : fs::directory_iterator(dir / "split")) {
+      if (!shard.is_directory()) continue;
+      const fs::path to = from10 / shard.path().filename();
+      fs::create_directories(to);
+      fs::copy(shard.path() / "ckpt-10", to / "ckpt-10", fs::copy_options::recursive);
+      std::ofstream(to / "latest") << "ckpt-10\n";
+    }
+  }
+  w.barrier();
+  train::TrainOptions again = gpt_options(dir / "resumed", batch, w, split_layout);
+  again.resume = from10.string();
+  (void)train::run_training(again);
+  w.barrier();
+  expect_same_weights(train::merge_checkpoint_shards((dir / "resumed").string(), 20), merged, 1e-6,
+                      name + " resumed at step 10 vs uninterrupted");
+  w.barrier();
+  std::filesystem::remove_all(mine);
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+bool world_is(int n) { return world().size() == n; }
+
+TEST(ModelParallel, GptPipeline2MatchesOneProcess) {
+  if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
+  check_layout({"parallel.pipeline=2", "parallel.micro_batches=2"}, 1, 8, "pipeline 2");
+}
+
+TEST(ModelParallel, GptPipeline2GPipeMatchesOneProcess) {
+  if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
+  check_layout({"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=gpipe"}, 1, 8, "pipeline 2 gpipe");
+}
+
+TEST(ModelParallel, GptPipeline2Data2MatchesOneProcess) {
+  if (!world_is(4)) GTEST_SKIP() << "needs 4 processes";
+  check_layout({"parallel.pipeline=2", "parallel.micro_batches=2"}, 2, 4, "pipeline 2 x data 2");
+}
+
+// Tensor parallel (distributed/tensor_parallel_block.h): every block's heads and MLP columns over 2 ranks;
+// the merge puts qkv's q, k and v parts back together.
+TEST(ModelParallel, GptTensor2MatchesOneProcess) {
+  if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
+  check_layout({"parallel.tensor=2"}, 1, 8, "tensor 2");
+}
+
+// With dropout: each rank draws the residual masks of the whole activation and the attention mask of
+// every head (keeping its heads' slice), from the same seeds as one process.
+TEST(ModelParallel, GptTensor2WithDropoutMatchesOneProcess) {
+  if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
+  check_layout({"parallel.tensor=2"}, 1, 8, "tensor 2 dropout 0.1", {"model.dropout=0.1"});
+}
+
+TEST(ModelParallel, GptTensor2Data2MatchesOneProcess) {
+  if (!world_is(4)) GTEST_SKIP() << "needs 4 processes";
+  check_layout({"parallel.tensor=2"}, 2, 4, "tensor 2 x data 2");
+}
+
+// Per-stage memory plans: each stage plans its micro-batches in flight for the same per-process budget;
+// the measured peak stays within it and equals the prediction (to 0.5%), and stage 0 (two micro-batches
+// in flight under 1F1B) recomputes where it would not fit.
+TEST(ModelParallel, GptPipeline2StagePlansFitTheirBudget) {
+  if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
+  const World& w = world();
+  auto run = [&](const std::string& budget) {
+    train::TrainOptions o = gpt_options("", 8, w, {"parallel.pipeline=2", "parallel.micro_batches=4",
+                                                   "memory.budget=" + budget, "model.n_embd=64"});
+    o.steps = 4;
+    return train::run_training(o);
+  };
+  const nlohmann::json loose = run("1GiB");
+  const auto& stages = loose["parallel"]["memory"];
+  ASSERT_EQ(stages.size(), 2u);
+  int64_t top = 0;
+  for (const auto& m : stages) {
+    const double measured = m["measured_peak_bytes"].get<double>(), predicted = m["predicted_peak_bytes"].get<double>();
+    EXPECT_LE(std::abs(measured - predicted), 0.005 * measured) << m.dump();
+    top = std::max(top, m["measured_peak_bytes"].get<int64_t>());
+  }
+  // A budget below stage 0's unconstrained peak (and above its floor, rank 0's plan's): stage 0 must drop
+  // activations. Every rank uses rank 0's figure.
+  at::Tensor figure = at::zeros({1}, at::kLong);
+  const int64_t floor = loose["plan"]["minimum_peak_bytes"].get<int64_t>();
+  figure.data_ptr<int64_t>()[0] = floor + (stages[0]["measured_peak_bytes"].get<int64_t>() - floor) / 3;
+  w.broadcast(figure, 0);
+  const int64_t budget = figure.data_ptr<int64_t>()[0];
+  const nlohmann::json tight = run(std::to_string(budget));
+  if (w.rank() == 0) {
+    EXPECT_GT(tight["plan"]["dropped_groups"].get<int64_t>(), 0) << "stage 0's plan recomputes";
+  }
+  for (const auto& m : tight["parallel"]["memory"]) {
+    const double measured = m["measured_peak_bytes"].get<double>(), predicted = m["predicted_peak_bytes"].get<double>();
+    EXPECT_LE(m["measured_peak_bytes"].get<int64_t>(), budget) << m.dump();
+    EXPECT_LE(std::abs(measured - predicted), 0.005 * measured) << m.dump();
+  }
+  std::printf("[rank %d] stage peaks: loose %s, budget %lld: %s\n", w.rank(), stages.dump().c_str(),
+              static_cast<long long>(budget), tight["parallel"]["memory"].dump().c_str());
+}
+
+}  // namespace
+}  // namespace ration::dist
+
+int main(int argc, char** argv) {
+  ration::memory::install_counting_allocator();  // before any tensor: the reports' memory categories
+  return ration::dist::testing::run_worker(argc, argv, "ration_mp_worker");
+}
