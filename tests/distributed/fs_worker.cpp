@@ -336,7 +336,7 @@ TEST(FeatureSplitTrain, CtrMatchesOneProcessWithTheGlobalBatch) {
 TEST(FeatureSplitTrain, BadInputIsAClearError) {
   const World& w = world();
   // Through the trainer (one process: a refusal right after the process groups are built would race the
-  // peers' group set-up in this shared world; `Dist.FeatureSplitWithoutTablesIsRefused` runs it over 2).
+  // peers' group set-up in this shared world; `Dist.ModelParallel.FeatureSplitWithoutTablesIsAnError` runs it over 2).
   train::TrainOptions mlp;
   mlp.config_path = std::string(RATION_SOURCE_DIR) + "/configs/mlp.toml";
   mlp.overrides = {"train.threads=1", "train.checkpoint_dir=", "parallel.features=table"};
