@@ -3,8 +3,9 @@
 // the same seed, and a second copy that it shards over the world with dist::TensorParallelBlock
 // (GPT::shard_tensor_parallel). Checks, on every rank, in f64:
 //   * the layout: each parameter is this rank's slice of the whole (qkv: q, k and v each by heads), the
-//     ranks' shards all-gathered and merged (merge_tensor_shards) give the whole exactly, and a split
-//     parameter's storage holds only its shard (the whole tensor's memory was released);
+//     ranks' shards all-gathered and merged (merge_tensor_shards) give the whole exactly, a split
+//     parameter's storage holds only its shard, and the counting allocator's parameter bytes fell by
+//     (n - 1)/n of the split weights' (the whole tensors' memory was released);
 //   * one forward + backward: the output, dx and every parameter gradient (this rank's slice of the
 //     one-process gradient) equal the one-process block within 1e-12 relative, with dropout 0 and with
 //     dropout 0.25 in training mode (the attention mask is the slice of the whole layer's mask, the
@@ -111,7 +112,10 @@ TEST(DistTensorParallelBlock, ShardsAreSlicesThatMergeBackAndOnlyTheShardsStay) 
   const int n = w.size();
   auto whole = make_block(0.0);
   auto sharded = make_block(0.0);
+  auto parameter_bytes = [] { return memory::stats().current[static_cast<int>(memory::Category::Parameters)]; };
+  const int64_t before = parameter_bytes();
   TensorParallelBlock tp(sharded, w);
+  const int64_t released = before - parameter_bytes();
   const auto full_params = whole->named_parameters();
   const auto shard_params = sharded->named_parameters();
   ASSERT_EQ(full_params.size(), shard_params.size());
@@ -133,6 +137,11 @@ TEST(DistTensorParallelBlock, ShardsAreSlicesThatMergeBackAndOnlyTheShardsStay) 
     EXPECT_TRUE(at::equal(merge_tensor_shards(shards, dim, block_split_parts(name)), full.tensor())) << name;
   }
   EXPECT_EQ(split, 6) << "qkv and fc weight and bias, attn.proj and mlp.proj weight";
+  // The counting allocator: the parameters now hold (n - 1)/n fewer bytes of every split weight, f64.
+  int64_t split_bytes = 0;
+  for (const auto& [name, p] : full_params)
+    if (block_split_dim(name) >= 0) split_bytes += p.numel() * 8;
+  EXPECT_EQ(released, split_bytes - split_bytes / n) << "the whole weights' memory must be given back";
   // qkv keeps heads [r H/n, (r+1) H/n) of q, k and v: row 0 of its k part is k's row r C/n.
   const at::Tensor& qkv = sharded->attn->qkv->weight.tensor();
   EXPECT_TRUE(at::equal(qkv[kC / n], whole->attn->qkv->weight.tensor()[kC + w.rank() * kC / n]));
