@@ -271,6 +271,14 @@ TEST(TorchScriptErrors, OpWithoutBackwardNamesTheOp) {
                                    {"aten::nextafter", "has no backward"});
 }
 
+TEST(TorchScriptErrors, ForwardNeedingAPythonObjectNamesTheArgument) {
+  REQUIRE_PYTHON_TORCH(false);
+  TempDir dir("ts-needs-object");
+  export_model(dir.path, model_file_args("NeedsPythonObject") + " --input-shape 16 --data 16,8");
+  testing::expect_error_containing([&] { setup_of(dir.path); },
+                                   {"model.pt", "forward argument 'options' is Dict[str, float]", "tensors only"});
+}
+
 TEST(TorchScriptErrors, WrongInputShapeNamesTheOpAndModule) {
   REQUIRE_PYTHON_TORCH(false);
   TempDir dir("ts-shape");

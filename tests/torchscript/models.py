@@ -4,6 +4,7 @@ and upsampling, an nn.LSTM classifier, and modules for the error cases."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from typing import Dict
 
 
 class SmallCNN(nn.Module):
@@ -102,3 +103,13 @@ class TiedWeights(nn.Module):
 
     def forward(self, x):
         return self.head(self.b(self.a(x)))
+
+
+class NeedsPythonObject(nn.Module):
+    """forward takes a Python object (a dict of options) besides the tensor: ration cannot call it."""
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x, options: Dict[str, float]):
+        return self.fc(x) * options["scale"]

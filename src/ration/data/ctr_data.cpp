@@ -38,6 +38,8 @@ CtrSets make_ctr_datasets(Config& cfg, const std::string& kind) {
     }
     sets.planted_auc = roc_auc(scores, labels);
     cfg.set("data.num_fields", static_cast<int64_t>(f));
+    // Each table's rows: the feature split places whole tables by rows x dim (models/feature_split.h).
+    for (size_t k = 0; k < f; ++k) cfg.set("data.field" + std::to_string(k) + "_rows", o.cardinalities[k]);
     cfg.set("data.num_dense", o.num_dense);
     sets.train = train;
     sets.eval = eval;

@@ -1,6 +1,6 @@
 // ctr_data.h — building the click-through data sources from a config ([data] keys).
-// Owns: reading data.* for kind "synthetic_ctr" and "movielens", publishing data.num_fields and
-//       data.num_dense for the ctr model, and the planted model's own AUC on the evaluation split
+// Owns: reading data.* for kind "synthetic_ctr" and "movielens", publishing data.num_fields,
+//       data.num_dense and (synthetic_ctr) each table's rows data.field<F>_rows for the ctr model, and the planted model's own AUC on the evaluation split
 //       (synthetic only: the ceiling a learned model can approach).
 // Does not own: the generators and readers (ctr_synthetic.h, ctr_movielens.h).
 // Keys — synthetic_ctr: cardinalities ([100000, 100000, 10000, 1000]), bag_min, bag_max, num_dense (4),

@@ -261,6 +261,47 @@ at::Tensor World::all_gather(const at::Tensor& t) const {
   return flat;
 }
 
+std::vector<at::Tensor> World::all_to_all(const std::vector<at::Tensor>& pieces) const {
+  const State& s = state();
+  RATION_CHECK(static_cast<int>(pieces.size()) == s.size, "all_to_all: one piece per rank expected (", s.size,
+               "); got ", pieces.size());
+  for (const at::Tensor& p : pieces)
+    RATION_CHECK(p.defined() && p.dim() == 1 && p.scalar_type() == pieces[0].scalar_type(),
+                 "all_to_all: pieces must be 1-D tensors of one dtype; got ", p.defined() ? p.sizes() : at::IntArrayRef{},
+                 " ", p.defined() ? p.scalar_type() : at::kFloat, " beside ", pieces[0].scalar_type());
+  if (!s.group) return {pieces[0].contiguous()};
+  // The lengths first: lengths_out[r] = what this rank sends to r, lengths_in[r] = what r sends here.
+  at::Tensor lengths_out = at::empty({s.size}, at::kLong), lengths_in = at::empty({s.size}, at::kLong);
+  for (int r = 0; r < s.size; ++r) lengths_out.data_ptr<int64_t>()[r] = pieces[static_cast<size_t>(r)].numel();
+  std::vector<int64_t> equal;  // empty: equal splits, one element per rank
+  run_collective("all_to_all (lengths)", s.rank, s.size,
+                 [&] { return s.group->alltoall_base(lengths_in, lengths_out, equal, equal); });
+  // Then the pieces, each followed by one padding element (a split of 0 elements is never sent).
+  std::vector<at::Tensor> padded;
+  std::vector<int64_t> send_splits, recv_splits;
+  int64_t received = 0;
+  for (int r = 0; r < s.size; ++r) {
+    const at::Tensor& p = pieces[static_cast<size_t>(r)];
+    padded.push_back(p.contiguous());
+    padded.push_back(at::zeros({1}, p.options()));
+    send_splits.push_back(p.numel() + 1);
+    recv_splits.push_back(lengths_in.data_ptr<int64_t>()[r] + 1);
+    received += recv_splits.back();
+  }
+  at::Tensor out_flat = at::empty({received}, pieces[0].options()), in_flat = at::cat(padded);
+  // c10d's Gloo takes the split vectors by reference and moves them into its work: hand it copies.
+  std::vector<int64_t> recv_copy = recv_splits, send_copy = send_splits;
+  run_collective("all_to_all", s.rank, s.size,
+                 [&] { return s.group->alltoall_base(out_flat, in_flat, recv_copy, send_copy); });
+  std::vector<at::Tensor> out;
+  int64_t at = 0;
+  for (int r = 0; r < s.size; ++r) {
+    out.push_back(out_flat.narrow(0, at, recv_splits[static_cast<size_t>(r)] - 1));
+    at += recv_splits[static_cast<size_t>(r)];
+  }
+  return out;
+}
+
 void World::send_recv(const PeerTensors& sends, const PeerTensors& recvs, int tag) const {
   const State& s = state();
   for (const auto* list : {&sends, &recvs}) {

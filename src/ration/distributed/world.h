@@ -1,7 +1,7 @@
 // world.h — the set of cooperating processes and the collectives between them, over PyTorch's c10d.
 // Owns: World (rank, size, the c10d process group: Gloo for CPU tensors, NCCL under RATION_CUDA),
 //       rendezvous from the environment (TCPStore or FileStore), the blocking collective helpers every
-//       distributed feature builds on (all-reduce, all-gather, broadcast, barrier), and
+//       distributed feature builds on (all-reduce, all-gather, all-to-all, broadcast, barrier), and
 //       C10dReplicaGroup (core/saved_value.h's ReplicaGroup over this world).
 // Does not own: the autograd graph (core/) or any training policy (tensor / data parallel live beside it).
 //
@@ -100,6 +100,12 @@ class World {
   // peer must issue the matching receive / send with the same tag, shape and dtype.
   using PeerTensors = std::vector<std::pair<int, at::Tensor>>;
   void send_recv(const PeerTensors& sends, const PeerTensors& recvs, int tag) const;
+  // All-to-all of pieces of any length: pieces[r] (1-D, one dtype for all) goes to rank r, this rank's own
+  // piece included; returns what every rank sent to this one, in rank order (1-D, the pieces' dtype; empty
+  // pieces allowed). Two c10d alltoall_base calls: the lengths (one int64 per pair), then the pieces
+  // concatenated, each padded by one element so that no split is empty. Every rank calls it in the same
+  // order with pieces of the same dtype.
+  std::vector<at::Tensor> all_to_all(const std::vector<at::Tensor>& pieces) const;
 
   // A second process group over the same ranks and rendezvous store (key prefix "ration/<name>"), with
   // this world's backend and timeout: traffic on it never pairs with this world's collectives, so one

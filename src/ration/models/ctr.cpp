@@ -10,6 +10,7 @@
 #include <future>
 
 #include "ration/base/check.h"
+#include "ration/models/ctr_split.h"
 #include "ration/models/families.h"
 #include "ration/ps/server.h"
 #include "ration/step/hooks.h"
@@ -31,6 +32,8 @@ CtrOptions CtrOptions::from_config(Config& cfg) {
                ": model.num_dense, model.num_fields and model.embedding_dim must be >= 1");
   for (int64_t w : o.bottom) RATION_CHECK(w >= 1, cfg.origin(), ": model.bottom widths must be >= 1");
   for (int64_t w : o.top) RATION_CHECK(w >= 1, cfg.origin(), ": model.top widths must be >= 1");
+  for (int64_t f = 0; f < o.num_fields; ++f)
+    o.table_rows.push_back(published_int(cfg, "data.field" + std::to_string(f) + "_rows", 0));
 
   // [ps]
   o.client.endpoints = ps::split_endpoints(cfg.get_string("ps.endpoints", ""));
@@ -114,11 +117,19 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
     top.push_back(register_module("top." + std::to_string(i), std::make_shared<nn::Linear>(width, tw[i])));
     width = tw[i];
   }
-  client_ = std::make_shared<ps::PsClient>(o.client);
-  if (!client_->embedded()) client_->check_health();
   // "auto" re-pulls after the push, embedded or remote: measured on an idle machine, it beat re-pulling on
   // collection in both cases (BENCHMARKS.md, "gRPC loopback and the trainer's prefetch").
   if (options.repull == RepullTiming::Auto) options.repull = RepullTiming::AfterPush;
+  std::vector<int64_t> fields(static_cast<size_t>(o.num_fields));
+  for (int64_t f = 0; f < o.num_fields; ++f) fields[static_cast<size_t>(f)] = f;
+  open_tables(fields);
+  hook_ = std::make_unique<PsHook>(*this);
+}
+
+void Ctr::open_tables(const std::vector<int64_t>& fields) {
+  const CtrOptions& o = options;
+  client_ = std::make_shared<ps::PsClient>(o.client);
+  if (!client_->embedded()) client_->check_health();
   if (o.evict.active()) {
     // The cap is the total over the embedded shards: each holds about 1/N of every table's ids.
     ps::EvictOptions per_shard = o.evict;
@@ -126,7 +137,7 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
     for (int i = 0; i < client_->num_shards(); ++i) client_->embedded_shard(i).set_eviction(per_shard);
   }
   std::vector<ps::TableOptions> tables;
-  for (int64_t f = 0; f < o.num_fields; ++f) {
+  for (int64_t f : fields) {  // a table's first-touch rows depend on (its seed, the id): the same on any rank
     ps::TableOptions t = o.table;
     t.name = table_name(f);
     t.dim = o.embedding_dim;
@@ -134,7 +145,6 @@ Ctr::Ctr(const CtrOptions& o) : options(o), explicit_snapshot_dir_(o.explicit_sn
     tables.push_back(t);
   }
   client_->declare_tables(tables);
-  hook_ = std::make_unique<PsHook>(*this);
 }
 
 // Embedded shards live inside each process: under data parallel every rank would train a private table.
@@ -144,7 +154,8 @@ std::string Ctr::data_parallel_refusal() const {
          "(ps.endpoints is empty), so with more than one rank each would train a private table. Start the "
          "shared servers first, one per shard (`ration ps serve --listen HOST:PORT --shard I/N`, "
          "see README), and set ps.endpoints = \"HOST:PORT,...\" on every rank; every rank then pulls and "
-         "pushes the same tables (each push applied as it arrives). Or train with one process";
+         "pushes the same tables (each push applied as it arrives). Or place whole tables on the ranks with "
+         "parallel.features = \"table\" (docs/DISTRIBUTED.md, \"Feature split\"), or train with one process";
 }
 
 Ctr::~Ctr() {
@@ -158,7 +169,12 @@ Ctr::~Ctr() {
 class Ctr::PsHook final : public train::StepHook {
  public:
   explicit PsHook(Ctr& model) : model_(model) {}
-  void after_backward(int64_t step) override { model_.push_gradients(step); }
+  void after_backward(int64_t step) override {
+    if (model_.split_)
+      model_.route_gradients(step);
+    else
+      model_.push_gradients(step);
+  }
 
  private:
   Ctr& model_;
@@ -374,6 +390,16 @@ std::vector<FieldRows> Ctr::lookup(const data::Batch& batch, ps::MissingRow miss
 }
 
 Value Ctr::logits(const Value& dense, const std::vector<FieldRows>& fields) {
+  Values bags;
+  {
+    ScopeGuard scope(name());
+    for (const FieldRows& f : fields)
+      bags.push_back(ops::embedding_bag(f.rows, f.local_index, f.offsets, options.bag_mode));  // (B, D)
+  }
+  return logits_from_bags(dense, bags);
+}
+
+Value Ctr::logits_from_bags(const Value& dense, const Values& bags) {
   ScopeGuard scope(name());
   RATION_CHECK(dense.dim() == 2 && dense.size(1) == options.num_dense, "ctr expects dense features (B, ",
                options.num_dense, ") (model.num_dense); got ", dense.sizes());
@@ -381,10 +407,7 @@ Value Ctr::logits(const Value& dense, const std::vector<FieldRows>& fields) {
   for (size_t i = 0; i < bottom.size(); ++i) x = ops::relu(bottom[i]->forward(x));  // (B, D) at the end
   const int64_t b = dense.size(0), d = options.embedding_dim;
   Values vecs = {ops::reshape(x, {b, 1, d})};
-  for (const FieldRows& f : fields) {
-    Value e = ops::embedding_bag(f.rows, f.local_index, f.offsets, options.bag_mode);  // (B, D)
-    vecs.push_back(ops::reshape(e, {b, 1, d}));
-  }
+  for (const Value& e : bags) vecs.push_back(ops::reshape(e, {b, 1, d}));  // (B, 1, D) each
   const int64_t v = static_cast<int64_t>(vecs.size());
   Value t = ops::cat(vecs, 1);                              // (B, F+1, D)
   Value z = ops::bmm(t, ops::transpose(t, 1, 2));          // (B, F+1, F+1)
@@ -420,6 +443,11 @@ Value dense_of(const data::Batch& batch, const nn::Module& model) {
 
 Value Ctr::loss(const data::Batch& batch) {
   const Value dense = dense_of(batch, *this);
+  if (split_) {
+    RATION_CHECK(!oracle_mode(), "ctr with a feature split (parallel.features = \"table\") has no oracle mode");
+    const Values bags = routed_lookup(batch.sparse, dense.size(0), ps::MissingRow::Create, grad_enabled());
+    return binary_cross_entropy_with_logits(logits_from_bags(dense, bags), to_model(batch.target, *this));
+  }
   if (oracle_mode()) {
     // The oracle differentiates the step the engine just took: the rows as they were pulled for this
     // batch, before that step's push changed them (ration gradcheck runs engine, then oracle).
@@ -444,8 +472,8 @@ Value Ctr::loss(const data::Batch& batch) {
 EvalStats Ctr::evaluate(const data::Batch& batch) {
   NoGradGuard no_grad;
   const Value dense = dense_of(batch, *this);
-  const std::vector<FieldRows> fields = lookup(batch, ps::MissingRow::ReadDefault);
-  const Value z = logits(dense, fields);
+  const Value z = split_ ? logits_from_bags(dense, routed_lookup(batch.sparse, dense.size(0), ps::MissingRow::ReadDefault, false))
+                         : logits(dense, lookup(batch, ps::MissingRow::ReadDefault));
   const Value labels = to_model(batch.target, *this);
   EvalStats s;
   s.count = labels.numel();
@@ -465,11 +493,13 @@ void Ctr::save_external_state(const std::string& run_dir, int64_t step) {
 }
 
 void Ctr::restore_external_state(const std::string& run_dir, int64_t step) {
-  // An embedded run without ps.snapshot_dir of its own reads the snapshot beside the checkpoint.
+  // An embedded run without ps.snapshot_dir of its own reads the snapshot beside the checkpoint (with a
+  // feature split, this rank's tables: ps/rank<r>).
   const bool beside = client_->embedded() && !explicit_snapshot_dir_;
   settle_prefetches();
   prefetches_.clear();  // pulled before the restore: stale
-  client_->restore(step, beside ? run_dir + "/ps" : std::string());
+  const std::string dir = run_dir + "/ps" + (split_ ? "/rank" + std::to_string(split_->group.rank()) : "");
+  client_->restore(step, beside ? dir : std::string());
 }
 
 std::vector<std::pair<std::string, double>> Ctr::report_metrics() {
@@ -497,6 +527,7 @@ std::vector<std::pair<std::string, double>> Ctr::report_metrics() {
           {"pull_wait_ms", counts_.used > 0 ? counts_.wait_ms / static_cast<double>(counts_.used) : 0.0},
           {"repull_ms", counts_.used > 0 ? counts_.repull_ms / static_cast<double>(counts_.used) : 0.0}};
   if (options.evict.active()) append_eviction_metrics(metrics);
+  if (split_) append_split_metrics(metrics);
   return metrics;
 }
 

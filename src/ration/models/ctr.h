@@ -7,12 +7,13 @@
 //       in a training step (docs/METHODS.md, "Parameter servers for sparse embeddings"): the rows are
 //       pulled by the forward (or, prefetched, while the previous step ran), and the model's StepHook
 //       pushes their sparse gradients after backward (the optimiser runs on the store); snapshot/restore
-//       with checkpoints.
+//       with checkpoints; the feature split (parallel.features = "table", ctr_split.cpp: each rank holds
+//       whole tables, lookups and their gradients routed to the tables' owners by all-to-all).
 // Does not own: the store or the servers (ps/), the data (data/ctr_*.h), the dense optimiser (trainer),
 //       the step (runtime/step_runtime.h: it calls step_hooks()).
 // Config: model.embedding_dim (16), model.bottom ([64]) — a last layer of width D is appended —,
-//   model.top ([64, 32]), model.bag_mode ("sum"|"mean"), model.num_fields / model.num_dense (published
-//   by the data side); [ps]: endpoints ("" = embedded), shards (1), optimizer ("adagrad"), lr (0.05),
+//   model.top ([64, 32]), model.bag_mode ("sum"|"mean"), model.num_fields / model.num_dense and each
+//   table's rows data.field<F>_rows (published by the data side; the feature split's placement); [ps]: endpoints ("" = embedded), shards (1), optimizer ("adagrad"), lr (0.05),
 //   initial_accumulator, init_scale (0.01), seed (train.seed), prefetch (true: pull the next batch's
 //   rows during the current step), repull ("auto" | "after_push" | "on_collect": when rows the step
 //   pushed are pulled again for the prefetched batch; auto: after_push with remote shards), snapshot_dir (train.checkpoint_dir + "/ps" when embedded),
@@ -60,6 +61,7 @@ struct CtrOptions {
   bool prefetch = true;  // ps.prefetch
   RepullTiming repull = RepullTiming::Auto;  // ps.repull ("auto" | "after_push" | "on_collect"); resolved by Ctr
   ps::EvictOptions evict;  // ps.evict, ps.max_bytes, ...: applied to every embedded shard
+  std::vector<int64_t> table_rows;  // per field: the rows its table may hold (data.field<F>_rows; 0: not declared)
   static CtrOptions from_config(Config& cfg);
 };
 
@@ -105,10 +107,18 @@ class Ctr : public Model {
 
   // ---- the training step (see the header): the hook pushes after backward.
   std::vector<train::StepHook*> step_hooks() override;
+  // ---- the feature split (ctr_split.cpp; docs/DISTRIBUTED.md, "Feature split"): this rank keeps the tables
+  // place_tables() gives it (its embedded shards snapshot under <snapshot dir>/rank<r>) and serves every
+  // rank's lookups of them; a training lookup's pooled rows are leaves whose gradients the step hook sends
+  // back to the owners, which push them. Refused ("" when done): remote shards, fewer tables than ranks.
+  std::string split_features(const dist::World& group) override;
+  void evaluate_nothing() override;
+  // Per field: the rank whose tables hold it (empty without a feature split).
+  std::vector<int> table_owners() const;
   // Pushes the sparse row gradients of the last training loss() to the servers (step `step` is recorded
   // with the rows), then clears them. Nothing to push (no gradient): nothing happens.
   void push_gradients(int64_t step);
-  bool prefetches() const override { return options.prefetch; }
+  bool prefetches() const override { return options.prefetch && split_ == nullptr; }
   // Starts pulling `next`'s rows on another thread (when ps.prefetch is on); a later training lookup of
   // the same ids collects them.
   void prefetch(const data::Batch& next) override;
@@ -126,6 +136,18 @@ class Ctr : public Model {
 
  private:
   class PsHook;
+  struct Split;
+  // Builds the client over the embedded shards (or connects to ps.endpoints) and declares `fields`' tables.
+  void open_tables(const std::vector<int64_t>& fields);
+  // The feature split's lookup of this rank's bags (B samples; 0: none) and of every rank's bags of the
+  // tables held here (rows missing from them: `missing`): every field's pooled rows (B, D), leaves that
+  // require grad when `trainable` (their gradients then go back to the owners after backward).
+  std::vector<Value> routed_lookup(const std::vector<data::SparseBag>& bags, int64_t batch, ps::MissingRow missing,
+                                   bool trainable);
+  // After backward: the pooled rows' gradients to their owners, who push the rows' gradients.
+  void route_gradients(int64_t step);
+  // dense (B, num_dense) and every field's pooled rows (B, D) -> logits (B, 1).
+  Value logits_from_bags(const Value& dense, const Values& bags);
   struct Prefetch;
   struct PrefetchedRows;
   std::vector<ps::PulledRows> take_prefetch(const data::Batch& batch);
@@ -134,9 +156,12 @@ class Ctr : public Model {
   // ps.evict_rounds, rows_disabled, rows_readmitted, bytes_freed, disabled_ids and bytes_after_round
   // (accounted bytes right after the last round) summed over the shards.
   void append_eviction_metrics(std::vector<std::pair<std::string, double>>& metrics);
+  // feature_split 1, tables_here, and per field owner.field<F> (its rank) and rows_x_dim.field<F>.
+  void append_split_metrics(std::vector<std::pair<std::string, double>>& metrics) const;
 
   std::shared_ptr<ps::PsClient> client_;
   std::unique_ptr<PsHook> hook_;
+  std::unique_ptr<Split> split_;  // parallel.features = "table"
   std::deque<std::unique_ptr<Prefetch>> prefetches_;  // oldest first
   PrefetchCounts counts_;
   std::vector<FieldRows> step_fields_;  // the last training loss()'s rows (leaves), until pushed

@@ -95,6 +95,10 @@ class Model : public nn::Module {
   // Feature split (ctr): place the embedding tables whole on the ranks of `group` and route lookups to
   // their owners. Returns "" when done, else why this model cannot.
   virtual std::string split_features(const dist::World& group);
+  // An evaluation rank whose shard of a batch is empty calls this instead of evaluate(): a model whose
+  // evaluate() runs collectives over its ranks (the feature split's all-to-all) joins them with nothing
+  // of its own, so every rank takes part in every batch's collectives in lockstep.
+  virtual void evaluate_nothing() {}
 };
 
 // Reads model.* keys (model.type selects the family). `input_info` keys the data side published

@@ -514,7 +514,11 @@ GraphRunner::GraphRunner(torch::jit::Module module, std::string origin)
   RATION_CHECK(!has_calls(graph_->block()), origin_, ": forward still calls functions after inlining (recursion?)");
   for (size_t i = 1; i < graph_->inputs().size(); ++i) {
     const jit::Value* in = graph_->inputs()[i];
-    RATION_CHECK(in->type()->kind() == c10::TypeKind::TensorType, origin_, ": forward argument '", in->debugName(),
+    std::string name = in->debugName();  // the source name, without the JIT's ".N" suffix
+    if (const auto dot = name.rfind('.'); dot != std::string::npos &&
+        name.find_first_not_of("0123456789", dot + 1) == std::string::npos)
+      name.resize(dot);
+    RATION_CHECK(in->type()->kind() == c10::TypeKind::TensorType, origin_, ": forward argument '", name,
                  "' is ", in->type()->repr_str(), "; ration feeds forward tensors only (the batch's inputs, then ",
                  "the target when the module computes the loss)");
   }

@@ -26,7 +26,10 @@ EvalResult evaluate(models::Model& model, const std::shared_ptr<data::Dataset>& 
     while (loader.has_next_in_epoch() && (max_batches <= 0 || batches < max_batches)) {
       const std::vector<int64_t> indices = loader.next_indices();
       ++batches;
-      if (indices.empty()) continue;  // a short last batch left this rank nothing
+      if (indices.empty()) {  // a short last batch left this rank nothing
+        model.evaluate_nothing();  // (a feature-split model still serves the others' lookups)
+        continue;
+      }
       data::Batch b = set->get(indices);
       const auto s = model.evaluate(b);
       total.loss_sum += s.loss_sum;

@@ -676,18 +676,22 @@ double ModelParallelStep::agree_loss(double local_loss_sum) const {
 }
 
 void ModelParallelStep::gather_memory(int64_t measured_peak_bytes, const memory::Plan* plan) {
-  std::vector<double> all(3 * static_cast<size_t>(groups_.everyone.size()), 0.0);
-  all[3 * static_cast<size_t>(groups_.layout.rank)] = static_cast<double>(measured_peak_bytes);
-  all[3 * static_cast<size_t>(groups_.layout.rank) + 1] = static_cast<double>(plan ? plan->prediction.peak_bytes : 0);
-  all[3 * static_cast<size_t>(groups_.layout.rank) + 2] = static_cast<double>(plan ? plan->budget_bytes : 0);
+  constexpr size_t kFields = 4;  // measured peak, predicted peak, budget, time blocked on a neighbour stage
+  std::vector<double> all(kFields * static_cast<size_t>(groups_.everyone.size()), 0.0);
+  double* mine = &all[kFields * static_cast<size_t>(groups_.layout.rank)];
+  mine[0] = static_cast<double>(measured_peak_bytes);
+  mine[1] = static_cast<double>(plan ? plan->prediction.peak_bytes : 0);
+  mine[2] = static_cast<double>(plan ? plan->budget_bytes : 0);
+  mine[3] = step_ms_ > 0 ? comm_wait_ms_ / step_ms_ : 0.0;
   all = dist::all_reduce_doubles(groups_.everyone, all);
   memory_ = nlohmann::json::array();
   const std::vector<std::string> where = groups_.layout.describe_all();
-  for (size_t r = 0; r < all.size() / 3; ++r) {
-    nlohmann::json m = {{"rank", where[r]}, {"measured_peak_bytes", std::llround(all[3 * r])}};
-    if (all[3 * r + 2] > 0) {
-      m["predicted_peak_bytes"] = std::llround(all[3 * r + 1]);
-      m["budget_bytes"] = std::llround(all[3 * r + 2]);
+  for (size_t r = 0; r < all.size() / kFields; ++r) {
+    const double* f = &all[kFields * r];
+    nlohmann::json m = {{"rank", where[r]}, {"measured_peak_bytes", std::llround(f[0])}, {"wait_fraction", f[3]}};
+    if (f[2] > 0) {
+      m["predicted_peak_bytes"] = std::llround(f[1]);
+      m["budget_bytes"] = std::llround(f[2]);
     }
     memory_.push_back(m);
   }
@@ -710,7 +714,18 @@ nlohmann::json ModelParallelStep::report() const {
     r["stages"] = split_.to_json();
     r["in_flight"] = pipeline_->in_flight();
     r["planned_in_flight_bytes"] = planned_in_flight_bytes_;
-    r["bubble"] = {{"measured_wait_fraction", step_ms_ > 0 ? comm_wait_ms_ / step_ms_ : 0.0},
+    // The bubble: the share of a step a stage waits on its neighbours (the mean over every rank, the
+    // slowest stage's, this rank's), next to the 1F1B formula for equal stages, (P - 1) / (M + P - 1).
+    // The slowest stage waits only while the pipe fills and drains: its share is the bubble the formula
+    // describes; the others wait for it too (unequal stages).
+    double mean = 0, slowest = memory_.empty() ? 0.0 : 1.0;
+    for (const auto& e : memory_) {
+      mean += e["wait_fraction"].get<double>() / static_cast<double>(memory_.size());
+      slowest = std::min(slowest, e["wait_fraction"].get<double>());
+    }
+    r["bubble"] = {{"measured_wait_fraction_mean", mean},
+                   {"measured_wait_fraction_slowest_stage", slowest},
+                   {"measured_wait_fraction_this_rank", step_ms_ > 0 ? comm_wait_ms_ / step_ms_ : 0.0},
                    {"formula_1f1b", (p - 1) / (m + p - 1)}};
     r["tied_parameters"] = tied_;
   }

@@ -148,8 +148,11 @@ class TrainingRun {
       const std::string servers = keys_.dp.servers == 0 ? std::string() : detail::str(" (ranks ", workers, "-", size - 1,
                                                                                  " are the parameter servers)");
       throw Error(detail::str("rank ", roles_.everyone.rank(), " of ", size, ": ", diagnosis, servers,
-                              "; stopping (resume from the last checkpoint with --resume, with any number of "
-                              "ranks). The failed collective: ", e.what()));
+                              mp_ ? "; stopping (resume from the last checkpoint with --resume and the same "
+                                    "[parallel] layout). The failed collective: "
+                                  : "; stopping (resume from the last checkpoint with --resume, with any number of "
+                                    "ranks). The failed collective: ",
+                              e.what()));
     } catch (const std::exception& e) {
       if (liveness_) liveness_->leaving(e.what());
       throw;
@@ -450,13 +453,18 @@ class TrainingRun {
                        (record_.seconds / static_cast<double>(step_ - first_step_ + 1));
     const std::string gnorm =
         run_.clip_grad_norm > 0 ? std::string(" | gnorm ") + std::to_string(st.grad_norm).substr(0, 6) : "";
-    char line[320];
+    // A split model: its layout (tensor x pipeline x data), this line being rank 0's (stage 0, shard 0).
+    const std::string layout = mp_ ? detail::str(" | T", groups_.layout.tensor, "xP", groups_.layout.pipeline, "xD",
+                                                 groups_.layout.data)
+                                   : std::string();
+    char line[352];
     std::snprintf(line, sizeof line,
-                  "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s | eta %s",
+                  "step %lld/%lld | loss %.4f | %.0f %s | mem %s (step peak %s) | lr %.2e%s%s | eta %s",
                   static_cast<long long>(step_ + 1), static_cast<long long>(total_steps_), st.loss,
                   record_.items_per_second(), setup_.task.throughput_unit,
                   memory::format_bytes(memory::device_current_bytes(st.memory)).c_str(),
-                  memory::format_bytes(st.peak_bytes).c_str(), lr, gnorm.c_str(), format_duration(eta).c_str());
+                  memory::format_bytes(st.peak_bytes).c_str(), lr, gnorm.c_str(), layout.c_str(),
+                  format_duration(eta).c_str());
     progress_.update(step_ + 1, line, step_ + 1 == total_steps_);
   }
 
@@ -524,6 +532,9 @@ class TrainingRun {
     // parameter server its global model and optimiser are what is saved, not rank 0's working copy.
     NamedTensors weights, state, residuals;
     const bool from_server = sync_->checkpoint(weights, state, residuals);
+    // A feature split's tables are each rank's own (parallel.features = "table"): every rank snapshots its.
+    if (parallel_.feature_split && !run_.checkpoint_dir.empty() && world_.rank() != 0)
+      model_.save_external_state(run_.checkpoint_dir, at_step);
     if (run_.checkpoint_dir.empty() || world_.rank() != 0) return std::string();
     Metadata meta;
     meta.ints["epoch"] = trained_position().epoch;
