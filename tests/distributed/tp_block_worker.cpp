@@ -9,7 +9,8 @@
 //   * one forward + backward: the output, dx and every parameter gradient (this rank's slice of the
 //     one-process gradient) equal the one-process block within 1e-12 relative, with dropout 0 and with
 //     dropout 0.25 in training mode (the attention mask is the slice of the whole layer's mask, the
-//     residual masks are drawn alike on every rank);
+//     residual masks are drawn alike on every rank), with 4 collectives of a (B, T, C) activation (two
+//     all-reduces in forward, two in backward);
 //   * under OffloadScope (only replicated values offloaded) the block's two replicated inputs, ln1(x) and
 //     ln2(h), are stored 1/n per rank and gathered back, and the gradients equal the plain step bitwise;
 //   * gpt: the sharded model's loss and gradients equal the one-process model's (dropout 0.1), and
@@ -25,6 +26,7 @@
 #include "op_check.h"
 #include "test_util.h"
 #include "ration/base/allocator.h"
+#include "ration/distributed/tensor_parallel.h"
 #include "ration/distributed/tensor_parallel_block.h"
 #include "ration/distributed/world.h"
 #include "ration/models/gpt.h"
@@ -158,6 +160,10 @@ TEST_P(DistTensorParallelBlockStep, OutputAndGradientsEqualTheOneProcessBlock) {
   const StepResult one = step(*whole, [&](const Value& x) { return whole->forward(x); }, d);
   const StepResult split = step(*sharded, [&](const Value& x) { return tp.forward(x); }, d);
   expect_matches_one_process(split, one, "dropout " + std::to_string(dropout));
+  // Traffic: one all-reduce of a (B, T, C) activation per sub-block in forward and one in backward.
+  const int64_t before = tensor_parallel_collective_bytes();
+  (void)step(*sharded, [&](const Value& x) { return tp.forward(x); }, d);
+  EXPECT_EQ(tensor_parallel_collective_bytes() - before, 4 * kB * kT * kC * 8);
   if (dropout > 0) {  // the masks were drawn: without them the output differs
     whole->eval();
     const StepResult no_dropout = step(*whole, [&](const Value& x) { return whole->forward(x); }, d);

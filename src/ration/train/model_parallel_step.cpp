@@ -15,6 +15,7 @@
 #include "ration/core/node.h"
 #include "ration/distributed/agreed_profile.h"
 #include "ration/distributed/data_parallel.h"
+#include "ration/distributed/tensor_parallel.h"
 #include "ration/optim/clip.h"
 
 namespace ration::train {
@@ -581,6 +582,7 @@ StepStats ModelParallelStep::step(StepRuntime& runtime, const data::Batch& batch
   StepStats st;
   st.step = options.step.value_or(steps_);
   double loss_sum = 0, wait = 0;
+  const int64_t tensor_bytes = dist::tensor_parallel_collective_bytes();  // the blocks' all-reduces, below
   if (!pipeline_) {
     StepOptions local = options;
     local.optimizer = nullptr;
@@ -599,6 +601,7 @@ StepStats ModelParallelStep::step(StepRuntime& runtime, const data::Batch& batch
     wait = pipeline_->wait_ms;
     sent_bytes_ += pipeline_->sent_bytes;
   }
+  sent_bytes_ += dist::tensor_parallel_collective_bytes() - tensor_bytes;
   exchange_gradients();
   if (options.optimizer) {
     if (options.clip_grad_norm > 0) st.grad_norm = clip(options.clip_grad_norm);
