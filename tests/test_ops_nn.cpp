@@ -307,6 +307,26 @@ TEST(OpsNn, CausalAttention) {
   EXPECT_THROW(ops::causal_attention(Value(q), Value(k.slice(2, 0, 4)), Value(v)), Error);
 }
 
+// A tensor-parallel rank holds heads [first, first + h) of a layer's H (distributed/tensor_parallel_block.h):
+// with HeadSlice{first, H} its dropout mask is the slice of the mask the whole layer draws from the same seed,
+// so its output is the whole layer's output for those heads.
+TEST(OpsNn, CausalAttentionHeadSliceDrawsTheWholeLayersMaskSlice) {
+  const at::Tensor q = randd({2, 4, 5, 3}), k = randd({2, 4, 5, 3}), v = randd({2, 4, 5, 3});
+  manual_seed(77);
+  const at::Tensor whole = ops::causal_attention(Value(q), Value(k), Value(v), 0.4, /*training=*/true).tensor();
+  for (const int64_t first : {0, 2}) {
+    auto heads = [&](const at::Tensor& t) { return Value(t.narrow(1, first, 2).contiguous()); };
+    manual_seed(77);
+    const at::Tensor part =
+        ops::causal_attention(heads(q), heads(k), heads(v), 0.4, true, 0, ops::HeadSlice{first, 4}).tensor();
+    EXPECT_LE(max_rel_error(part, whole.narrow(1, first, 2)), 1e-14) << "heads from " << first;
+    manual_seed(77);  // without the slice, the mask is drawn for 2 heads: another mask for heads 2 and 3
+    const at::Tensor own = ops::causal_attention(heads(q), heads(k), heads(v), 0.4, true).tensor();
+    if (first == 2) EXPECT_GT(max_rel_error(own, whole.narrow(1, first, 2)), 1e-2);
+  }
+  EXPECT_THROW(ops::causal_attention(Value(q), Value(k), Value(v), 0.4, true, 0, ops::HeadSlice{2, 4}), Error);
+}
+
 // Drops only the attention weights (the input 0 the apply node saves) after the apply node's forward, and
 // records which nodes backward re-ran.
 class DropAttentionWeights : public MemoryPolicy {

@@ -160,6 +160,42 @@ TEST(ModelParallel, GptTensor2Data2MatchesOneProcess) {
   check_layout({"parallel.tensor=2"}, 2, 4, "tensor 2 x data 2");
 }
 
+// A memory budget under tensor parallelism: both shards plan from shard 0's profile, so they drop and
+// recompute the same values (a recomputed row-parallel output re-runs its all-reduce on both); recomputing
+// is exact, so the curve is still one process's (which keeps everything).
+TEST(ModelParallel, GptTensor2UnderABudgetMatchesOneProcess) {
+  if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
+  const World& w = world();
+  const std::filesystem::path dir = shared_dir("tensor-budget");
+  const nlohmann::json loose = train::run_training(gpt_options(dir / "loose", 8, w, {"parallel.tensor=2", "memory.budget=1GiB"}));
+  at::Tensor figure = at::zeros({1}, at::kLong);  // rank 0's: between its plan's floor and its peak
+  const int64_t floor = loose["plan"]["minimum_peak_bytes"].get<int64_t>();
+  figure.data_ptr<int64_t>()[0] = floor + (loose["memory"]["peak_bytes"].get<int64_t>() - floor) / 3;
+  w.broadcast(figure, 0);
+  const std::string budget = "memory.budget=" + std::to_string(figure.data_ptr<int64_t>()[0]);
+  const nlohmann::json tight = train::run_training(gpt_options(dir / "tight", 8, w, {"parallel.tensor=2", budget}));
+  const nlohmann::json one = train::run_training(
+      gpt_options(dir.string() + "-one-" + std::to_string(w.rank()), 8, World::init_single(), {}));
+  EXPECT_GT(tight["plan"]["dropped_groups"].get<int64_t>(), 0) << "the budget should make the shards recompute";
+  double worst = 0;
+  for (size_t s = 0; s < 20; ++s) {
+    const double a = tight["loss"][s].get<double>(), b = one["loss"][s].get<double>();
+    worst = std::max(worst, std::abs(a - b) / std::abs(b));
+  }
+  EXPECT_LE(worst, 1e-5);
+  std::printf("[rank %d] tensor 2 under %s: %lld groups dropped, worst relative loss difference %.3g\n", w.rank(),
+              budget.c_str(), static_cast<long long>(tight["plan"]["dropped_groups"].get<int64_t>()), worst);
+  w.barrier();
+  std::filesystem::remove_all(dir.string() + "-one-" + std::to_string(w.rank()));
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Both kinds of model parallelism: each pipeline stage's blocks split over 2 ranks (4 shards to merge).
+TEST(ModelParallel, GptTensor2Pipeline2MatchesOneProcess) {
+  if (!world_is(4)) GTEST_SKIP() << "needs 4 processes";
+  check_layout({"parallel.tensor=2", "parallel.pipeline=2", "parallel.micro_batches=2"}, 1, 8, "tensor 2 x pipeline 2");
+}
+
 // Per-stage memory plans: each stage plans its micro-batches in flight for the same per-process budget;
 // the measured peak stays within it and equals the prediction (to 0.5%), and stage 0 (two micro-batches
 // in flight under 1F1B) recomputes where it would not fit.

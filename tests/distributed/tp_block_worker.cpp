@@ -3,12 +3,14 @@
 // the same seed, and a second copy that it shards over the world with dist::TensorParallelBlock
 // (GPT::shard_tensor_parallel). Checks, on every rank, in f64:
 //   * the layout: each parameter is this rank's slice of the whole (qkv: q, k and v each by heads), the
-//     ranks' shards all-gathered and merged (merge_tensor_shards) give the whole exactly, and a split
-//     parameter's storage holds only its shard (the whole tensor's memory was released);
+//     ranks' shards all-gathered and merged (merge_tensor_shards) give the whole exactly, a split
+//     parameter's storage holds only its shard, and the counting allocator's parameter bytes fell by
+//     (n - 1)/n of the split weights' (the whole tensors' memory was released);
 //   * one forward + backward: the output, dx and every parameter gradient (this rank's slice of the
 //     one-process gradient) equal the one-process block within 1e-12 relative, with dropout 0 and with
 //     dropout 0.25 in training mode (the attention mask is the slice of the whole layer's mask, the
-//     residual masks are drawn alike on every rank);
+//     residual masks are drawn alike on every rank), with 4 collectives of a (B, T, C) activation (two
+//     all-reduces in forward, two in backward);
 //   * under OffloadScope (only replicated values offloaded) the block's two replicated inputs, ln1(x) and
 //     ln2(h), are stored 1/n per rank and gathered back, and the gradients equal the plain step bitwise;
 //   * gpt: the sharded model's loss and gradients equal the one-process model's (dropout 0.1), and
@@ -24,6 +26,7 @@
 #include "op_check.h"
 #include "test_util.h"
 #include "ration/base/allocator.h"
+#include "ration/distributed/tensor_parallel.h"
 #include "ration/distributed/tensor_parallel_block.h"
 #include "ration/distributed/world.h"
 #include "ration/models/gpt.h"
@@ -111,7 +114,10 @@ TEST(DistTensorParallelBlock, ShardsAreSlicesThatMergeBackAndOnlyTheShardsStay) 
   const int n = w.size();
   auto whole = make_block(0.0);
   auto sharded = make_block(0.0);
+  auto parameter_bytes = [] { return memory::stats().current[static_cast<int>(memory::Category::Parameters)]; };
+  const int64_t before = parameter_bytes();
   TensorParallelBlock tp(sharded, w);
+  const int64_t released = before - parameter_bytes();
   const auto full_params = whole->named_parameters();
   const auto shard_params = sharded->named_parameters();
   ASSERT_EQ(full_params.size(), shard_params.size());
@@ -133,6 +139,11 @@ TEST(DistTensorParallelBlock, ShardsAreSlicesThatMergeBackAndOnlyTheShardsStay) 
     EXPECT_TRUE(at::equal(merge_tensor_shards(shards, dim, block_split_parts(name)), full.tensor())) << name;
   }
   EXPECT_EQ(split, 6) << "qkv and fc weight and bias, attn.proj and mlp.proj weight";
+  // The counting allocator: the parameters now hold (n - 1)/n fewer bytes of every split weight, f64.
+  int64_t split_bytes = 0;
+  for (const auto& [name, p] : full_params)
+    if (block_split_dim(name) >= 0) split_bytes += p.numel() * 8;
+  EXPECT_EQ(released, split_bytes - split_bytes / n) << "the whole weights' memory must be given back";
   // qkv keeps heads [r H/n, (r+1) H/n) of q, k and v: row 0 of its k part is k's row r C/n.
   const at::Tensor& qkv = sharded->attn->qkv->weight.tensor();
   EXPECT_TRUE(at::equal(qkv[kC / n], whole->attn->qkv->weight.tensor()[kC + w.rank() * kC / n]));
@@ -149,6 +160,10 @@ TEST_P(DistTensorParallelBlockStep, OutputAndGradientsEqualTheOneProcessBlock) {
   const StepResult one = step(*whole, [&](const Value& x) { return whole->forward(x); }, d);
   const StepResult split = step(*sharded, [&](const Value& x) { return tp.forward(x); }, d);
   expect_matches_one_process(split, one, "dropout " + std::to_string(dropout));
+  // Traffic: one all-reduce of a (B, T, C) activation per sub-block in forward and one in backward.
+  const int64_t before = tensor_parallel_collective_bytes();
+  (void)step(*sharded, [&](const Value& x) { return tp.forward(x); }, d);
+  EXPECT_EQ(tensor_parallel_collective_bytes() - before, 4 * kB * kT * kC * 8);
   if (dropout > 0) {  // the masks were drawn: without them the output differs
     whole->eval();
     const StepResult no_dropout = step(*whole, [&](const Value& x) { return whole->forward(x); }, d);

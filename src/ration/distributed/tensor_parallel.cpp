@@ -3,6 +3,7 @@
 // World's blocking collectives.
 #include "ration/distributed/tensor_parallel.h"
 
+#include <atomic>
 #include <vector>
 
 #include "ration/base/check.h"
@@ -12,6 +13,9 @@
 namespace ration::dist {
 namespace {
 using Tensors = std::vector<at::Tensor>;
+
+std::atomic<int64_t> g_collective_bytes{0};  // tensor_parallel_collective_bytes
+void count(const at::Tensor& t) { g_collective_bytes += t.numel() * static_cast<int64_t>(t.element_size()); }
 
 OpSpec op_spec(const char* name, std::vector<int> save_inputs) {
   OpSpec s;
@@ -35,6 +39,8 @@ at::Tensor bias_grad(const at::Tensor& g) { return g.reshape({-1, g.size(-1)}).s
 
 }  // namespace
 
+int64_t tensor_parallel_collective_bytes() { return g_collective_bytes.load(); }
+
 Value column_parallel_linear(const Value& x, const Value& w_shard, const Value& b_shard, const World& world) {
   check_not_oracle("column_parallel_linear");
   RATION_CHECK(w_shard.dim() == 2 && x.dim() >= 1 && x.size(-1) == w_shard.size(1),
@@ -57,6 +63,7 @@ Value column_parallel_linear(const Value& x, const Value& w_shard, const Value& 
           // Each rank holds the part of dx flowing through its output slice; the sum is the full dx.
           at::Tensor dx = at::matmul(g[0], ctx.input(1));  // (..., in)
           world.all_reduce_sum(dx);
+          count(dx);
           d[0] = dx;
         }
         if (ctx.needs_input_grad(1)) d[1] = weight_grad(g[0], ctx.input(0));  // (out/n, in)
@@ -81,6 +88,7 @@ Value row_parallel_linear(const Value& x_r, const Value& w_shard, const Value& b
       [world](const Tensors& in, ForwardCtx&) {
         at::Tensor y = at::linear(in[0], in[1]);  // (..., out), this rank's partial sum
         world.all_reduce_sum(y);
+        count(y);
         if (in[2].defined()) y.add_(in[2]);  // once, after the sum
         return Tensors{y};
       },
@@ -103,6 +111,7 @@ Value all_gather_last_dim(const Value& y_r, const World& world) {
       [world](const Tensors& in, ForwardCtx&) {
         const int n = world.size();
         at::Tensor flat = world.all_gather(in[0]);  // (n * numel)
+        count(flat);
         Tensors parts;
         for (int r = 0; r < n; ++r) parts.push_back(flat.narrow(0, r * in[0].numel(), in[0].numel()).view(in[0].sizes()));
         return Tensors{at::cat(parts, -1)};  // (..., n*k)

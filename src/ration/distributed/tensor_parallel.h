@@ -41,6 +41,11 @@ Value row_parallel_linear(const Value& x_r, const Value& w_shard, const Value& b
 // order. Backward takes this rank's slice of the (replicated) gradient.
 Value all_gather_last_dim(const Value& y_r, const World& world);
 
+// Bytes the ops above have all-reduced or all-gathered in this process so far (each collective's payload,
+// the tensor's bytes: a ring all-reduce sends 2(n-1)/n of it per rank), recomputes included; read before
+// and after a step for the step's tensor-parallel traffic.
+int64_t tensor_parallel_collective_bytes();
+
 // Linear split over output features. Built from the same draw as nn::Linear(in, out, bias) (so with the
 // same at::manual_seed the full weight equals nn::Linear's), keeping rows [rank*out/n, (rank+1)*out/n).
 // Parameters: weight (out/n, in), bias (out/n). forward: x (..., in) -> (..., out/n), or (..., out) when

@@ -410,8 +410,13 @@ World World::subgroup(const std::string& name, const std::vector<int>& members) 
     w.state_ = std::make_shared<State>();  // one process (no store keys, no sockets)
     return w;
   }
-  const int serial = const_cast<State&>(s).subgroups_opened[name]++;
-  return open_group("ration/sub/" + name + "/" + std::to_string(serial), name, static_cast<int>(at - members.begin()),
+  // The members are part of the store key: two runs in one process may give one name to groups of other
+  // members (a layout's "model-0-0" is ranks {0, 1} in one run, {0, 1, 2, 3} in the next), and only the
+  // members of a group count its openings.
+  std::string key = name + "/";
+  for (int m : members) key += std::to_string(m) + ",";
+  const int serial = const_cast<State&>(s).subgroups_opened[key]++;
+  return open_group("ration/sub/" + key + "/" + std::to_string(serial), name, static_cast<int>(at - members.begin()),
                     static_cast<int>(members.size()));
 }
 

@@ -13,7 +13,9 @@
 #include "ration/base/check.h"
 #include "ration/base/timing.h"
 #include "ration/core/node.h"
+#include "ration/distributed/agreed_profile.h"
 #include "ration/distributed/data_parallel.h"
+#include "ration/distributed/tensor_parallel.h"
 #include "ration/optim/clip.h"
 
 namespace ration::train {
@@ -496,7 +498,22 @@ models::Model& ModelParallelStep::eval_model() { return eval_model_ ? static_cas
 const memory::Plan* ModelParallelStep::prepare(StepRuntime& runtime, const data::Batch& batch,
                                                optim::Optimizer* optimizer, uint64_t seed) {
   if (!runtime.settings().budget.has_budget()) return nullptr;
-  if (!pipeline_) return runtime.prepare(model_, batch, seed, optimizer, 0);
+  // A tensor group's ranks must drop and offload the same values (a recomputed row-parallel output re-runs
+  // its all-reduce; an offloaded replicated value is all-gathered): they plan from shard 0's measurements.
+  const bool tensor = groups_.layout.tensor > 1;
+  RATION_CHECK(!tensor || runtime.engine() == nullptr, origin_, ": parallel.tensor with --memory-budget and ",
+               "--offload is not supported yet (the ranks' measured copy costs differ); drop --offload or the budget");
+  auto agree = [&] {
+    memory::StepProfile p = runtime.step_profile();
+    dist::agree_profile(p, groups_.tensor);
+    runtime.set_profile(std::move(p));
+  };
+  if (!pipeline_ && !tensor) return runtime.prepare(model_, batch, seed, optimizer, 0);
+  if (!pipeline_) {
+    runtime.profile(model_, batch, seed);
+    agree();
+    return runtime.prepare_profiled(optimizer, model_.prefetch_bytes(batch));
+  }
   RATION_CHECK(runtime.engine() == nullptr, origin_, ": parallel.pipeline with --offload is not supported yet ",
                "(a stage plans keep/recompute for its micro-batches in flight); drop --offload");
   const data::Batch mb = micro_batch(batch, 0, settings_.micro_batches);
@@ -514,6 +531,11 @@ const memory::Plan* ModelParallelStep::prepare(StepRuntime& runtime, const data:
     }
     held_all = pipeline_->stand_alone(mb, input_sizes);
   });
+  if (tensor) {
+    agree();
+    const double shard0 = groups_.layout.tensor_rank == 0 ? static_cast<double>(held_all) : 0.0;
+    held_all = std::llround(dist::all_reduce_doubles(groups_.tensor, {shard0})[0]);
+  }
   const int64_t others = pipeline_->in_flight() - 1;
   auto held_by = [&](const memory::Plan& p) { return std::max<int64_t>(0, held_all - p.dropped_bytes); };
   auto plan_for = [&](int64_t assumed) -> std::optional<memory::Plan> {
@@ -560,6 +582,7 @@ StepStats ModelParallelStep::step(StepRuntime& runtime, const data::Batch& batch
   StepStats st;
   st.step = options.step.value_or(steps_);
   double loss_sum = 0, wait = 0;
+  const int64_t tensor_bytes = dist::tensor_parallel_collective_bytes();  // the blocks' all-reduces, below
   if (!pipeline_) {
     StepOptions local = options;
     local.optimizer = nullptr;
@@ -578,6 +601,7 @@ StepStats ModelParallelStep::step(StepRuntime& runtime, const data::Batch& batch
     wait = pipeline_->wait_ms;
     sent_bytes_ += pipeline_->sent_bytes;
   }
+  sent_bytes_ += dist::tensor_parallel_collective_bytes() - tensor_bytes;
   exchange_gradients();
   if (options.optimizer) {
     if (options.clip_grad_norm > 0) st.grad_norm = clip(options.clip_grad_norm);
