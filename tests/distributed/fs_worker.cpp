@@ -120,6 +120,20 @@ TEST(FeatureSplitTrain, CtrMatchesOneProcessWithTheGlobalBatch) {
   for (int f = 0; f < 4; ++f) EXPECT_TRUE(split["ps"].contains("owner.field" + std::to_string(f)));
   EXPECT_EQ(split["ps"]["rows_x_dim.field0"], 3000.0 * 16);
   EXPECT_EQ(split["parallel"]["features"], "table");
+  if (n == 2) {
+    // Per step, rank 0 (field0) sends rank 1 the ids of fields 1-3 (8 x (1 + 3 x (1 + 32) + their 32..256 ids:
+    // bags of 1-4, 1-3 and 1 ids), field0's pooled rows of rank 1's 32 samples (32 x 16 x 4) and the
+    // gradients of fields 1-3's pooled rows (3 x 32 x 16 x 4); rank 1 sends rank 0 field0's ids
+    // (8 x (1 + 1 + 32 + 32): bags of one id), fields 1-3's pooled rows and field0's gradients.
+    const double bytes = split["ps"]["split_bytes_sent_per_step"].get<double>();
+    if (w.rank() == 0) {
+      EXPECT_GE(bytes, 8.0 * (100 + 3 * 32) + 2048 + 6144);
+      EXPECT_LE(bytes, 8.0 * (100 + 8 * 32) + 2048 + 6144);
+    } else {
+      EXPECT_EQ(bytes, 8.0 * 66 + 6144 + 2048);
+    }
+    std::printf("[rank %d] ctr feature split: %.0f bytes sent per step\n", w.rank(), bytes);
+  }
   // The dense parameters at step 20 (rank 0's checkpoint) against the one process's.
   w.barrier();
   const train::Checkpoint cs = train::load_checkpoint((dir / "split" / "ckpt-20").string());

@@ -154,7 +154,8 @@ class Ctr : public Model {
   // ps.evict_rounds, rows_disabled, rows_readmitted, bytes_freed, disabled_ids and bytes_after_round
   // (accounted bytes right after the last round) summed over the shards.
   void append_eviction_metrics(std::vector<std::pair<std::string, double>>& metrics);
-  // feature_split 1, tables_here, and per field owner.field<F> (its rank) and rows_x_dim.field<F>.
+  // feature_split 1, tables_here, split_bytes_sent_per_step, and per field owner.field<F> (its rank) and
+  // rows_x_dim.field<F>.
   void append_split_metrics(std::vector<std::pair<std::string, double>>& metrics) const;
 
   std::shared_ptr<ps::PsClient> client_;

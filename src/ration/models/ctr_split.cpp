@@ -17,6 +17,15 @@
 #include "ration/models/feature_split.h"
 
 namespace ration::models {
+namespace {
+// Bytes of `pieces` that leave this rank (its own piece stays).
+int64_t bytes_to_others(const std::vector<at::Tensor>& pieces, int rank) {
+  int64_t bytes = 0;
+  for (size_t r = 0; r < pieces.size(); ++r)
+    if (static_cast<int>(r) != rank) bytes += pieces[r].numel() * static_cast<int64_t>(pieces[r].element_size());
+  return bytes;
+}
+}  // namespace
 
 std::string Ctr::split_features(const dist::World& group) {
   if (!client_->embedded())
@@ -51,7 +60,8 @@ std::vector<Value> Ctr::routed_lookup(const std::vector<data::SparseBag>& bags, 
                " sparse fields (model.num_fields); the batch has ", bags.size());
   const int64_t dim = options.embedding_dim;
   // 1. ids to the owners; the owner pulls each of its tables' rows once for every rank's bags, and pools.
-  const IdRequests asked = unpack_id_requests(s.group.all_to_all(pack_id_requests(bags, batch, s.owner, s.group.size())), s.owned);
+  const std::vector<at::Tensor> requests = pack_id_requests(bags, batch, s.owner, s.group.size());
+  const IdRequests asked = unpack_id_requests(s.group.all_to_all(requests), s.owned);
   std::vector<FieldRows> served;
   std::vector<at::Tensor> pooled_here;  // per owned field (sum_s B_s, D)
   {
@@ -72,12 +82,13 @@ std::vector<Value> Ctr::routed_lookup(const std::vector<data::SparseBag>& bags, 
     }
   }
   // 2. the pooled rows back to the ranks that asked.
-  const std::vector<at::Tensor> rows =
-      unpack_from_owners(s.group.all_to_all(pack_by_source(pooled_here, asked.samples)), s.owner, batch, dim);
+  const std::vector<at::Tensor> replies = pack_by_source(pooled_here, asked.samples);
+  const std::vector<at::Tensor> rows = unpack_from_owners(s.group.all_to_all(replies), s.owner, batch, dim);
   std::vector<Value> pooled;
   const at::TensorOptions p = parameter_options();
   for (const at::Tensor& r : rows) pooled.push_back(Value(r.to(p.dtype().toScalarType()).clone(), trainable));
   if (trainable) {
+    s.step_bytes += bytes_to_others(requests, s.group.rank()) + bytes_to_others(replies, s.group.rank());
     s.pooled = pooled;
     s.served = std::move(served);
     s.samples = asked.samples;
@@ -103,7 +114,10 @@ void Ctr::route_gradients(int64_t step) {
   std::vector<at::Tensor> grads;
   for (Value& v : s.pooled) grads.push_back(v.grad().defined() ? v.grad() : at::zeros_like(v.tensor()));
   s.pooled.clear();
-  const std::vector<at::Tensor> summed = unpack_from_sources(s.group.all_to_all(pack_by_owner(grads, s.owner, s.group.size())),
+  const std::vector<at::Tensor> to_owners = pack_by_owner(grads, s.owner, s.group.size());
+  s.step_bytes += bytes_to_others(to_owners, s.group.rank());
+  ++s.steps;
+  const std::vector<at::Tensor> summed = unpack_from_sources(s.group.all_to_all(to_owners),
                                                              static_cast<int64_t>(s.owned.size()), s.samples,
                                                              options.embedding_dim);
   RATION_CHECK(grad_enabled(), "ctr's feature split routes its rows' gradients after backward with grad mode on");
@@ -122,6 +136,9 @@ void Ctr::route_gradients(int64_t step) {
 void Ctr::append_split_metrics(std::vector<std::pair<std::string, double>>& metrics) const {
   metrics.emplace_back("feature_split", 1.0);
   metrics.emplace_back("tables_here", static_cast<double>(split_->owned.size()));
+  // What this rank's training steps sent to the others (ids, pooled rows, their gradients), per step.
+  metrics.emplace_back("split_bytes_sent_per_step",
+                       split_->steps > 0 ? static_cast<double>(split_->step_bytes) / static_cast<double>(split_->steps) : 0.0);
   for (size_t f = 0; f < split_->owner.size(); ++f) {
     metrics.emplace_back("owner." + table_name(static_cast<int64_t>(f)), static_cast<double>(split_->owner[f]));
     metrics.emplace_back("rows_x_dim." + table_name(static_cast<int64_t>(f)), static_cast<double>(split_->rows_x_dim[f]));

@@ -20,6 +20,7 @@ struct Ctr::Split {
   std::vector<FieldRows> served;     // per owned field: the rows pulled for every rank's bags of it
   std::vector<int64_t> samples;      // B_s of every rank in that lookup
   bool pending = false;
+  int64_t step_bytes = 0, steps = 0;  // bytes training steps sent to other ranks, and those steps
 };
 
 }  // namespace ration::models
