@@ -159,6 +159,14 @@ TEST(FeatureSplitTrain, CtrMatchesOneProcessWithTheGlobalBatch) {
   for (size_t i = 0; i < 10; ++i)
     EXPECT_LE(loss_rel_diff(resumed["loss"][i].get<double>(), split["loss"][10 + i].get<double>()), 1e-6)
         << "resumed step " << 10 + i;
+  // Resumed with the tables placed otherwise (field3 the largest now): an error naming both placements.
+  train::TrainOptions moved = ctr_options(dir / "moved", b, w, {"parallel.features=table",
+                                                                "data.cardinalities=[40, 800, 120, 3000]"});
+  moved.resume = (dir / "split" / "ckpt-10").string();
+  const std::string replaced = error_of(moved);
+  const std::string saved = n == 2 ? "[0 1 1 1]" : "[0 1 2 2]", now = n == 2 ? "[1 1 1 0]" : "[2 1 2 0]";
+  EXPECT_NE(replaced.find("tables were placed on ranks " + saved), std::string::npos) << replaced;
+  EXPECT_NE(replaced.find("this run places them on " + now), std::string::npos) << replaced;
   // Resumed in one process without the split: its tables are per rank, so that is an error naming the layout.
   train::TrainOptions unsplit = ctr_options(mine / "unsplit", b * n, World::init_single(), {});
   unsplit.resume = (dir / "split" / "ckpt-10").string();

@@ -490,6 +490,7 @@ void Ctr::save_external_state(const std::string& run_dir, int64_t step) {
   settle_prefetches();  // the snapshot then holds whatever the pulls in flight created, deterministically
   if (client_->embedded() && client_->options().snapshot_dir.empty()) return;
   client_->snapshot(step);
+  if (split_) save_placement();
 }
 
 void Ctr::restore_external_state(const std::string& run_dir, int64_t step) {
@@ -509,6 +510,7 @@ void Ctr::restore_external_state(const std::string& run_dir, int64_t step) {
   RATION_CHECK(!beside || !split_ || std::filesystem::exists(dir), "ctr: the checkpoint in ", run_dir, " holds no tables of rank ",
                split_ ? split_->group.rank() : 0, " (", dir, "): it was saved by fewer ranks; resume with parallel.features = "
                "\"table\" and the number of ranks it was saved with");
+  if (split_) check_placement(beside ? dir : client_->options().snapshot_dir);
   client_->restore(step, beside ? dir : std::string());
 }
 

@@ -144,6 +144,10 @@ class Ctr : public Model {
                                    bool trainable);
   // After backward: the pooled rows' gradients to their owners, who push the rows' gradients.
   void route_gradients(int64_t step);
+  // The placement beside this rank's snapshot (<snapshot dir>/placement: every field's owner), and the check
+  // on resuming that the snapshot in `dir` was placed as this run places the tables.
+  void save_placement() const;
+  void check_placement(const std::string& dir) const;
   // dense (B, num_dense) and every field's pooled rows (B, D) -> logits (B, 1).
   Value logits_from_bags(const Value& dense, const Values& bags);
   struct Prefetch;

@@ -10,6 +10,9 @@
 // gradients it receives by D (the dense gradients are averaged over the D ranks the same way), pools with
 // the same op over the same rows (first-touch rows depend only on the table's seed and the id), and pushes
 // one sparse gradient per table per step, so the store's optimiser sees what one process's push gives it.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "ration/base/check.h"
@@ -131,6 +134,34 @@ void Ctr::route_gradients(int64_t step) {
   step_fields_ = std::move(s.served);
   s.served.clear();
   push_gradients(step);
+}
+
+namespace {
+std::string placement_text(const std::vector<int>& owner) {
+  std::ostringstream os;
+  for (size_t f = 0; f < owner.size(); ++f) os << (f ? " " : "") << owner[f];
+  return os.str();
+}
+}  // namespace
+
+void Ctr::save_placement() const {
+  const std::string path = options.client.snapshot_dir + "/placement";
+  std::ofstream out(path, std::ios::trunc);
+  out << placement_text(split_->owner) << "\n";
+  RATION_CHECK(out.good(), "ctr: could not write the feature split's placement to ", path);
+}
+
+void Ctr::check_placement(const std::string& dir) const {
+  const std::string path = dir + "/placement";
+  std::ifstream in(path);
+  std::string saved;
+  RATION_CHECK(in && std::getline(in, saved), "ctr: no feature-split placement at ", path,
+               " (this rank's tables of the checkpoint); resume with parallel.features = \"table\" and the number ",
+               "of ranks the checkpoint was saved with");
+  const std::string now = placement_text(split_->owner);
+  RATION_CHECK(saved == now, "ctr: the checkpoint's tables were placed on ranks [", saved, "] (field by field, ", path,
+               "), this run places them on [", now, "]; resume with the number of ranks and the tables (data sizes) ",
+               "it was saved with");
 }
 
 void Ctr::append_split_metrics(std::vector<std::pair<std::string, double>>& metrics) const {
