@@ -46,13 +46,8 @@ namespace ration::dist {
 namespace {
 
 using testing::world;
-
-// max |a - b| / max |b| over one tensor (0 when both are 0).
-double rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = b.abs().max().item<double>();
-  const double diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-  return scale > 0 ? diff / scale : diff;
-}
+using testing::rel_diff;
+using testing::shared_dir;
 
 // ---- weighted aggregation with an unequal last batch -----------------------------------------------
 // 37 items of 8 features, 4 classes, a pure function of the index.
@@ -594,16 +589,6 @@ TEST(DataParallel, Fp16AllReduceIsTheSumToHalfPrecision) {
   for (int r = 0; r < w.size(); ++r) expected += gradient_of(r, d);
   EXPECT_LE(rel_diff(flat, expected), 2e-3);
   EXPECT_GT(rel_diff(flat, expected), 0);  // it really went through fp16
-}
-
-// ---- ration train: N ranks x batch b == 1 process x batch N*b -----------------------------------
-// A directory name every rank agrees on (rank 0 draws it).
-std::filesystem::path shared_dir(const std::string& tag) {
-  at::Tensor id = at::empty({1}, at::kLong);
-  id.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
-  world().broadcast(id, 0);
-  return std::filesystem::temp_directory_path() /
-         ("ration-dp-" + tag + "-" + std::to_string(id.data_ptr<int64_t>()[0]));
 }
 
 train::TrainOptions options_for(const std::string& model, const std::filesystem::path& dir, int64_t batch,

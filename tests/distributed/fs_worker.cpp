@@ -28,6 +28,7 @@ namespace {
 
 using dist::World;
 using dist::testing::world;
+using dist::testing::shared_dir;
 
 // ---- routing through c10d (the placement and the messages alone: tests/test_feature_split.cpp) -----------
 
@@ -50,13 +51,6 @@ TEST(FeatureSplitRouting, AllToAllDeliversEveryPieceInRankOrder) {
 }
 
 // ---- ration train: ctr, feature split over N ranks == one process at the global batch ---------------------
-
-std::filesystem::path shared_dir(const std::string& tag) {
-  at::Tensor id = at::empty({1}, at::kLong);
-  id.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
-  world().broadcast(id, 0);
-  return std::filesystem::temp_directory_path() / ("ration-fs-" + tag + "-" + std::to_string(id.data_ptr<int64_t>()[0]));
-}
 
 // configs/ctr.toml, small: 4 tables of 3000 / 800 / 120 / 40 rows (zipf ids that recur), 20 steps. The
 // evaluation set's last global batch holds one sample, so with N ranks every rank but rank 0 has none.

@@ -24,20 +24,8 @@ namespace ration::dist {
 namespace {
 
 using testing::world;
-
-double rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = b.abs().max().item<double>();
-  const double diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-  return scale > 0 ? diff / scale : diff;
-}
-
-// A directory name every rank agrees on (rank 0 draws it).
-std::filesystem::path shared_dir(const std::string& tag) {
-  at::Tensor id = at::empty({1}, at::kLong);
-  id.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
-  world().broadcast(id, 0);
-  return std::filesystem::temp_directory_path() / ("ration-mp-" + tag + "-" + std::to_string(id.data_ptr<int64_t>()[0]));
-}
+using testing::rel_diff;
+using testing::shared_dir;
 
 // The small gpt of the data-parallel equivalence tests (2 blocks: 4 pipeline units), SGD with momentum,
 // the config's gradient clipping (1.0: the global norm over every stage and shard is exercised).

@@ -34,6 +34,7 @@ namespace ration::dist {
 namespace {
 
 using testing::world;
+using testing::shared_dir;
 
 // ---- the wire protocol ----------------------------------------------------------------------------
 
@@ -88,14 +89,6 @@ TEST(PsModes, BackupRoundThroughTheWireIsTheWeightedMeanOfTheFastRanks) {
   EXPECT_EQ(reply.dropped, w.rank() == slow);
   EXPECT_TRUE(at::equal(params, -expected)) << "every rank, the late one too, gets the new parameters";
   w.barrier();
-}
-
-// ---- ration train ----------------------------------------------------------------------------------
-std::filesystem::path shared_dir(const std::string& tag) {
-  at::Tensor id = at::empty({1}, at::kLong);
-  id.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
-  world().broadcast(id, 0);
-  return std::filesystem::temp_directory_path() / ("ration-psm-" + tag + "-" + std::to_string(id.data_ptr<int64_t>()[0]));
 }
 
 nlohmann::json train_mlp(const std::filesystem::path& dir, const std::vector<std::string>& extra, int64_t steps = 20) {

@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <random>
+#include <string>
 
 #include "ration/distributed/world.h"
 
@@ -15,6 +18,21 @@ namespace ration::dist::testing {
 inline World& world() {
   static World w;
   return w;
+}
+
+// max |a - b| / max |b| over one tensor (0 when both are 0).
+inline double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = b.abs().max().item<double>();
+  const double diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+  return scale > 0 ? diff / scale : diff;
+}
+
+// A fresh temporary directory name every rank agrees on (rank 0 draws it): ration-<tag>-<number>.
+inline std::filesystem::path shared_dir(const std::string& tag) {
+  at::Tensor id = at::empty({1}, at::kLong);
+  id.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
+  world().broadcast(id, 0);
+  return std::filesystem::temp_directory_path() / ("ration-" + tag + "-" + std::to_string(id.data_ptr<int64_t>()[0]));
 }
 
 inline int run_worker(int argc, char** argv, const char* name) {

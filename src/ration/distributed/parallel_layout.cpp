@@ -40,22 +40,26 @@ ParallelLayout make_layout(const ParallelSettings& settings, int world_size, int
   return l;
 }
 
-std::vector<int> ParallelLayout::tensor_members() const {
+namespace {
+// The ranks of `count` coordinates along one axis, the others this rank's.
+template <typename RankAt>
+std::vector<int> along(int count, RankAt rank_at) {
   std::vector<int> m;
-  for (int t = 0; t < tensor; ++t) m.push_back(rank_of(t, stage, replica));
+  for (int i = 0; i < count; ++i) m.push_back(rank_at(i));
   return m;
+}
+}  // namespace
+
+std::vector<int> ParallelLayout::tensor_members() const {
+  return along(tensor, [&](int t) { return rank_of(t, stage, replica); });
 }
 
 std::vector<int> ParallelLayout::pipeline_members() const {
-  std::vector<int> m;
-  for (int s = 0; s < pipeline; ++s) m.push_back(rank_of(tensor_rank, s, replica));
-  return m;
+  return along(pipeline, [&](int s) { return rank_of(tensor_rank, s, replica); });
 }
 
 std::vector<int> ParallelLayout::data_members() const {
-  std::vector<int> m;
-  for (int d = 0; d < data; ++d) m.push_back(rank_of(tensor_rank, stage, d));
-  return m;
+  return along(data, [&](int d) { return rank_of(tensor_rank, stage, d); });
 }
 
 std::vector<int> ParallelLayout::model_members() const {
