@@ -126,6 +126,8 @@ section_distributed() {
   run "$B"/bench_dp_scaling --skip-speed --skip-convergence --reps 1 --topo-n 3 --out $R/dp_topologies_n3.json
   # Samples and wall time to 85 % test accuracy, every topology x mode at N = 2, 3, 4, without / with a straggler.
   run "$B"/bench_dp_convergence --n 2,3,4 --max-steps 600 --target 85 --out $R/dp_convergence.json
+  # Model and hybrid parallelism: layouts at N = 4, the bubble, pipeline + plan at equal memory.
+  run python3 bench/model_parallel.py --build "$BUILD" --steps 10 --repeats 2 --out $R/model_parallel.json
 }
 
 section_ps() {
