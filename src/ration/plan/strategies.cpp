@@ -25,6 +25,106 @@ namespace {
 // changed nothing).
 constexpr int kOffloadRepairPasses = 3;
 
+// Exchanges after the knapsack's descent (keep/recompute plans that fit): the descent takes a release only
+// where it lowers the peak on its own and ranks groups by cost per byte, so where several cheap releases
+// would lower the peak together, or a small cheap group would do where a large one is cheaper per byte, it
+// takes one expensive group instead. An exchange keeps back one recomputed group (most expensive first, at
+// most kExchanges of them), prices every kept group's release against that plan (the recompute time it
+// adds, simulated: a group whose producer is re-run anyway adds nothing), releases groups in order of that
+// time per byte, or of that time alone, where they do not raise the peak until the plan fits again, keeps
+// back what still fits, and is taken where the plan's predicted recompute time drops. It costs a simulation
+// per group, so exchanges run on plans of at most kExchangeGroups groups (docs/METHODS.md, "The exact
+// yardstick").
+constexpr size_t kExchanges = 8;
+constexpr size_t kExchangeGroups = 512;
+
+// From `d`, releases in `order` (a producer's other groups right after it: its re-run restores them all)
+// where they do not raise the peak, until the plan fits; then keeps back what fits. Empty: it never fits.
+std::vector<Decision> refill(const PlanContext& ctx, std::vector<Decision> d, const std::vector<size_t>& order) {
+  const std::vector<Group>& groups = ctx.groups();
+  std::map<int64_t, std::vector<size_t>> of_producer;
+  for (size_t i : order) of_producer[groups[i].producer].push_back(i);
+  IncrementalPeak inc = ctx.incremental(d);
+  int64_t peak = inc.peak();
+  auto release = [&](size_t i) {
+    if (d[i] != Decision::Keep || peak <= ctx.budget()) return false;
+    const int64_t p = inc.peak_if(i, Decision::Recompute, peak + 1);
+    if (p > peak) return false;
+    inc.set(i, Decision::Recompute);
+    d[i] = Decision::Recompute;
+    peak = p;
+    return true;
+  };
+  for (bool progress = true; progress && peak > ctx.budget();) {
+    progress = false;
+    for (size_t i : order) {
+      if (!release(i)) continue;
+      progress = true;
+      for (size_t sibling : of_producer[groups[i].producer]) release(sibling);
+    }
+  }
+  if (peak > ctx.budget()) return {};
+  ctx.keep_back(inc, d, order);
+  return d;
+}
+
+// One exchange: group x kept back, the plan refilled in both orders; the better, or empty.
+std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision> d, size_t x) {
+  const std::vector<Group>& groups = ctx.groups();
+  d[x] = Decision::Keep;
+  const double base = ctx.predict(d).recompute_ms;
+  std::vector<size_t> kept;
+  std::vector<double> added(d.size(), 0);  // by group: the recompute ms its release adds
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i == x || d[i] != Decision::Keep) continue;
+    d[i] = Decision::Recompute;
+    added[i] = ctx.predict(d).recompute_ms - base;
+    d[i] = Decision::Keep;
+    kept.push_back(i);
+  }
+  auto bytes = [&](size_t i) { return static_cast<double>(std::max<int64_t>(1, groups[i].bytes)); };
+  std::vector<size_t> per_byte = kept, alone = kept;
+  std::stable_sort(per_byte.begin(), per_byte.end(), [&](size_t a, size_t b) {
+    return added[a] / bytes(a) != added[b] / bytes(b) ? added[a] / bytes(a) < added[b] / bytes(b) : bytes(a) > bytes(b);
+  });
+  std::stable_sort(alone.begin(), alone.end(), [&](size_t a, size_t b) {
+    return added[a] != added[b] ? added[a] < added[b] : bytes(a) > bytes(b);
+  });
+  std::vector<Decision> best;
+  double best_ms = 0;
+  for (const std::vector<size_t>* order : {&per_byte, &alone}) {
+    std::vector<Decision> tried = refill(ctx, d, *order);
+    if (tried.empty()) continue;
+    const double ms = ctx.predict(tried).recompute_ms;
+    if (best.empty() || ms < best_ms) {
+      best = std::move(tried);
+      best_ms = ms;
+    }
+  }
+  return best;
+}
+
+void exchange_releases(const PlanContext& ctx, std::vector<Decision>& d) {
+  if (d.size() > kExchangeGroups) return;
+  std::vector<size_t> dropped;
+  for (size_t i = 0; i < d.size(); ++i)
+    if (d[i] == Decision::Recompute) dropped.push_back(i);
+  std::stable_sort(dropped.begin(), dropped.end(),
+                   [&](size_t a, size_t b) { return ctx.groups()[a].recompute_ms > ctx.groups()[b].recompute_ms; });
+  if (dropped.size() > kExchanges) dropped.resize(kExchanges);
+  double best = ctx.predict(d).recompute_ms;
+  for (size_t x : dropped) {
+    if (d[x] != Decision::Recompute) continue;
+    std::vector<Decision> tried = exchange_once(ctx, d, x);
+    if (tried.empty()) continue;
+    const double ms = ctx.predict(tried).recompute_ms;
+    if (ms < best) {
+      best = ms;
+      d = std::move(tried);
+    }
+  }
+}
+
 // Knapsack: greedy descent in cost-per-byte order (measured recompute time) to the budget, falling back
 // to a memory-ordered descent where that one stops above it; then keep back as much as still fits (most
 // expensive first), then trade offloads whose queueing stall costs more than recomputing; on a chain, if
@@ -56,6 +156,7 @@ Choice knapsack(PlanContext& ctx) {
       if (!ctx.fits(c)) d[i] = released;
     }
   }
+  if (ctx.keep_or_recompute(d) && !ctx.options().offload && ctx.fits(c)) exchange_releases(ctx, d);
   if (ctx.options().offload) {
     for (int pass = 0; pass < kOffloadRepairPasses; ++pass) {
       bool changed = false;
@@ -83,13 +184,25 @@ Choice knapsack(PlanContext& ctx) {
   return c;
 }
 
-// Optimal chain: the binomial schedule with the fewest re-runs that fits (chain-shaped models only).
+// Optimal chain: the binomial schedule with the fewest re-runs that fits (chain-shaped models only), or
+// the knapsack's plan where that re-runs fewer nodes. A binomial schedule counts slots, all of one size;
+// a byte budget is not a whole number of them, and the schedule of m slots holds its working values where
+// it must: at some budgets the schedule of m slots does not fit while a keep/recompute plan keeping m
+// states does (16 layers of 256 at batch 1024, 23.08 MiB: 12 slots and 4 re-run layer steps against the
+// knapsack's 13 and 3). docs/METHODS.md, "Optimal chain".
 Choice optimal_chain(PlanContext& ctx) {
   RATION_CHECK(ctx.why_not_chain().empty(), "strategy 'optimal-chain' needs a chain-shaped model (every node reading only "
                "the output of the node recorded just before it); this one is not: ", ctx.why_not_chain(),
                ". Use --plan knapsack.");
   const std::vector<ChainCandidate>& candidates = ctx.chain_candidates();
   const ChainCandidate* best = best_chain_fit(candidates, ctx.budget());
+  // The knapsack refuses a budget below the floor (the chain candidates' included) with the floor's error;
+  // the schedules then answer with their own error below.
+  std::optional<Choice> greedy;
+  if (ctx.budget() >= ctx.minimum_peak()) greedy = knapsack(ctx);
+  if (greedy && ctx.fits(*greedy) &&
+      (best == nullptr || ctx.predict(greedy->decisions, greedy->store_from).recomputed_nodes < best->prediction.recomputed_nodes))
+    return std::move(*greedy);
   int64_t lowest = ctx.unconstrained_peak();
   for (const auto& cp : candidates) lowest = std::min(lowest, cp.prediction.peak_bytes);
   RATION_CHECK(best != nullptr, "strategy 'optimal-chain' cannot meet the budget of ", format_bytes(ctx.budget()),
