@@ -2,7 +2,9 @@
 // the knapsack's predicted recompute time over the exact program's (plan/milp.h, solved by CBC), the
 // solver's time, and whether the program's own peak equals the simulator's for its answer.
 // Models: gpt at 2 and 4 layers, cnn, lstm_lm and mlp from configs/ (their batch); budgets at five points
-// between the feasible floor and the unconstrained peak. Nothing is executed: both sides are predictions of
+// between the feasible floor and the unconstrained peak (on a chain, mlp: between the lowest peak of any
+// keep/recompute decision and the unconstrained peak; below it Revolve is the yardstick,
+// bench_chain_yardstick). Nothing is executed: both sides are predictions of
 // the same simulator (tests/test_plan_milp.cpp executes the program's plans).
 //
 // usage: bench_plan_yardstick [--time-limit S] [--out FILE.json] [--models gpt2,gpt4,cnn,lstm_lm,mlp] [--groups]
@@ -50,6 +52,19 @@ memory::StepProfile with_typical_times(const memory::StepProfile& measured) {
   return p;
 }
 
+// The lowest budget the program meets, between `lo` (the planner's floor) and `hi`, by bisection: on a chain
+// the planner's floor is a binomial schedule's, which recomputes without storing (Plan::store_from) and goes
+// below what any keep/recompute decision reaches; the program covers keep/recompute decisions only.
+int64_t program_floor(const memory::StepProfile& profile, int64_t lo, int64_t hi) {
+  for (int k = 0; k < 20 && lo < hi; ++k) {
+    memory::PlanOptions o;
+    o.budget_bytes = lo + (hi - lo) / 2;
+    if (memory::solve_exact_plan(profile, o).status == memory::ExactPlan::Status::NoSolution) lo = o.budget_bytes + 1;
+    else hi = o.budget_bytes;
+  }
+  return hi;
+}
+
 const char* status_name(memory::ExactPlan::Status s) {
   switch (s) {
     case memory::ExactPlan::Status::Optimal: return "optimal";
@@ -92,7 +107,9 @@ int main(int argc, char** argv) {
     memory::PlanOptions loose;
     loose.budget_bytes = int64_t{1} << 40;
     const memory::Plan full = memory::make_plan(profile, loose);
-    const int64_t hi = full.unconstrained_peak_bytes, lo = full.minimum_peak_bytes;
+    const int64_t hi = full.unconstrained_peak_bytes;
+    const bool chain = memory::why_not_chain(profile).empty();
+    const int64_t lo = chain ? program_floor(profile, full.minimum_peak_bytes, hi) : full.minimum_peak_bytes;
     for (double f : fractions) {
       memory::PlanOptions o;
       o.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));

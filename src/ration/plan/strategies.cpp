@@ -29,14 +29,15 @@ constexpr int kOffloadRepairPasses = 3;
 // where it lowers the peak on its own and ranks groups by cost per byte, so where several cheap releases
 // would lower the peak together, or a small cheap group would do where a large one is cheaper per byte, it
 // takes one expensive group instead. An exchange keeps back one recomputed group (most expensive first, at
-// most kExchanges of them), prices every kept group's release against that plan (the recompute time it
-// adds, simulated: a group whose producer is re-run anyway adds nothing), releases groups in order of that
-// time per byte, or of that time alone, where they do not raise the peak until the plan fits again, keeps
-// back what still fits, and is taken where the plan's predicted recompute time drops. It costs a simulation
-// per group, so exchanges run on plans of at most kExchangeGroups groups (docs/METHODS.md, "The exact
-// yardstick").
-constexpr size_t kExchanges = 8;
-constexpr size_t kExchangeGroups = 512;
+// most kExchanges of them per round, in at most kExchangeRounds rounds), prices every kept group's release
+// against that plan (the recompute time it adds, simulated: a group whose producer is re-run anyway adds
+// nothing), releases groups in order of that time per byte, or of that time alone, where they do not raise
+// the peak until the plan fits again, keeps back what still fits, and is taken where the plan's predicted
+// recompute time drops. It costs a simulation per group, so exchanges run on plans of at most
+// kExchangeGroups groups (docs/METHODS.md, "The exact yardstick").
+constexpr size_t kExchanges = 16;
+constexpr size_t kExchangeRounds = 4;
+constexpr size_t kExchangeGroups = 256;
 
 // From `d`, releases in `order` (a producer's other groups right after it: its re-run restores them all)
 // where they do not raise the peak, until the plan fits; then keeps back what fits. Empty: it never fits.
@@ -104,24 +105,31 @@ std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision
   return best;
 }
 
+// Rounds of exchanges: each tries the most expensive recomputed groups of the plan as it is and takes the
+// first exchange that lowers its recompute time; a round without one ends them (at most kExchangeRounds).
 void exchange_releases(const PlanContext& ctx, std::vector<Decision>& d) {
   if (d.size() > kExchangeGroups) return;
-  std::vector<size_t> dropped;
-  for (size_t i = 0; i < d.size(); ++i)
-    if (d[i] == Decision::Recompute) dropped.push_back(i);
-  std::stable_sort(dropped.begin(), dropped.end(),
-                   [&](size_t a, size_t b) { return ctx.groups()[a].recompute_ms > ctx.groups()[b].recompute_ms; });
-  if (dropped.size() > kExchanges) dropped.resize(kExchanges);
   double best = ctx.predict(d).recompute_ms;
-  for (size_t x : dropped) {
-    if (d[x] != Decision::Recompute) continue;
-    std::vector<Decision> tried = exchange_once(ctx, d, x);
-    if (tried.empty()) continue;
-    const double ms = ctx.predict(tried).recompute_ms;
-    if (ms < best) {
-      best = ms;
-      d = std::move(tried);
+  for (size_t round = 0; round < kExchangeRounds; ++round) {
+    std::vector<size_t> dropped;
+    for (size_t i = 0; i < d.size(); ++i)
+      if (d[i] == Decision::Recompute) dropped.push_back(i);
+    std::stable_sort(dropped.begin(), dropped.end(),
+                     [&](size_t a, size_t b) { return ctx.groups()[a].recompute_ms > ctx.groups()[b].recompute_ms; });
+    if (dropped.size() > kExchanges) dropped.resize(kExchanges);
+    bool improved = false;
+    for (size_t x : dropped) {
+      std::vector<Decision> tried = exchange_once(ctx, d, x);
+      if (tried.empty()) continue;
+      const double ms = ctx.predict(tried).recompute_ms;
+      if (ms < best) {
+        best = ms;
+        d = std::move(tried);
+        improved = true;
+        break;
+      }
     }
+    if (!improved) break;
   }
 }
 
