@@ -28,15 +28,16 @@ constexpr int kOffloadRepairPasses = 3;
 // Exchanges after the knapsack's descent (keep/recompute plans that fit): the descent takes a release only
 // where it lowers the peak on its own and ranks groups by cost per byte, so where several cheap releases
 // would lower the peak together, or a small cheap group would do where a large one is cheaper per byte, it
-// takes one expensive group instead. An exchange keeps back one recomputed group (most expensive first, at
-// most kExchanges of them per round, in at most kExchangeRounds rounds), prices every kept group's release
-// against that plan (the recompute time it adds, simulated: a group whose producer is re-run anyway adds
-// nothing), releases groups in order of that time per byte, or of that time alone, where they do not raise
-// the peak until the plan fits again, keeps back what still fits, and is taken where the plan's predicted
+// takes one expensive group instead. An exchange keeps back one recomputed group (those whose keeping back
+// saves the most time first, at most kExchanges of them per round, in at most kExchangeRounds rounds),
+// prices every kept group's release against that plan (the recompute time it adds, simulated: a group
+// whose producer is re-run anyway adds nothing), releases groups in order of that time per byte (bytes
+// counted in full, or only up to what the plan is over the budget) or of that time alone, where they do not
+// raise the peak until the plan fits again, keeps back what still fits, and is taken where the plan's predicted
 // recompute time drops. It costs a simulation per group, so exchanges run on plans of at most
 // kExchangeGroups groups (docs/METHODS.md, "The exact yardstick").
 constexpr size_t kExchanges = 16;
-constexpr size_t kExchangeRounds = 4;
+constexpr size_t kExchangeRounds = 8;
 constexpr size_t kExchangeGroups = 256;
 
 // From `d`, releases in `order` (a producer's other groups right after it: its re-run restores them all)
@@ -69,10 +70,11 @@ std::vector<Decision> refill(const PlanContext& ctx, std::vector<Decision> d, co
   return d;
 }
 
-// One exchange: group x kept back, the plan refilled in both orders; the better, or empty.
+// One exchange: group x kept back (none: x = d.size()), the plan refilled in both orders; the better, or
+// empty.
 std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision> d, size_t x) {
   const std::vector<Group>& groups = ctx.groups();
-  d[x] = Decision::Keep;
+  if (x < d.size()) d[x] = Decision::Keep;
   const double base = ctx.predict(d).recompute_ms;
   std::vector<size_t> kept;
   std::vector<double> added(d.size(), 0);  // by group: the recompute ms its release adds
@@ -84,16 +86,23 @@ std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision
     kept.push_back(i);
   }
   auto bytes = [&](size_t i) { return static_cast<double>(std::max<int64_t>(1, groups[i].bytes)); };
-  std::vector<size_t> per_byte = kept, alone = kept;
-  std::stable_sort(per_byte.begin(), per_byte.end(), [&](size_t a, size_t b) {
-    return added[a] / bytes(a) != added[b] / bytes(b) ? added[a] / bytes(a) < added[b] / bytes(b) : bytes(a) > bytes(b);
-  });
-  std::stable_sort(alone.begin(), alone.end(), [&](size_t a, size_t b) {
-    return added[a] != added[b] ? added[a] < added[b] : bytes(a) > bytes(b);
-  });
+  // Three orders: added time per byte; per byte counted only up to what the plan is over the budget (a
+  // group larger than the excess frees more than is needed); added time alone.
+  const double excess = static_cast<double>(std::max<int64_t>(1, ctx.incremental(d).peak() - ctx.budget()));
+  auto by = [&](auto key) {
+    std::vector<size_t> order = kept;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return key(a) != key(b) ? key(a) < key(b) : bytes(a) > bytes(b);
+    });
+    return order;
+  };
+  const std::vector<std::vector<size_t>> orders = {
+      by([&](size_t i) { return added[i] / bytes(i); }),
+      by([&](size_t i) { return added[i] / std::min(bytes(i), excess); }),
+      by([&](size_t i) { return added[i]; })};
   std::vector<Decision> best;
   double best_ms = 0;
-  for (const std::vector<size_t>* order : {&per_byte, &alone}) {
+  for (const std::vector<size_t>* order : {&orders[0], &orders[1], &orders[2]}) {
     std::vector<Decision> tried = refill(ctx, d, *order);
     if (tried.empty()) continue;
     const double ms = ctx.predict(tried).recompute_ms;
@@ -110,13 +119,27 @@ std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision
 void exchange_releases(const PlanContext& ctx, std::vector<Decision>& d) {
   if (d.size() > kExchangeGroups) return;
   double best = ctx.predict(d).recompute_ms;
+  // First, the plan refilled from everything kept, with each release priced against that: where the
+  // descent fell back to a memory order (it releases many groups), this is often far cheaper.
+  if (std::vector<Decision> fresh = exchange_once(ctx, ctx.all_kept().decisions, d.size()); !fresh.empty()) {
+    const double ms = ctx.predict(fresh).recompute_ms;
+    if (ms < best) {
+      best = ms;
+      d = std::move(fresh);
+    }
+  }
   for (size_t round = 0; round < kExchangeRounds; ++round) {
+    // The recomputed groups whose keeping back would save the most time (simulated) first.
+    std::vector<std::pair<double, size_t>> saving;
+    for (size_t i = 0; i < d.size(); ++i) {
+      if (d[i] != Decision::Recompute) continue;
+      d[i] = Decision::Keep;
+      saving.emplace_back(best - ctx.predict(d).recompute_ms, i);
+      d[i] = Decision::Recompute;
+    }
+    std::stable_sort(saving.begin(), saving.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<size_t> dropped;
-    for (size_t i = 0; i < d.size(); ++i)
-      if (d[i] == Decision::Recompute) dropped.push_back(i);
-    std::stable_sort(dropped.begin(), dropped.end(),
-                     [&](size_t a, size_t b) { return ctx.groups()[a].recompute_ms > ctx.groups()[b].recompute_ms; });
-    if (dropped.size() > kExchanges) dropped.resize(kExchanges);
+    for (size_t k = 0; k < saving.size() && k < kExchanges; ++k) dropped.push_back(saving[k].second);
     bool improved = false;
     for (size_t x : dropped) {
       std::vector<Decision> tried = exchange_once(ctx, d, x);
