@@ -41,15 +41,33 @@ constexpr size_t kExchangeRounds = 8;
 constexpr size_t kExchangeGroups = 256;
 
 // From `d`, releases in `order` (a producer's other groups right after it: its re-run restores them all)
-// where they do not raise the peak, until the plan fits; then keeps back what fits. Empty: it never fits.
-std::vector<Decision> refill(const PlanContext& ctx, std::vector<Decision> d, const std::vector<size_t>& order) {
+// where they do not raise the peak, until the plan fits; then keeps back what fits, the groups `d` already
+// recomputed first (`recomputed`, the last tried first), then `order` from its end. Empty: it never fits.
+std::vector<Decision> refill(const PlanContext& ctx, std::vector<Decision> d, const std::vector<size_t>& order,
+                             const std::vector<size_t>& recomputed) {
   const std::vector<Group>& groups = ctx.groups();
   std::map<int64_t, std::vector<size_t>> of_producer;
   for (size_t i : order) of_producer[groups[i].producer].push_back(i);
   IncrementalPeak inc = ctx.incremental(d);
   int64_t peak = inc.peak();
+  // A release: the group with its producer's other kept groups where that does not raise the peak (released
+  // alone, a small one — layer norm's statistics — re-runs its producer and holds the others' fresh copies),
+  // else the group alone.
   auto release = [&](size_t i) {
     if (d[i] != Decision::Keep || peak <= ctx.budget()) return false;
+    std::vector<size_t> unit;
+    for (size_t sibling : of_producer[groups[i].producer])
+      if (d[sibling] == Decision::Keep) unit.push_back(sibling);
+    if (unit.size() > 1) {
+      for (size_t u : unit) inc.set(u, Decision::Recompute);
+      const int64_t p = inc.peak();
+      if (p <= peak) {
+        for (size_t u : unit) d[u] = Decision::Recompute;
+        peak = p;
+        return true;
+      }
+      for (size_t u : unit) inc.set(u, Decision::Keep);
+    }
     const int64_t p = inc.peak_if(i, Decision::Recompute, peak + 1);
     if (p > peak) return false;
     inc.set(i, Decision::Recompute);
@@ -66,7 +84,9 @@ std::vector<Decision> refill(const PlanContext& ctx, std::vector<Decision> d, co
     }
   }
   if (peak > ctx.budget()) return {};
-  ctx.keep_back(inc, d, order);
+  std::vector<size_t> back = order;
+  back.insert(back.end(), recomputed.begin(), recomputed.end());
+  ctx.keep_back(inc, d, back);
   return d;
 }
 
@@ -76,15 +96,18 @@ std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision
   const std::vector<Group>& groups = ctx.groups();
   if (x < d.size()) d[x] = Decision::Keep;
   const double base = ctx.predict(d).recompute_ms;
-  std::vector<size_t> kept;
+  std::vector<size_t> kept, recomputed;  // recomputed: most expensive last (kept back first)
   std::vector<double> added(d.size(), 0);  // by group: the recompute ms its release adds
   for (size_t i = 0; i < d.size(); ++i) {
+    if (d[i] != Decision::Keep) recomputed.push_back(i);
     if (i == x || d[i] != Decision::Keep) continue;
     d[i] = Decision::Recompute;
     added[i] = ctx.predict(d).recompute_ms - base;
     d[i] = Decision::Keep;
     kept.push_back(i);
   }
+  std::stable_sort(recomputed.begin(), recomputed.end(),
+                   [&](size_t a, size_t b) { return groups[a].recompute_ms < groups[b].recompute_ms; });
   auto bytes = [&](size_t i) { return static_cast<double>(std::max<int64_t>(1, groups[i].bytes)); };
   // Three orders: added time per byte; per byte counted only up to what the plan is over the budget (a
   // group larger than the excess frees more than is needed); added time alone.
@@ -103,7 +126,7 @@ std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision
   std::vector<Decision> best;
   double best_ms = 0;
   for (const std::vector<size_t>* order : {&orders[0], &orders[1], &orders[2]}) {
-    std::vector<Decision> tried = refill(ctx, d, *order);
+    std::vector<Decision> tried = refill(ctx, d, *order, recomputed);
     if (tried.empty()) continue;
     const double ms = ctx.predict(tried).recompute_ms;
     if (best.empty() || ms < best_ms) {
@@ -187,7 +210,7 @@ Choice knapsack(PlanContext& ctx) {
       if (!ctx.fits(c)) d[i] = released;
     }
   }
-  if (ctx.keep_or_recompute(d) && !ctx.options().offload && ctx.fits(c)) exchange_releases(ctx, d);
+  if (ctx.options().exchanges && ctx.keep_or_recompute(d) && !ctx.options().offload && ctx.fits(c)) exchange_releases(ctx, d);
   if (ctx.options().offload) {
     for (int pass = 0; pass < kOffloadRepairPasses; ++pass) {
       bool changed = false;
