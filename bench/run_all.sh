@@ -30,7 +30,7 @@ ALL_SECTIONS=("${CPU_SECTIONS[@]}" gpu)
 # The build targets each section needs (bench/CMakeLists.txt; ration_cli for the benches that run `ration`).
 declare -A TARGETS=(
   [speed]="bench_train_peer bench_peer bench_engine_vs_libtorch"
-  [memory]="bench_budget_curve bench_chain_yardstick"
+  [memory]="bench_budget_curve bench_chain_yardstick bench_plan_yardstick"
   [offload]="bench_offload bench_joint_plan"
   [planner]="bench_plan_scaling"
   [distributed]="bench_dp_scaling bench_dp_convergence ration_cli"
@@ -96,6 +96,9 @@ section_memory() {
   local B=$BUILD/bench
   run "$B"/bench_budget_curve --steps 7 --out $R/budget_curve.json
   run "$B"/bench_chain_yardstick --batch 4096 --width 256 --out $R/chain_yardstick.json
+  run "$B"/bench_chain_yardstick --batch 1024 --width 256 --steps 1 --out $R/chain_yardstick_1024.json
+  # The knapsack against the exact keep/recompute optimum (needs CBC: coinor-libcbc-dev).
+  run "$B"/bench_plan_yardstick --time-limit 120 --out $R/plan_yardstick.json
 }
 
 section_offload() {

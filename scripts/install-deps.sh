@@ -6,6 +6,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-pthread libgloo-dev zlib1g-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
+  coinor-libcbc-dev  # the exact plan yardstick (src/ration/plan/milp.h): CBC, a MILP solver
   libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc protobuf-compiler libabsl-dev librocksdb-dev openssl
   python3-torch python3-torchvision dataset-fashion-mnist  # python3-torchvision: scripts/export_model.py --torchvision
   chromium fonts-dejavu-core  # tests/cli/plan_html_render.sh renders `ration plan --html` headless

@@ -13,6 +13,7 @@
 #include "ration/base/check.h"
 #include "ration/core/node.h"
 #include "ration/base/allocator.h"
+#include "ration/plan/chain.h"
 #include "ration/plan/context.h"
 #include "ration/plan/graph.h"
 #include "ration/plan/incremental.h"
@@ -388,6 +389,54 @@ TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
   }
   EXPECT_GE(checked, 5);
   EXPECT_GE(within, 4);
+}
+
+// A byte budget is not a whole number of slots: at some budgets the binomial schedule of m slots does not
+// fit where a keep/recompute plan keeping m states does. optimal-chain takes the plan with the fewer re-runs
+// of the two, so it never re-runs more than the knapsack nor than the best binomial schedule, and on this
+// chain (16 layers of 256, batch 1024) it takes the knapsack's at one budget at least.
+TEST(ChainPlanner, OptimalChainReRunsNoMoreThanKnapsackAtByteBudgets) {
+  const int64_t layers = 16, width = 256, batch_size = 1024;
+  std::string hidden = "[";
+  for (int64_t l = 0; l < layers; ++l) hidden += (l ? ",256" : "256");
+  Config cfg = Config::from_string("[model]\ntype='mlp'\ndropout=0.0\nhidden=" + hidden + "]\n", "chain.toml");
+  at::manual_seed(3);
+  auto model = models::build_model(cfg);
+  model->train();
+  at::manual_seed(5);
+  data::Batch batch;
+  batch.input = Value(at::randn({batch_size, 1, 28, 28}));
+  batch.target = Value(at::randint(0, 10, {batch_size}, at::kLong));
+  batch.items = batch_size;
+  const memory::StepProfile profile = train::profile_step(*model, batch, 11);
+  ASSERT_EQ(memory::why_not_chain(profile), "");
+  memory::PlanOptions probe;
+  probe.budget_bytes = int64_t{1} << 40;
+  const memory::Plan loose = memory::make_plan(profile, probe);
+  const std::vector<memory::ChainCandidate> schedules = memory::chain_candidates(profile, loose.groups, 0);
+  const int64_t slot = batch_size * width * 4;
+  int checked = 0, greedy_taken = 0;
+  for (int64_t s = layers - 1; s >= 1; --s) {
+    memory::PlanOptions o;
+    o.budget_bytes = loose.fixed_bytes + s * slot + slot / 2;
+    if (o.budget_bytes < loose.minimum_peak_bytes) continue;
+    o.strategy = memory::Strategy::OptimalChain;
+    const memory::Plan chain = memory::make_plan(profile, o);
+    o.strategy = memory::Strategy::Knapsack;
+    const memory::Plan knapsack = memory::make_plan(profile, o);
+    SCOPED_TRACE("budget " + memory::format_bytes(o.budget_bytes) + ": " + chain.to_table());
+    EXPECT_LE(chain.prediction.peak_bytes, o.budget_bytes);
+    EXPECT_LE(chain.prediction.recomputed_nodes, knapsack.prediction.recomputed_nodes);
+    const memory::ChainCandidate* binomial = memory::best_chain_fit(schedules, o.budget_bytes);
+    if (binomial != nullptr) EXPECT_LE(chain.prediction.recomputed_nodes, binomial->prediction.recomputed_nodes);
+    if (binomial != nullptr && chain.prediction.recomputed_nodes < binomial->prediction.recomputed_nodes) {
+      EXPECT_EQ(chain.chain_slots, 0) << "a plan with fewer re-runs than every schedule must be the knapsack's";
+      ++greedy_taken;
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
+  EXPECT_GE(greedy_taken, 1) << "no budget where a byte budget beat the slot count: the test shows nothing";
 }
 
 // A model family's profile and the loose plan's groups, and a whole-step simulation's peak for

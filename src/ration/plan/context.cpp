@@ -29,35 +29,6 @@ double single_cost(const PlanGraph& g, const std::vector<double>& forward_ms, co
   return cost;
 }
 
-// One measured forward time per node is noisy (a descheduled thread can triple it), and the knapsack
-// order built on it then differs from run to run between nodes that do the same work. Nodes that do the
-// same work — same op, same module path up to block numbers, same bytes allocated — get the median of
-// their measured times, so identical layers cost the same and a single outlier does not move the order.
-std::vector<double> typical_forward_ms(const PlanGraph& g) {
-  const StepProfile& p = g.profile;
-  // Each node's class of work, in one walk over the nodes in order; then the times by class.
-  std::unordered_map<std::string, size_t> class_of;
-  std::vector<size_t> cls(g.nodes);
-  std::string key;
-  for (size_t k = 0; k < g.nodes; ++k) {
-    const ProfiledNode& n = p.nodes[k];
-    key = n.op + "|";
-    for (char ch : n.scope) key += (ch >= '0' && ch <= '9') ? '#' : ch;
-    for (const int st : g.allocated[k]) key += "|" + std::to_string(p.storages[static_cast<size_t>(st)].bytes);
-    cls[k] = class_of.emplace(key, class_of.size()).first->second;
-  }
-  std::vector<std::vector<double>> times(class_of.size());
-  for (size_t k = 0; k < g.nodes; ++k) times[cls[k]].push_back(g.forward_ms[k]);
-  std::vector<double> median(times.size());
-  for (size_t c = 0; c < times.size(); ++c) {
-    std::vector<double>& t = times[c];
-    std::sort(t.begin(), t.end());
-    median[c] = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
-  }
-  std::vector<double> ms(g.nodes);
-  for (size_t k = 0; k < g.nodes; ++k) ms[k] = median[cls[k]];
-  return ms;
-}
 
 // The saved groups of a profile, in forward order of their producers, with the number of nodes a
 // single release would re-run (the group's producer and its unsaved inputs' producers).
@@ -115,6 +86,36 @@ double offload_alone_ms(const Group& g, const OffloadCosts& c, double forward_wi
 }
 
 }  // namespace
+
+// One measured forward time per node is noisy (a descheduled thread can triple it), and the knapsack
+// order built on it then differs from run to run between nodes that do the same work. Nodes that do the
+// same work — same op, same module path up to block numbers, same bytes allocated — get the median of
+// their measured times, so identical layers cost the same and a single outlier does not move the order.
+std::vector<double> typical_forward_ms(const PlanGraph& g) {
+  const StepProfile& p = g.profile;
+  // Each node's class of work, in one walk over the nodes in order; then the times by class.
+  std::unordered_map<std::string, size_t> class_of;
+  std::vector<size_t> cls(g.nodes);
+  std::string key;
+  for (size_t k = 0; k < g.nodes; ++k) {
+    const ProfiledNode& n = p.nodes[k];
+    key = n.op + "|";
+    for (char ch : n.scope) key += (ch >= '0' && ch <= '9') ? '#' : ch;
+    for (const int st : g.allocated[k]) key += "|" + std::to_string(p.storages[static_cast<size_t>(st)].bytes);
+    cls[k] = class_of.emplace(key, class_of.size()).first->second;
+  }
+  std::vector<std::vector<double>> times(class_of.size());
+  for (size_t k = 0; k < g.nodes; ++k) times[cls[k]].push_back(g.forward_ms[k]);
+  std::vector<double> median(times.size());
+  for (size_t c = 0; c < times.size(); ++c) {
+    std::vector<double>& t = times[c];
+    std::sort(t.begin(), t.end());
+    median[c] = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
+  }
+  std::vector<double> ms(g.nodes);
+  for (size_t k = 0; k < g.nodes; ++k) ms[k] = median[cls[k]];
+  return ms;
+}
 
 PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
     : profile_(profile), options_(options), graph_(std::make_shared<const PlanGraph>(profile)) {

@@ -31,6 +31,10 @@ struct Choice {
   int64_t chain_slots = 0;
 };
 
+// One measured forward time per node is noisy: nodes doing the same work (same op, module path up to
+// block numbers, bytes allocated) get the median of their measured times (the knapsack's costs).
+std::vector<double> typical_forward_ms(const PlanGraph& g);
+
 class PlanContext {
  public:
   PlanContext(const StepProfile& profile, const PlanOptions& options);

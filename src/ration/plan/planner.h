@@ -103,6 +103,9 @@ struct PlanOptions {
   // Compute the feasible minimum for the report even when the strategy meets the budget (it is always
   // computed to explain a budget that cannot be met). A re-plan that does not print it may skip it.
   bool report_minimum = true;
+  // Knapsack: try exchanges after the descent (keep/recompute plans of at most 256 groups; docs/METHODS.md,
+  // "The exact yardstick"). Off: the descent's plan, as before exchanges (the yardstick's comparison).
+  bool exchanges = true;
 };
 
 struct Prediction {

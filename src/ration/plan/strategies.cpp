@@ -25,6 +25,160 @@ namespace {
 // changed nothing).
 constexpr int kOffloadRepairPasses = 3;
 
+// Exchanges after the knapsack's descent (keep/recompute plans that fit): the descent takes a release only
+// where it lowers the peak on its own and ranks groups by cost per byte, so where several cheap releases
+// would lower the peak together, or a small cheap group would do where a large one is cheaper per byte, it
+// takes one expensive group instead. An exchange keeps back one recomputed group (those whose keeping back
+// saves the most time first, at most kExchanges of them per round, in at most kExchangeRounds rounds),
+// prices every kept group's release against that plan (the recompute time it adds, simulated: a group
+// whose producer is re-run anyway adds nothing), releases groups in order of that time per byte (bytes
+// counted in full, or only up to what the plan is over the budget) or of that time alone, where they do not
+// raise the peak until the plan fits again, keeps back what still fits, and is taken where the plan's predicted
+// recompute time drops. It costs a simulation per group, so exchanges run on plans of at most
+// kExchangeGroups groups (docs/METHODS.md, "The exact yardstick").
+constexpr size_t kExchanges = 16;
+constexpr size_t kExchangeRounds = 8;
+constexpr size_t kExchangeGroups = 256;
+
+// From `d`, releases in `order` (a producer's other groups right after it: its re-run restores them all)
+// where they do not raise the peak, until the plan fits; then keeps back what fits, the groups `d` already
+// recomputed first (`recomputed`, the last tried first), then `order` from its end. Empty: it never fits.
+std::vector<Decision> refill(const PlanContext& ctx, std::vector<Decision> d, const std::vector<size_t>& order,
+                             const std::vector<size_t>& recomputed) {
+  const std::vector<Group>& groups = ctx.groups();
+  std::map<int64_t, std::vector<size_t>> of_producer;
+  for (size_t i : order) of_producer[groups[i].producer].push_back(i);
+  IncrementalPeak inc = ctx.incremental(d);
+  int64_t peak = inc.peak();
+  // A release: the group with its producer's other kept groups where that does not raise the peak (released
+  // alone, a small one — layer norm's statistics — re-runs its producer and holds the others' fresh copies),
+  // else the group alone.
+  auto release = [&](size_t i) {
+    if (d[i] != Decision::Keep || peak <= ctx.budget()) return false;
+    std::vector<size_t> unit;
+    for (size_t sibling : of_producer[groups[i].producer])
+      if (d[sibling] == Decision::Keep) unit.push_back(sibling);
+    if (unit.size() > 1) {
+      for (size_t u : unit) inc.set(u, Decision::Recompute);
+      const int64_t p = inc.peak();
+      if (p <= peak) {
+        for (size_t u : unit) d[u] = Decision::Recompute;
+        peak = p;
+        return true;
+      }
+      for (size_t u : unit) inc.set(u, Decision::Keep);
+    }
+    const int64_t p = inc.peak_if(i, Decision::Recompute, peak + 1);
+    if (p > peak) return false;
+    inc.set(i, Decision::Recompute);
+    d[i] = Decision::Recompute;
+    peak = p;
+    return true;
+  };
+  for (bool progress = true; progress && peak > ctx.budget();) {
+    progress = false;
+    for (size_t i : order) {
+      if (!release(i)) continue;
+      progress = true;
+      for (size_t sibling : of_producer[groups[i].producer]) release(sibling);
+    }
+  }
+  if (peak > ctx.budget()) return {};
+  std::vector<size_t> back = order;
+  back.insert(back.end(), recomputed.begin(), recomputed.end());
+  ctx.keep_back(inc, d, back);
+  return d;
+}
+
+// One exchange: group x kept back (none: x = d.size()), the plan refilled in both orders; the better, or
+// empty.
+std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision> d, size_t x) {
+  const std::vector<Group>& groups = ctx.groups();
+  if (x < d.size()) d[x] = Decision::Keep;
+  const double base = ctx.predict(d).recompute_ms;
+  std::vector<size_t> kept, recomputed;  // recomputed: most expensive last (kept back first)
+  std::vector<double> added(d.size(), 0);  // by group: the recompute ms its release adds
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (d[i] != Decision::Keep) recomputed.push_back(i);
+    if (i == x || d[i] != Decision::Keep) continue;
+    d[i] = Decision::Recompute;
+    added[i] = ctx.predict(d).recompute_ms - base;
+    d[i] = Decision::Keep;
+    kept.push_back(i);
+  }
+  std::stable_sort(recomputed.begin(), recomputed.end(),
+                   [&](size_t a, size_t b) { return groups[a].recompute_ms < groups[b].recompute_ms; });
+  auto bytes = [&](size_t i) { return static_cast<double>(std::max<int64_t>(1, groups[i].bytes)); };
+  // Three orders: added time per byte; per byte counted only up to what the plan is over the budget (a
+  // group larger than the excess frees more than is needed); added time alone.
+  const double excess = static_cast<double>(std::max<int64_t>(1, ctx.incremental(d).peak() - ctx.budget()));
+  auto by = [&](auto key) {
+    std::vector<size_t> order = kept;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return key(a) != key(b) ? key(a) < key(b) : bytes(a) > bytes(b);
+    });
+    return order;
+  };
+  const std::vector<std::vector<size_t>> orders = {
+      by([&](size_t i) { return added[i] / bytes(i); }),
+      by([&](size_t i) { return added[i] / std::min(bytes(i), excess); }),
+      by([&](size_t i) { return added[i]; })};
+  std::vector<Decision> best;
+  double best_ms = 0;
+  for (const std::vector<size_t>* order : {&orders[0], &orders[1], &orders[2]}) {
+    std::vector<Decision> tried = refill(ctx, d, *order, recomputed);
+    if (tried.empty()) continue;
+    const double ms = ctx.predict(tried).recompute_ms;
+    if (best.empty() || ms < best_ms) {
+      best = std::move(tried);
+      best_ms = ms;
+    }
+  }
+  return best;
+}
+
+// Rounds of exchanges: each tries the most expensive recomputed groups of the plan as it is and takes the
+// first exchange that lowers its recompute time; a round without one ends them (at most kExchangeRounds).
+void exchange_releases(const PlanContext& ctx, std::vector<Decision>& d) {
+  if (d.size() > kExchangeGroups) return;
+  double best = ctx.predict(d).recompute_ms;
+  // First, the plan refilled from everything kept, with each release priced against that: where the
+  // descent fell back to a memory order (it releases many groups), this is often far cheaper.
+  if (std::vector<Decision> fresh = exchange_once(ctx, ctx.all_kept().decisions, d.size()); !fresh.empty()) {
+    const double ms = ctx.predict(fresh).recompute_ms;
+    if (ms < best) {
+      best = ms;
+      d = std::move(fresh);
+    }
+  }
+  for (size_t round = 0; round < kExchangeRounds; ++round) {
+    // The recomputed groups whose keeping back would save the most time (simulated) first.
+    std::vector<std::pair<double, size_t>> saving;
+    for (size_t i = 0; i < d.size(); ++i) {
+      if (d[i] != Decision::Recompute) continue;
+      d[i] = Decision::Keep;
+      saving.emplace_back(best - ctx.predict(d).recompute_ms, i);
+      d[i] = Decision::Recompute;
+    }
+    std::stable_sort(saving.begin(), saving.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<size_t> dropped;
+    for (size_t k = 0; k < saving.size() && k < kExchanges; ++k) dropped.push_back(saving[k].second);
+    bool improved = false;
+    for (size_t x : dropped) {
+      std::vector<Decision> tried = exchange_once(ctx, d, x);
+      if (tried.empty()) continue;
+      const double ms = ctx.predict(tried).recompute_ms;
+      if (ms < best) {
+        best = ms;
+        d = std::move(tried);
+        improved = true;
+        break;
+      }
+    }
+    if (!improved) break;
+  }
+}
+
 // Knapsack: greedy descent in cost-per-byte order (measured recompute time) to the budget, falling back
 // to a memory-ordered descent where that one stops above it; then keep back as much as still fits (most
 // expensive first), then trade offloads whose queueing stall costs more than recomputing; on a chain, if
@@ -56,6 +210,7 @@ Choice knapsack(PlanContext& ctx) {
       if (!ctx.fits(c)) d[i] = released;
     }
   }
+  if (ctx.options().exchanges && ctx.keep_or_recompute(d) && !ctx.options().offload && ctx.fits(c)) exchange_releases(ctx, d);
   if (ctx.options().offload) {
     for (int pass = 0; pass < kOffloadRepairPasses; ++pass) {
       bool changed = false;
@@ -83,13 +238,25 @@ Choice knapsack(PlanContext& ctx) {
   return c;
 }
 
-// Optimal chain: the binomial schedule with the fewest re-runs that fits (chain-shaped models only).
+// Optimal chain: the binomial schedule with the fewest re-runs that fits (chain-shaped models only), or
+// the knapsack's plan where that re-runs fewer nodes. A binomial schedule counts slots, all of one size;
+// a byte budget is not a whole number of them, and the schedule of m slots holds its working values where
+// it must: at some budgets the schedule of m slots does not fit while a keep/recompute plan keeping m
+// states does (16 layers of 256 at batch 1024, 23.08 MiB: 12 slots and 4 re-run layer steps against the
+// knapsack's 13 and 3). docs/METHODS.md, "Optimal chain".
 Choice optimal_chain(PlanContext& ctx) {
   RATION_CHECK(ctx.why_not_chain().empty(), "strategy 'optimal-chain' needs a chain-shaped model (every node reading only "
                "the output of the node recorded just before it); this one is not: ", ctx.why_not_chain(),
                ". Use --plan knapsack.");
   const std::vector<ChainCandidate>& candidates = ctx.chain_candidates();
   const ChainCandidate* best = best_chain_fit(candidates, ctx.budget());
+  // The knapsack refuses a budget below the floor (the chain candidates' included) with the floor's error;
+  // the schedules then answer with their own error below.
+  std::optional<Choice> greedy;
+  if (ctx.budget() >= ctx.minimum_peak()) greedy = knapsack(ctx);
+  if (greedy && ctx.fits(*greedy) &&
+      (best == nullptr || ctx.predict(greedy->decisions, greedy->store_from).recomputed_nodes < best->prediction.recomputed_nodes))
+    return std::move(*greedy);
   int64_t lowest = ctx.unconstrained_peak();
   for (const auto& cp : candidates) lowest = std::min(lowest, cp.prediction.peak_bytes);
   RATION_CHECK(best != nullptr, "strategy 'optimal-chain' cannot meet the budget of ", format_bytes(ctx.budget()),
