@@ -55,9 +55,8 @@ std::vector<int64_t> header_sizes(const at::Tensor& h) {
 
 // Messages between two neighbour stages travel in one order on each side (every activation preceded by its
 // shape; gradients the other way), so one tag serves a step's traffic and another evaluation's.
-enum class Msg { Header = 0, Activation = 1, Gradient = 2 };
-int tag(int64_t /*micro*/, Msg /*m*/) { return 0; }
-constexpr int64_t kEvalTagBase = 1;
+constexpr int kStepTag = 0;
+constexpr int kEvalTag = 1;
 
 }  // namespace
 
@@ -206,7 +205,7 @@ class ModelParallelStep::Pipeline {
     world_.send_recv(sends, recvs, t);
     wait_ms += ms_since(t0);
   }
-  at::Tensor receive_activation(int64_t micro, int64_t tag_base = 0);
+  at::Tensor receive_activation(int tag = kStepTag);
   void forward(int64_t micro, const data::Batch& batch, const at::Tensor& received, StepRuntime& runtime,
                const std::optional<uint64_t>& seed, double& loss_sum);
   at::Tensor backward(int64_t micro, const at::Tensor& grad, StepRuntime& runtime);
@@ -220,11 +219,11 @@ class ModelParallelStep::Pipeline {
   int64_t oldest_ = 0;     // micro-batch index of held_.front()
 };
 
-at::Tensor ModelParallelStep::Pipeline::receive_activation(int64_t micro, int64_t tag_base) {
+at::Tensor ModelParallelStep::Pipeline::receive_activation(int tag) {
   at::Tensor header = at::zeros({kMaxDims + 1}, at::kLong);
-  exchange({}, {{prev(), header}}, static_cast<int>(tag_base) + tag(micro, Msg::Header));
+  exchange({}, {{prev(), header}}, tag);
   at::Tensor x = at::empty(header_sizes(header), model_.parameter_options());
-  exchange({}, {{prev(), x}}, static_cast<int>(tag_base) + tag(micro, Msg::Activation));
+  exchange({}, {{prev(), x}}, tag);
   return x;
 }
 
@@ -280,9 +279,9 @@ double ModelParallelStep::Pipeline::run(StepRuntime& runtime, const data::Batch&
   auto send_forward = [&](int64_t micro) {
     if (last()) return;
     const at::Tensor& y = held_.back().output.tensor();
-    exchange({{next(), shape_header(y)}, {next(), y.contiguous()}}, {}, tag(micro, Msg::Header));
+    exchange({{next(), shape_header(y)}, {next(), y.contiguous()}}, {}, kStepTag);
   };
-  auto input_of = [&](int64_t micro) { return first() ? at::Tensor() : receive_activation(micro); };
+  auto input_of = [&](int64_t) { return first() ? at::Tensor() : receive_activation(); };
   auto output_grad = [&](int64_t micro) {  // an empty tensor on the last stage (its loss seeds backward)
     return last() ? at::Tensor() : at::empty_like(held_.front().output.tensor());
   };
@@ -297,37 +296,37 @@ double ModelParallelStep::Pipeline::run(StepRuntime& runtime, const data::Batch&
     at::Tensor g = output_grad(i);
     if (!last()) {  // send this activation, receive the oldest's gradient
       const at::Tensor& y = held_.back().output.tensor();
-      exchange({{next(), shape_header(y)}, {next(), y.contiguous()}}, {{next(), g}}, tag(f, Msg::Header));
+      exchange({{next(), shape_header(y)}, {next(), y.contiguous()}}, {{next(), g}}, kStepTag);
     }
     const at::Tensor dx = backward(i, g, runtime);
     if (i + 1 == steady) {
-      if (!first()) exchange({{prev(), dx}}, {}, tag(i, Msg::Gradient));
+      if (!first()) exchange({{prev(), dx}}, {}, kStepTag);
     } else if (!first()) {  // send this gradient, receive the next activation's shape, then the activation
       at::Tensor header = at::zeros({kMaxDims + 1}, at::kLong);
-      exchange({{prev(), dx}}, {{prev(), header}}, tag(i, Msg::Gradient));
+      exchange({{prev(), dx}}, {{prev(), header}}, kStepTag);
       x = at::empty(header_sizes(header), model_.parameter_options());
-      exchange({}, {{prev(), x}}, tag(f + 1, Msg::Activation));
+      exchange({}, {{prev(), x}}, kStepTag);
     }
   }
   for (int64_t i = steady; i < micro_; ++i) {
     at::Tensor g = output_grad(i);
-    if (!last()) exchange({}, {{next(), g}}, tag(i, Msg::Gradient));
+    if (!last()) exchange({}, {{next(), g}}, kStepTag);
     const at::Tensor dx = backward(i, g, runtime);
-    if (!first()) exchange({{prev(), dx}}, {}, tag(i, Msg::Gradient));
+    if (!first()) exchange({{prev(), dx}}, {}, kStepTag);
   }
   return loss_sum;
 }
 
 models::EvalStats ModelParallelStep::Pipeline::evaluate(const data::Batch& batch) {
   NoGradGuard no_grad;
-  Value x = first() ? model_.model_input(batch) : Value(receive_activation(0, kEvalTagBase));
+  Value x = first() ? model_.model_input(batch) : Value(receive_activation(kEvalTag));
   Value y = run_units(x);
   models::EvalStats s;
   if (last()) {
     s = model_.output_evaluate(y, batch);
   } else {
     exchange({{next(), shape_header(y.tensor())}, {next(), y.tensor().contiguous()}}, {},
-             static_cast<int>(kEvalTagBase) + tag(0, Msg::Header));
+             kEvalTag);
   }
   // Every stage reports the last stage's counts (the caller sums over replicas).
   const std::vector<double> sums = dist::all_reduce_doubles(
