@@ -3,8 +3,9 @@
 parallelism"), measured with `ration launch -- train` runs on this machine; prints three tables and writes
 bench/results/model_parallel.json.
 
-  1. Bubble: gpt, 2 pipeline stages, 1F1B, M = 1, 2, 4, 8 micro-batches: the measured share of a step each
-     stage waits on its neighbour (mean over the stages) next to (P - 1) / (M + P - 1).
+  1. Bubble: gpt, 2 pipeline stages, 1F1B, M = 1, 2, 4, 8 micro-batches: the measured share of the schedule
+     (a step up to its gradients exchanged) the busiest stage does not compute a micro-batch, next to
+     (P - 1) / (M + P - 1); the mean over both stages, and the share blocked in neighbour exchanges alone.
   2. Layouts at N = 4: one process, data parallel 4, pipeline 4, tensor 4, tensor 2 x data 2, pipeline 2 x
      data 2 on a wider gpt at the same global batch: samples/s, the largest per-process peak, bytes each
      process sends per step, and the step time projected to 1 / 10 / 100 Gb/s links (the measured step plus
@@ -12,7 +13,9 @@ bench/results/model_parallel.json.
   3. Equal per-process memory: pipeline 2 under --memory-budget B (each stage plans recompute for its
      micro-batches in flight) against pipeline 2 without a plan, which must fit B with a smaller batch.
 
-Usage: bench/model_parallel.py [--build build] [--steps 12] [--repeats 2] [--out bench/results/model_parallel.json]
+Usage: bench/model_parallel.py [--build build] [--steps 12] [--repeats 2] [--tables bubble,layouts,memory]
+                               [--out bench/results/model_parallel.json]
+--tables runs some of the three; their results replace those tables in an existing --out file.
 Every configuration runs `repeats` times, interleaved (round-robin over the configurations); the medians of the
 runs' median step times are reported. Threads: one per process (train.threads = 1, OpenBLAS single-threaded).
 """
@@ -85,10 +88,11 @@ def summary(reports):
         p = ok[0]["parallel"]
         s["layout"] = f"T{p['tensor']} x P{p['pipeline']} x D{p['data']}"
         if "bubble" in p:
-            s["bubble_measured"] = statistics.median(
-                r["parallel"]["bubble"]["measured_wait_fraction_slowest_stage"] for r in ok)
-            s["wait_mean"] = statistics.median(r["parallel"]["bubble"]["measured_wait_fraction_mean"] for r in ok)
-            s["bubble_formula"] = p["bubble"]["formula_1f1b"]
+            b = [r["parallel"]["bubble"] for r in ok]
+            s["bubble_measured"] = statistics.median(x["measured_idle_fraction_busiest_stage"] for x in b)
+            s["idle_mean"] = statistics.median(x["measured_idle_fraction_mean"] for x in b)
+            s["wait_mean"] = statistics.median(x["measured_wait_fraction_mean"] for x in b)
+            s["bubble_formula"] = p["bubble"]["formula"]
         if ok[0].get("plan"):
             s["recompute_ms"] = ok[0]["time"].get("recompute_ms", 0)
     return s
@@ -99,23 +103,46 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--tables", default="bubble,layouts,memory")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/model_parallel.json"))
     a = ap.parse_args()
-    result = {"command": " ".join(sys.argv), "steps": a.steps, "repeats": a.repeats}
+    tables = set(a.tables.split(","))
+    result = {}
+    if tables != {"bubble", "layouts", "memory"} and os.path.exists(a.out):
+        with open(a.out) as f:
+            result = json.load(f)
+    result.update({"command": " ".join(sys.argv), "steps": a.steps, "repeats": a.repeats})
+    if "bubble" in tables:
+        bubble_table(a, result)
+    if "layouts" in tables:
+        layouts_table(a, result)
+    if "memory" in tables:
+        memory_table(a, result)
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"\nwrote {a.out}")
+
+
+def bubble_table(a, result):
 
     # 1. Bubble at M = 1, 2, 4, 8 (gpt 4 x 128, batch 16).
     bubble = {f"M={m}": (2, ["parallel.pipeline=2", f"parallel.micro_batches={m}"], None) for m in (1, 2, 4, 8)}
+    bubble["M=4 gpipe"] = (2, ["parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=gpipe"], None)
     rows = {k: summary(v) for k, v in interleaved(a.build, bubble, a.steps, a.repeats).items()}
     result["bubble"] = rows
-    print("\n1. Bubble: gpt 4 x 128, batch 16, pipeline 2, 1F1B: the share of a step the slowest stage waits on its")
-    print("   neighbour (the bubble), the mean over both stages (the faster one waits for the slower too)")
-    print(f"{'M':>6} {'bubble':>9} {'(P-1)/(M+P-1)':>14} {'mean wait':>10} {'step ms':>9}")
+    print("\n1. Bubble: gpt 4 x 128, batch 16, pipeline 2, 1F1B: the share of the schedule the busiest stage spends")
+    print("   not computing a micro-batch (the bubble), the mean over both stages, the share blocked in exchanges")
+    print(f"{'M':>6} {'bubble':>9} {'(P-1)/(M+P-1)':>14} {'mean idle':>10} {'mean wait':>10} {'step ms':>9}")
     for k, s in rows.items():
         if "error" in s:
             print(f"{k:>6} error: {s['error']}")
             continue
-        print(f"{k:>6} {s['bubble_measured']:9.3f} {s['bubble_formula']:14.3f} {s['wait_mean']:10.3f} {s['step_ms']:9.1f}")
+        print(f"{k:>6} {s['bubble_measured']:9.3f} {s['bubble_formula']:14.3f} {s['idle_mean']:10.3f} "
+              f"{s['wait_mean']:10.3f} {s['step_ms']:9.1f}")
 
+
+def layouts_table(a, result):
     # 2. Layouts at N = 4 on a wider gpt (8 blocks x 256, 8 heads), global batch 16.
     wide = ["model.n_layer=8", "model.n_embd=256", "model.n_head=8", "model.block_size=128"]
     layouts = {
@@ -142,6 +169,9 @@ def main():
         print(f"{k:>20} {s['samples_per_s']:10.2f} {s['peak_bytes'] / 2**20:10.1f} MiB {s['bytes_sent_per_step'] / 2**20:8.2f} MiB "
               f"{proj[1] * 1000:9.0f} ms {proj[10] * 1000:6.0f} ms {proj[100] * 1000:6.0f} ms")
 
+
+
+def memory_table(a, result):
     # 3. Equal per-process memory: the budget is 85% of pipeline 2's largest stage peak at batch 16, M = 4.
     base = ["parallel.pipeline=2", "parallel.micro_batches=4"]
     loose = summary([run(a.build, 2, base + ["train.batch_size=16"], a.steps)])
@@ -160,11 +190,6 @@ def main():
         s["samples_per_s"] = s["batch_per_replica"] / (s["step_ms"] / 1000)
         s["fits"] = s["peak_bytes"] <= budget
         print(f"{k:>30} {s['samples_per_s']:10.2f} {s['peak_bytes'] / 2**20:10.1f} MiB {str(s['fits']):>5}")
-
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"\nwrote {a.out}")
 
 
 if __name__ == "__main__":

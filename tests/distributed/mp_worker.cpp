@@ -225,6 +225,47 @@ TEST(ModelParallel, GptPipeline2StagePlansFitTheirBudget) {
               static_cast<long long>(budget), tight["parallel"]["memory"].dump().c_str());
 }
 
+// Offload inside a stage's plan: each micro-batch's copies are its own (the engine keeps micro-batches in
+// flight apart), so at a budget between the stage's floor and its unconstrained peak the plan offloads to
+// the host tier, the measured peak stays within the budget and equals the prediction (to 0.5%), and the
+// losses are those of the run that keeps everything, bit for bit (offload and recompute are exact).
+TEST(ModelParallel, GptPipeline2StagePlansOffload) {
+  if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
+  const World& w = world();
+  auto run = [&](const std::string& budget) {
+    // Wider and longer than the other cases: copies of a micro-batch's activations must be cheaper than
+    // re-running their producers for the plan to offload at all.
+    train::TrainOptions o = gpt_options("", 16, w, {"parallel.pipeline=2", "parallel.micro_batches=4",
+                                                    "memory.budget=" + budget, "model.n_embd=128", "model.block_size=64",
+                                                    "offload.enabled=true", "offload.tier=host", "offload.min_bytes=1"});
+    o.steps = 4;
+    return train::run_training(o);
+  };
+  const nlohmann::json loose = run("1GiB");
+  at::Tensor figure = at::zeros({1}, at::kLong);
+  const int64_t floor = loose["plan"]["minimum_peak_bytes"].get<int64_t>();
+  figure.data_ptr<int64_t>()[0] = floor + (loose["parallel"]["memory"][0]["measured_peak_bytes"].get<int64_t>() - floor) / 3;
+  w.broadcast(figure, 0);
+  const int64_t budget = figure.data_ptr<int64_t>()[0];
+  const nlohmann::json tight = run(std::to_string(budget));
+  if (w.rank() == 0) {
+    EXPECT_GT(tight["plan"]["offloaded_groups"].get<int64_t>(), 0) << "stage 0's plan offloads: " << tight["plan"].dump();
+    EXPECT_GT(tight["offload"]["totals"]["written_bytes"].get<int64_t>(), 0) << tight["offload"].dump();
+  }
+  for (const auto& m : tight["parallel"]["memory"]) {
+    const double measured = m["measured_peak_bytes"].get<double>(), predicted = m["predicted_peak_bytes"].get<double>();
+    EXPECT_LE(m["measured_peak_bytes"].get<int64_t>(), budget) << m.dump();
+    EXPECT_LE(std::abs(measured - predicted), 0.005 * measured) << m.dump();
+  }
+  ASSERT_EQ(tight["loss"].size(), loose["loss"].size());
+  for (size_t s = 0; s < loose["loss"].size(); ++s)
+    EXPECT_EQ(tight["loss"][s].get<double>(), loose["loss"][s].get<double>()) << "step " << s + 1;
+  std::printf("[rank %d] offload plan at %lld B: %lld groups offloaded, %lld dropped; stage peaks %s\n", w.rank(),
+              static_cast<long long>(budget), static_cast<long long>(tight["plan"]["offloaded_groups"].get<int64_t>()),
+              static_cast<long long>(tight["plan"]["dropped_groups"].get<int64_t>()),
+              tight["parallel"]["memory"].dump().c_str());
+}
+
 }  // namespace
 }  // namespace ration::dist
 

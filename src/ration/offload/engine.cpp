@@ -398,6 +398,7 @@ struct OffloadEngine::Entry {
   // sooner and the measured peak is the predicted one whatever the copies' speed.
   at::Tensor held_until_deadline;
   int prefetch = 0;
+  int64_t micro_batch = 0;  // the micro-batch that offloaded it (select_micro_batch)
   std::shared_ptr<ReplicaGroup> replicas;  // sharded: this process stores 1/n
   int64_t shard_bytes = 0;
   const void* storage_key = nullptr;                   // its key in by_storage_
@@ -520,7 +521,14 @@ void OffloadEngine::sweep() {
 
 void OffloadEngine::begin_step() {
   forward_ordinal_ = -1;
+  micro_batch_ = 0;
   sweep();
+}
+
+void OffloadEngine::select_micro_batch(int64_t index) {
+  micro_batch_ = index;
+  forward_ordinal_ = -1;
+  pool_.reserve(pool_plan_ ? *pool_plan_ : std::map<int64_t, int64_t>{}, device_);
 }
 
 void OffloadEngine::end_step() {
@@ -561,6 +569,7 @@ bool OffloadEngine::offload(const std::shared_ptr<SavedValue>& handle, int64_t d
     e->storage_bytes = static_cast<int64_t>(t.storage().nbytes());
     e->storage = t.storage().getWeakStorageImpl();
     e->prefetch = prefetch >= 0 ? prefetch : options_.prefetch;
+    e->micro_batch = micro_batch_;
     e->when_full = when_full;
     e->replicas = value.replicas() && value.replicas()->size() > 1 ? value.replicas() : nullptr;
     at::Tensor source = storage_bytes_of(t);
@@ -638,7 +647,7 @@ void OffloadEngine::end_forward_node(int64_t ordinal) {
   std::vector<Entry*> late;  // due now, not yet written
   std::vector<Entry*> due;
   for (auto& e : entries_) {
-    if (e->deadline < 0 || e->deadline > ordinal) continue;
+    if (e->micro_batch != micro_batch_ || e->deadline < 0 || e->deadline > ordinal) continue;
     e->deadline = -1;  // met (now or below)
     due.push_back(e.get());
     if (!ready(e->written)) late.push_back(e.get());
@@ -714,7 +723,8 @@ void OffloadEngine::before_backward_node(int64_t pos, const std::function<bool(i
   if (pos < 0) return;  // a node outside the step (nothing of this step is due)
   std::vector<std::shared_ptr<Entry>> due;
   for (auto& e : entries_)
-    if (e->phase != Entry::Phase::CopyingIn && e->first_use >= pos - e->prefetch) due.push_back(e);
+    if (e->micro_batch == micro_batch_ && e->phase != Entry::Phase::CopyingIn && e->first_use >= pos - e->prefetch)
+      due.push_back(e);
   // Soonest needed first: the copy-in queue is FIFO.
   std::stable_sort(due.begin(), due.end(), [](const auto& a, const auto& b) { return a->first_use > b->first_use; });
   for (auto& e : due) {

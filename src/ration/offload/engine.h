@@ -141,6 +141,13 @@ class OffloadEngine {
   // ---- step boundaries (the step runtime)
   void begin_step();  // frees the buffers a previous step left behind (values never fetched, now dead)
   void end_step();    // the same, right after backward
+  // Micro-batches whose forward and backward interleave (a pipeline stage): their nodes share forward
+  // ordinals, so each entry belongs to the micro-batch selected when it was offloaded, and deadlines and
+  // prefetches look at the selected micro-batch's entries only. Selecting one (its forward or its
+  // backward begins) also frees the idle copy-in buffers beyond the reservation: a plan of one micro-batch
+  // counts its pool from its own reads to its own end, not another micro-batch's buffers (docs/METHODS.md,
+  // "Pipeline stages"). A step without micro-batches is micro-batch 0 throughout.
+  void select_micro_batch(int64_t index);
 
   // ---- forward (Q1), per node: begin_forward_node, the policy's offload() calls, end_forward_node
   // `node` (at step position `ordinal`) finished its forward: it is now a user of the offloaded values it
@@ -211,6 +218,7 @@ class OffloadEngine {
   CopyInPool pool_;                                                     // copy-in destinations
   std::optional<std::map<int64_t, int64_t>> pool_plan_;                 // reserve_copy_in's (none: empty)
   int64_t forward_ordinal_ = -1;                                        // the node whose saves are offloaded now
+  int64_t micro_batch_ = 0;                                             // select_micro_batch's
   CopyWaits copy_waits_ = CopyWaits::RunQueuedCopies;
   std::atomic<bool> tier_was_full_{false};  // a copy-out failed: KeepResident offloads stop
   at::Device device_ = at::kCPU;

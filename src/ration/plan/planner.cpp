@@ -254,4 +254,16 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   return plan;
 }
 
+void lower_fixed_bytes(Plan& plan, int64_t bytes) {
+  RATION_CHECK(bytes >= 0 && bytes <= plan.fixed_bytes, "lower_fixed_bytes: ", bytes, " B is not within the plan's fixed ",
+               plan.fixed_bytes, " B");
+  plan.fixed_bytes -= bytes;
+  plan.capacity_bytes += bytes;
+  plan.unconstrained_peak_bytes -= bytes;
+  if (plan.minimum_peak_bytes > 0) plan.minimum_peak_bytes -= bytes;
+  plan.prediction.peak_bytes -= bytes;
+  for (int64_t& b : plan.prediction.forward_peaks) b -= bytes;
+  for (int64_t& b : plan.prediction.backward_peaks) b -= bytes;
+}
+
 }  // namespace ration::memory

@@ -192,6 +192,12 @@ void relax_deadlines(const StepProfile& profile, const std::vector<Decision>& de
 // strategy cannot meet the budget, or when an override asks to keep more than the initial figure.
 Plan make_plan(const StepProfile& profile, const PlanOptions& options);
 
+// The same decisions with `bytes` less fixed memory (PlanOptions::extra_fixed_bytes): fixed memory is a
+// constant under the whole step, so every predicted figure (peak, per-node peaks, floor, unconstrained
+// peak) moves down by exactly `bytes`. A pipeline stage settles its plan with it: planned for a bound on
+// what its other micro-batches in flight hold, predicted with what they hold under the plan.
+void lower_fixed_bytes(Plan& plan, int64_t bytes);
+
 // Node set of a module scope: "blocks.3.attn.qkv" -> "blocks.3", "conv1" -> "conv1", "" -> "(top)".
 std::string node_set_of(const std::string& scope);
 

@@ -283,6 +283,7 @@ void StepRuntime::begin_micro_batch(int64_t index) {
   if (static_cast<int64_t>(micro_orders_.size()) <= index) micro_orders_.resize(static_cast<size_t>(index) + 1);
   order_.begin();
   micro_current_ = index;
+  if (driven_engine_) driven_engine_->select_micro_batch(index);
 }
 
 void StepRuntime::resume_micro_batch(int64_t index) {
@@ -291,6 +292,7 @@ void StepRuntime::resume_micro_batch(int64_t index) {
   if (micro_current_ >= 0) micro_orders_[static_cast<size_t>(micro_current_)] = order_;
   order_ = micro_orders_[static_cast<size_t>(index)];
   micro_current_ = index;
+  if (driven_engine_) driven_engine_->select_micro_batch(index);
   if (active_) active_->begin_backward();
 }
 

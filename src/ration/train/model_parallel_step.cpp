@@ -188,6 +188,7 @@ class ModelParallelStep::Pipeline {
   models::EvalStats evaluate(const data::Batch& batch);
 
   double wait_ms = 0;       // blocked on a neighbour this step
+  double compute_ms = 0;    // inside micro-batches' forward and backward this step
   int64_t sent_bytes = 0;   // activations and gradients sent this step
 
  private:
@@ -230,6 +231,7 @@ at::Tensor ModelParallelStep::Pipeline::receive_activation(int tag) {
 void ModelParallelStep::Pipeline::forward(int64_t micro, const data::Batch& batch, const at::Tensor& received,
                                           StepRuntime& runtime, const std::optional<uint64_t>& seed,
                                           double& loss_sum) {
+  const auto t0 = Clock::now();
   Held h;
   h.mb = micro_batch(batch, micro, micro_);
   runtime.begin_micro_batch(micro);
@@ -245,11 +247,13 @@ void ModelParallelStep::Pipeline::forward(int64_t micro, const data::Batch& batc
     h.output = y;
   }
   held_.push_back(std::move(h));
+  compute_ms += ms_since(t0);
 }
 
 at::Tensor ModelParallelStep::Pipeline::backward(int64_t micro, const at::Tensor& grad, StepRuntime& runtime) {
   RATION_CHECK(!held_.empty() && micro == oldest_, "pipeline schedule: backward of micro-batch ", micro,
                " out of order (oldest held: ", oldest_, ")");
+  const auto t0 = Clock::now();
   Held h = std::move(held_.front());
   held_.pop_front();
   ++oldest_;
@@ -259,7 +263,9 @@ at::Tensor ModelParallelStep::Pipeline::backward(int64_t micro, const at::Tensor
   } else {
     h.output.backward(grad);
   }
-  return first() ? at::Tensor() : h.input.grad().contiguous();
+  at::Tensor dx = first() ? at::Tensor() : h.input.grad().contiguous();
+  compute_ms += ms_since(t0);
+  return dx;
 }
 
 // The non-interleaved 1F1B schedule (PipeDream-Flush, as Megatron-LM runs it): stage s runs
@@ -269,6 +275,7 @@ at::Tensor ModelParallelStep::Pipeline::backward(int64_t micro, const at::Tensor
 double ModelParallelStep::Pipeline::run(StepRuntime& runtime, const data::Batch& batch,
                                         const std::optional<uint64_t>& seed) {
   wait_ms = 0;
+  compute_ms = 0;
   sent_bytes = 0;
   held_.clear();
   oldest_ = 0;
@@ -513,8 +520,10 @@ const memory::Plan* ModelParallelStep::prepare(StepRuntime& runtime, const data:
     agree();
     return runtime.prepare_profiled(optimizer, model_.prefetch_bytes(batch));
   }
-  RATION_CHECK(runtime.engine() == nullptr, origin_, ": parallel.pipeline with --offload is not supported yet ",
-               "(a stage plans keep/recompute for its micro-batches in flight); drop --offload");
+  // With an offload tier the copy costs are measured first, while nothing of the step is live; the engine
+  // keeps each micro-batch's copies apart (OffloadEngine::select_micro_batch), so one micro-batch's plan
+  // holds for all of them, and what a micro-batch holds in flight excludes what it offloaded.
+  if (runtime.engine()) runtime.offload_costs();
   const data::Batch mb = micro_batch(batch, 0, settings_.micro_batches);
   const int64_t first = split_.first_unit[static_cast<size_t>(groups_.layout.stage)];
   const std::vector<int64_t> input_sizes =
@@ -572,6 +581,12 @@ const memory::Plan* ModelParallelStep::prepare(StepRuntime& runtime, const data:
       lo = mid;
     }
   }
+  // The plan was made for the others holding best_assumed each; they hold what it keeps (the bisection
+  // stops a few KiB above that, or a plan made for less keeps more): predict with what they hold.
+  if (others > 0 && held_by(*best) < best_assumed) {
+    memory::lower_fixed_bytes(*best, others * (best_assumed - held_by(*best)));
+    best_assumed = held_by(*best);
+  }
   planned_in_flight_bytes_ = others * best_assumed;
   return &runtime.use_plan(std::move(*best));
 }
@@ -602,6 +617,12 @@ StepStats ModelParallelStep::step(StepRuntime& runtime, const data::Batch& batch
   }
   sent_bytes_ += dist::tensor_parallel_collective_bytes() - tensor_bytes;
   exchange_gradients();
+  // The schedule ends when the gradients are exchanged: a stage that finished its last backward early
+  // waits there (the pipeline's drain), so its idle time is counted.
+  if (pipeline_) {
+    schedule_ms_ += ms_since(t0);
+    compute_ms_ += pipeline_->compute_ms;
+  }
   if (options.optimizer) {
     if (options.clip_grad_norm > 0) st.grad_norm = clip(options.clip_grad_norm);
     options.optimizer->step();
@@ -678,19 +699,22 @@ double ModelParallelStep::agree_loss(double local_loss_sum) const {
 }
 
 void ModelParallelStep::gather_memory(int64_t measured_peak_bytes, const memory::Plan* plan) {
-  constexpr size_t kFields = 4;  // measured peak, predicted peak, budget, time blocked on a neighbour stage
+  // measured peak, predicted peak, budget, time blocked on a neighbour stage, time not computing a micro-batch
+  constexpr size_t kFields = 5;
   std::vector<double> all(kFields * static_cast<size_t>(groups_.everyone.size()), 0.0);
   double* mine = &all[kFields * static_cast<size_t>(groups_.layout.rank)];
   mine[0] = static_cast<double>(measured_peak_bytes);
   mine[1] = static_cast<double>(plan ? plan->prediction.peak_bytes : 0);
   mine[2] = static_cast<double>(plan ? plan->budget_bytes : 0);
   mine[3] = step_ms_ > 0 ? comm_wait_ms_ / step_ms_ : 0.0;
+  mine[4] = idle_fraction();
   all = dist::all_reduce_doubles(groups_.everyone, all);
   memory_ = nlohmann::json::array();
   const std::vector<std::string> where = groups_.layout.describe_all();
   for (size_t r = 0; r < all.size() / kFields; ++r) {
     const double* f = &all[kFields * r];
     nlohmann::json m = {{"rank", where[r]}, {"measured_peak_bytes", std::llround(f[0])}, {"wait_fraction", f[3]}};
+    if (pipeline_) m["idle_fraction"] = f[4];
     if (f[2] > 0) {
       m["predicted_peak_bytes"] = std::llround(f[1]);
       m["budget_bytes"] = std::llround(f[2]);
@@ -716,19 +740,22 @@ nlohmann::json ModelParallelStep::report() const {
     r["stages"] = split_.to_json();
     r["in_flight"] = pipeline_->in_flight();
     r["planned_in_flight_bytes"] = planned_in_flight_bytes_;
-    // The bubble: the share of a step a stage waits on its neighbours (the mean over every rank, the
-    // slowest stage's, this rank's), next to the 1F1B formula for equal stages, (P - 1) / (M + P - 1).
-    // The slowest stage waits only while the pipe fills and drains: its share is the bubble the formula
-    // describes; the others wait for it too (unequal stages).
-    double mean = 0, slowest = memory_.empty() ? 0.0 : 1.0;
+    // The bubble: the share of the schedule (a step up to its gradients exchanged, optimiser excluded) a
+    // stage spends not computing a micro-batch's forward or backward — filling and draining the pipe,
+    // waiting on a neighbour, sending — for the busiest stage (the least idle: its share is the bubble the
+    // formula (P - 1) / (M + P - 1) describes for equal stages, 1F1B and GPipe alike), the mean over every
+    // rank and this rank's; beside it the share of whole steps blocked in a neighbour exchange alone.
+    double mean = 0, busiest = memory_.empty() ? 0.0 : 1.0, wait_mean = 0;
     for (const auto& e : memory_) {
-      mean += e["wait_fraction"].get<double>() / static_cast<double>(memory_.size());
-      slowest = std::min(slowest, e["wait_fraction"].get<double>());
+      mean += e["idle_fraction"].get<double>() / static_cast<double>(memory_.size());
+      wait_mean += e["wait_fraction"].get<double>() / static_cast<double>(memory_.size());
+      busiest = std::min(busiest, e["idle_fraction"].get<double>());
     }
-    r["bubble"] = {{"measured_wait_fraction_mean", mean},
-                   {"measured_wait_fraction_slowest_stage", slowest},
-                   {"measured_wait_fraction_this_rank", step_ms_ > 0 ? comm_wait_ms_ / step_ms_ : 0.0},
-                   {"formula_1f1b", (p - 1) / (m + p - 1)}};
+    r["bubble"] = {{"measured_idle_fraction_busiest_stage", busiest},
+                   {"measured_idle_fraction_mean", mean},
+                   {"measured_idle_fraction_this_rank", idle_fraction()},
+                   {"measured_wait_fraction_mean", wait_mean},
+                   {"formula", (p - 1) / (m + p - 1)}};
     r["tied_parameters"] = tied_;
   }
   return r;

@@ -105,6 +105,9 @@ class ModelParallelStep {
   std::unique_ptr<EvalModel> eval_model_;
   int64_t planned_in_flight_bytes_ = 0;  // the plan's fixed memory for the other micro-batches in flight
   double comm_wait_ms_ = 0, step_ms_ = 0;  // summed over steps: blocked on a neighbour stage, whole steps
+  double compute_ms_ = 0, schedule_ms_ = 0;  // summed over steps: micro-batches' forward and backward, the
+                                             // step up to its gradients exchanged (a pipeline's)
+  double idle_fraction() const { return schedule_ms_ > 0 ? std::max(0.0, 1.0 - compute_ms_ / schedule_ms_) : 0.0; }
   int64_t steps_ = 0;
   int64_t sent_bytes_ = 0;  // point-to-point and all-reduce payload this process sent, summed over steps
   nlohmann::json memory_ = nlohmann::json::array();  // gather_memory's
