@@ -29,7 +29,7 @@ ALL_SECTIONS=("${CPU_SECTIONS[@]}" gpu)
 
 # The build targets each section needs (bench/CMakeLists.txt; ration_cli for the benches that run `ration`).
 declare -A TARGETS=(
-  [speed]="bench_train_peer bench_peer bench_engine_vs_libtorch"
+  [speed]="bench_train_peer bench_torchscript_peer bench_peer bench_engine_vs_libtorch"
   [memory]="bench_budget_curve bench_chain_yardstick bench_plan_yardstick"
   [offload]="bench_offload bench_joint_plan"
   [planner]="bench_plan_scaling"
@@ -83,6 +83,9 @@ section_speed() {
   # `ration train` vs a PyTorch training loop, each config's threads, same BLAS core; gpt under a budget vs
   # torch.utils.checkpoint per block and attention only; and PyTorch as installed.
   run "$B"/bench_train_peer --reps 5 --steps 40 --json $R/train_peer.json
+  # Imported TorchScript models (resnet18, mobilenet_v2, vgg11_bn, bert, unet, lstm) vs PyTorch eager on the same
+  # nn.Module; resnet18 and bert under a budget vs torch.utils.checkpoint per block.
+  run "$B"/bench_torchscript_peer --reps 3 --steps 5 --threads 2 --json $R/torchscript_peer.json
   # The engine's step alone (no loop around it) vs PyTorch's, each config's threads.
   run "$B"/bench_peer --reps 3 --families mlp,cnn,gpt,lstm_lm --json $R/bench_peer.json
   # Engine vs libtorch's C++ autograd, each config's train.threads and one thread.

@@ -6,6 +6,8 @@ Runs with Debian's python3-torch (and python3-torchvision for --torchvision); no
 
   export_model.py --file my_model.py --name Net --input-shape 3,32,32 --out runs/net --data 512,256
   export_model.py --torchvision resnet18 --num-classes 10 --input-shape 3,64,64 --out runs/resnet18 --data 256,128
+  export_model.py --file my_model.py --name TwoInputs --input-shape 16 --input-dtype long \\
+      --input-shape 6 --input-dtype float --out runs/two --data 512,256     # forward(tokens, features)
 
 The model is scripted with torch.jit.script (control flow and train/eval behaviour kept); --trace traces
 it on an example batch instead (for code torch.jit.script rejects; tracing fixes the train/eval mode and
@@ -49,31 +51,46 @@ def build_model(args):
     return load_factory(args.file, args.name)(**kwargs)
 
 
+def input_specs(args):
+    """[(shape of one item, dtype)] for each forward input, from --input-shape / --input-dtype (given once per
+    input, in forward's order; one --input-dtype applies to every input)."""
+    dtypes = args.input_dtype or ["float"]
+    if len(dtypes) == 1:
+        dtypes = dtypes * len(args.input_shape)
+    if len(dtypes) != len(args.input_shape):
+        sys.exit(f"export_model: {len(args.input_shape)} --input-shape but {len(dtypes)} --input-dtype; give one "
+                 "--input-dtype, or one per --input-shape")
+    return [([int(s) for s in shape.split(",")], dtype) for shape, dtype in zip(args.input_shape, dtypes)]
+
+
 def example_inputs(args, n):
-    shape = [n] + [int(s) for s in args.input_shape.split(",")]
-    if args.input_dtype == "long":
-        return torch.randint(0, args.vocab, shape)
-    return torch.randn(shape)
+    return tuple(torch.randint(0, args.vocab, [n] + shape) if dtype == "long" else torch.randn([n] + shape)
+                 for shape, dtype in input_specs(args))
 
 
 def synthetic_split(args, n, seed, teacher_seed):
     """A learnable task: classes drawn at random; float inputs are noise plus a fixed random pattern per
-    class, token inputs start with a token that names the class. mse targets: a fixed random projection."""
+    class, token inputs start with a token that names the class (every input carries the class). mse
+    targets: a fixed random projection of the inputs. One input is saved as "inputs": x, several as a tuple."""
     g = torch.Generator().manual_seed(seed)
     teacher = torch.Generator().manual_seed(teacher_seed)
-    shape = [int(s) for s in args.input_shape.split(",")]
     y = torch.randint(0, args.num_classes, (n,), generator=g)
-    if args.input_dtype == "long":
-        x = torch.randint(0, args.vocab, [n] + shape, generator=g)
-        x.view(n, -1)[:, 0] = y % args.vocab
-    else:
-        patterns = torch.randn([args.num_classes] + shape, generator=teacher)
-        x = torch.randn([n] + shape, generator=g) + patterns[y]
+    xs = []
+    for shape, dtype in input_specs(args):
+        if dtype == "long":
+            x = torch.randint(0, args.vocab, [n] + shape, generator=g)
+            x.view(n, -1)[:, 0] = y % args.vocab
+        else:
+            patterns = torch.randn([args.num_classes] + shape, generator=teacher)
+            x = torch.randn([n] + shape, generator=g) + patterns[y]
+        xs.append(x)
+    inputs = xs[0] if len(xs) == 1 else tuple(xs)
     if args.loss != "cross_entropy" and args.loss:
-        w = torch.randn(x[0].numel(), args.num_classes, generator=teacher)
-        projection = x.float().reshape(n, -1) @ w / x[0].numel() ** 0.5
-        return {"inputs": x, "target": (projection > 0).float() if args.loss == "bce_with_logits" else projection}
-    return {"inputs": x, "target": y}
+        flat = torch.cat([x.float().reshape(n, -1) for x in xs], 1)
+        w = torch.randn(flat.size(1), args.num_classes, generator=teacher)
+        projection = flat @ w / flat.size(1) ** 0.5
+        return {"inputs": inputs, "target": (projection > 0).float() if args.loss == "bce_with_logits" else projection}
+    return {"inputs": inputs, "target": y}
 
 
 def write_config(args, out):
@@ -101,8 +118,10 @@ def main():
     p.add_argument("--name", help="with --file: the class or factory function to call")
     p.add_argument("--kwargs", default="", help='keyword arguments for it, a Python dict literal: "{\'width\': 16}"')
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--input-shape", required=True, help="one item's input shape, e.g. 3,32,32 or 16 (tokens)")
-    p.add_argument("--input-dtype", choices=["float", "long"], default="float")
+    p.add_argument("--input-shape", required=True, action="append",
+                   help="one item's input shape, e.g. 3,32,32 or 16 (tokens); once per input when forward takes several")
+    p.add_argument("--input-dtype", choices=["float", "long"], action="append",
+                   help="float (default) or long (token ids); once for all inputs, or once per --input-shape")
     p.add_argument("--vocab", type=int, default=100, help="with --input-dtype long: token ids below this")
     p.add_argument("--num-classes", type=int, default=10)
     p.add_argument("--loss", choices=["cross_entropy", "mse", "bce_with_logits", ""], default="cross_entropy",

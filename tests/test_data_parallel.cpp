@@ -247,7 +247,10 @@ class Indices : public data::Dataset {
   explicit Indices(int64_t n) : n_(n) {}
   int64_t size() const override { return n_; }
   data::Batch get(const std::vector<int64_t>& idx) const override {
-    return {Value(at::tensor(idx, at::kLong)), Value(), static_cast<int64_t>(idx.size())};
+    data::Batch b;
+    b.input = Value(at::tensor(idx, at::kLong));
+    b.items = static_cast<int64_t>(idx.size());
+    return b;
   }
 
  private:

@@ -63,7 +63,11 @@ class TinySet : public data::Dataset {
       for (int64_t j = 0; j < 8; ++j) x[i][j] = std::sin(0.7 * static_cast<double>(k * 8 + j)) + 0.1 * j;
       y[i] = k % 4;
     }
-    return {Value(x), Value(y), n};
+    data::Batch b;
+    b.input = Value(x);
+    b.target = Value(y);
+    b.items = n;
+    return b;
   }
 };
 

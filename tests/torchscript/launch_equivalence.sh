@@ -1,15 +1,20 @@
 #!/bin/bash
-# launch_equivalence.sh BUILD_DIR SOURCE_DIR — an imported PyTorch module (BertEncoder of models.py, exported
-# with Debian's python3-torch) trained data parallel by `ration launch -n 2` with batch 8 per rank equals
+# launch_equivalence.sh BUILD_DIR SOURCE_DIR [NAME EXPORT_ARGS...] — an imported PyTorch module (NAME of
+# models.py, BertEncoder by default, exported with Debian's python3-torch and EXPORT_ARGS) trained data parallel by `ration launch -n 2` with batch 8 per rank equals
 # one process with batch 16: after 10 SGD steps the checkpoints' weights agree within 1e-5 (relative to
 # each weight's largest entry) and the losses of every step within 1e-5.
 set -u
 build=$1 src=$2
+shift 2
+name=${1:-BertEncoder}
+[ $# -gt 0 ] && shift
+export_args=("$@")
+[ ${#export_args[@]} -eq 0 ] && export_args=(--input-shape 16 --input-dtype long --vocab 50)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "SKIP: python3-torch is not installed"; exit 0; }
-/usr/bin/python3 "$src/scripts/export_model.py" --file "$src/tests/torchscript/models.py" --name BertEncoder \
-  --input-shape 16 --input-dtype long --vocab 50 --out "$dir/bert" --data 256,64 >"$dir/export.log" 2>&1 \
+/usr/bin/python3 "$src/scripts/export_model.py" --file "$src/tests/torchscript/models.py" --name "$name" \
+  "${export_args[@]}" --out "$dir/bert" --data 256,64 >"$dir/export.log" 2>&1 \
   || { cat "$dir/export.log"; echo "FAIL: export"; exit 1; }
 common=(--steps 10 --set train.threads=1 --set optim.name=sgd --set optim.lr=0.05 --set optim.momentum=0.9
         --set train.eval_every=0 --set train.eval_batches=1 --set train.checkpoint_every=10)

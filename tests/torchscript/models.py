@@ -1,6 +1,6 @@
 """PyTorch modules the TorchScript import tests export (scripts/export_model.py --file this --name X):
 a small CNN, a BERT-style encoder (nn.TransformerEncoderLayer), a U-Net-style net with skip connections
-and upsampling, an nn.LSTM classifier, and modules for the error cases."""
+and upsampling, an nn.LSTM classifier, a module with two inputs per item, and modules for the error cases."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -69,6 +69,21 @@ class LSTMClassifier(nn.Module):
     def forward(self, x):
         out, _ = self.lstm(x)
         return self.head(out[:, -1])
+
+
+class TwoInputs(nn.Module):
+    """Two inputs per item: token ids (B, T) and a dense feature vector (B, F); the data file holds
+    {"inputs": (tokens, features), "target": y}."""
+    def __init__(self, vocab=50, dim=16, features=6, num_classes=10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.tokens = nn.Linear(dim, dim)
+        self.dense = nn.Sequential(nn.Linear(features, dim), nn.LayerNorm(dim), nn.GELU())
+        self.head = nn.Linear(2 * dim, num_classes)
+
+    def forward(self, tokens, features):
+        t = torch.tanh(self.tokens(self.embed(tokens))).mean(1)   # (B, dim)
+        return self.head(torch.cat([t, self.dense(features)], 1))  # (B, num_classes)
 
 
 class ReturnsLoss(nn.Module):

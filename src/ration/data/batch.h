@@ -18,6 +18,9 @@ struct SparseBag {
 
 struct Batch {
   Value input;    // images (B, 1, 28, 28) float32, tokens (B, T) int64, or dense features (B, F) float32
+  // Further inputs of every item, after `input` (tensor files whose "inputs" is a list: inputs[1], inputs[2],
+  // ...), each (B, ...); empty for every other dataset.
+  std::vector<Value> extra_inputs;
   Value target;   // labels (B) int64, or next tokens (B, T) int64
   int64_t items = 0;  // images, tokens or samples in the batch (for throughput)
   std::vector<SparseBag> sparse;  // click-through data only: one bag per sparse field

@@ -57,11 +57,13 @@ TensorFile::TensorFile(const std::string& path) : path_(path) {
     const std::vector<c10::IValue> items = inputs.isTuple() ? inputs.toTupleRef().elements().vec() : inputs.toListRef().vec();
     RATION_CHECK(!items.empty(), "data file '", path, "': \"inputs\" is an empty list");
     for (size_t i = 0; i < items.size(); ++i) inputs_.push_back(tensor_at(path, "inputs[" + std::to_string(i) + "]", items[i]));
-    RATION_CHECK(items.size() == 1, "data file '", path, "': \"inputs\" holds ", items.size(), " tensors; this version ",
-                 "feeds a module one input tensor (plus the target): save \"inputs\" as one tensor");
   }
   target_ = tensor_at(path, "target", dict.at("target"));
+  // Every tensor is indexed by the same item numbers, so all must have the same length along dim 0.
   for (size_t i = 0; i < inputs_.size(); ++i) {
+    RATION_CHECK(inputs_[i].size(0) == inputs_[0].size(0), "data file '", path, "': inputs[", i, "] ",
+                 inputs_[i].sizes(), " has ", inputs_[i].size(0), " items (dim 0) but inputs[0] ", inputs_[0].sizes(),
+                 " has ", inputs_[0].size(0), "; hint: every input holds one row per item along dim 0");
     RATION_CHECK(inputs_[i].size(0) == target_.size(0), "data file '", path, "': inputs[", i, "] has ",
                  inputs_[i].size(0), " items (dim 0) but \"target\" has ", target_.size(0));
   }
@@ -74,6 +76,7 @@ Batch TensorFile::get(const std::vector<int64_t>& indices) const {
   const at::Tensor index = at::tensor(indices, at::kLong);
   Batch b;
   b.input = Value(inputs_[0].index_select(0, index));
+  for (size_t i = 1; i < inputs_.size(); ++i) b.extra_inputs.emplace_back(inputs_[i].index_select(0, index));
   b.target = Value(target_.index_select(0, index));
   b.items = static_cast<int64_t>(indices.size());
   return b;

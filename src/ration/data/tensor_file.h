@@ -1,7 +1,8 @@
 // tensor_file.h — data.kind = "tensors": a dataset read from a file PyTorch's torch.save wrote.
 // Owns: TensorFile — the file's dictionary {"inputs": Tensor or list/tuple of Tensors, "target": Tensor},
 //       every tensor with the items along dim 0, held in host memory (Category::Data), and batches of
-//       chosen items (index_select on dim 0). The input is Batch::input (one input tensor for now).
+//       chosen items (index_select on dim 0, the same indices for every tensor). inputs[0] is
+//       Batch::input, inputs[1..] are Batch::extra_inputs, in the file's order.
 // Does not own: order, shuffling and resuming (data/dataset.h's Loader), what the model does with them.
 #pragma once
 #include <ATen/ATen.h>
@@ -23,6 +24,7 @@ class TensorFile : public Dataset {
   // int64 targets (classes): evaluation reports accuracy.
   bool class_target() const { return target_.scalar_type() == at::kLong; }
   size_t num_inputs() const { return inputs_.size(); }
+  const std::string& path() const { return path_; }
 
  private:
   std::string path_;

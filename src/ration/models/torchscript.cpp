@@ -65,9 +65,15 @@ TorchScriptModel::TorchScriptModel(const TorchScriptOptions& options) : options_
   runner_->set_parameters(named_parameters());
 }
 
+size_t TorchScriptModel::data_inputs() const {
+  const size_t args = runner_->num_inputs();
+  return options_.loss.empty() && args > 0 ? args - 1 : args;
+}
+
 Values TorchScriptModel::inputs_of(const data::Batch& batch) const {
   RATION_CHECK(batch.input.defined(), options_.path, ": a batch without inputs");
   Values inputs = {to_model(batch.input, *this)};
+  for (const Value& extra : batch.extra_inputs) inputs.push_back(to_model(extra, *this));
   return inputs;
 }
 

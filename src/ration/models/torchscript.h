@@ -32,6 +32,9 @@ class TorchScriptModel : public Model {
   std::string family() const override { return "torchscript"; }
   torchscript::GraphRunner& runner() { return *runner_; }
   const TorchScriptOptions& options() const { return options_; }
+  // Tensors forward takes from the data (its arguments, less the target when the module computes the loss):
+  // the number a tensor file's "inputs" must hold.
+  size_t data_inputs() const;
 
  private:
   Values forward(const Values& inputs);  // ration's graph, or the oracle inside an OracleScope

@@ -134,6 +134,16 @@ Out flatten(const NodeArgs& a) { return ops::flatten(a.value(0), a.integer(1), a
 Out transpose(const NodeArgs& a) { return ops::transpose(a.value(0), a.integer(1), a.integer(2)); }
 Out permute(const NodeArgs& a) { return ops::permute(a.value(0), a.ints(1)); }
 Out cat(const NodeArgs& a) { return ops::cat(a.values(0), a.integer(1)); }
+// contiguous(input, memory_format): a contiguous input is itself (no node); otherwise a flat copy (reshape of a
+// tensor no view can flatten copies it) viewed back to its shape, whose backward is the gradient's reshape.
+// nn.MultiheadAttention calls it on every head split; as a generic node its backward re-ran the copy.
+Out contiguous(const NodeArgs& a) {
+  if (a.size() > 1 && !a.is_none(1) && a.integer(1) != static_cast<int64_t>(at::MemoryFormat::Contiguous))
+    return std::nullopt;
+  const Value x = a.value(0);
+  if (x.tensor().is_contiguous()) return x;
+  return ops::view(ops::reshape(x, {-1}), x.sizes().vec());
+}
 
 // ---- reductions: mean/sum(input, dtype) and mean/sum(input, dims, keepdim, dtype) --------------------------
 Out mean(const NodeArgs& a) {
@@ -173,6 +183,7 @@ const std::map<std::string, NativeFn>& table() {
       {"aten::mul", mul}, {"aten::mul_", mul}, {"aten::div", div}, {"aten::div_", div},
       {"aten::view", view}, {"aten::reshape", reshape}, {"aten::flatten", flatten},
       {"aten::transpose", transpose}, {"aten::permute", permute}, {"aten::cat", cat},
+      {"aten::contiguous", contiguous},
       {"aten::mean", mean}, {"aten::sum", sum},
       {"aten::cross_entropy_loss", cross_entropy}, {"aten::mse_loss", mse_loss},
   };

@@ -136,6 +136,7 @@ data::Batch micro_batch(const data::Batch& batch, int64_t index, int64_t count) 
   const int64_t m = b / count;
   data::Batch out;
   out.input = Value(batch.input.tensor().narrow(0, index * m, m));
+  for (const Value& extra : batch.extra_inputs) out.extra_inputs.emplace_back(extra.tensor().narrow(0, index * m, m));
   if (batch.target.defined()) out.target = Value(batch.target.tensor().narrow(0, index * m, m));
   out.items = batch.items / count;
   return out;

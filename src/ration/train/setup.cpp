@@ -17,6 +17,7 @@
 #include "ration/data/tensor_file.h"
 #include "ration/data/text.h"
 #include "ration/models/families.h"
+#include "ration/models/torchscript.h"
 #include "ration/optim/adamw.h"
 #include "ration/optim/sgd.h"
 
@@ -78,6 +79,22 @@ int64_t load_tensors(Config& cfg, const char*, Setup& s) {
   s.train_set = std::make_shared<data::TensorFile>(cfg.get_string("data.train", ""));
   s.eval_set = cfg.has("data.test") ? std::make_shared<data::TensorFile>(cfg.get_string("data.test", "")) : s.train_set;
   return -1;
+}
+
+// A tensor file's inputs against what an imported module's forward takes, before any step runs.
+void check_tensor_inputs(Config& cfg, const Setup& s) {
+  const auto* module = dynamic_cast<const models::TorchScriptModel*>(s.model.get());
+  if (module == nullptr) return;
+  const size_t expected = module->data_inputs();
+  for (const auto* set : {s.train_set.get(), s.eval_set.get()}) {
+    const auto* file = dynamic_cast<const data::TensorFile*>(set);
+    if (file == nullptr) continue;
+    RATION_CHECK(file->num_inputs() == expected, cfg.origin(), ": data file '", file->path(), "': \"inputs\" holds ",
+                 file->num_inputs(), " tensor(s) per item but forward of model.path '", module->options().path,
+                 "' takes ", expected, " input(s)", module->options().loss.empty() ? " before the target" : "",
+                 "; hint: save {\"inputs\": (x1, ..., x", expected, "), \"target\": y}, one tensor per forward ",
+                 "argument in order");
+  }
 }
 
 struct DataKind {
@@ -233,6 +250,7 @@ Setup build_setup(Config config) {
                  " but the text in data.files has byte values up to ", data_max_token, "; hint: set model.vocab_size >= ",
                  data_max_token + 1, " (256 covers every byte)");
   }
+  check_tensor_inputs(cfg, s);
   if (device == "cuda") {
 #ifndef RATION_CUDA
     RATION_CHECK(false, cfg.origin(), ": train.device = \"cuda\" needs ration built with -DRATION_CUDA=ON");
