@@ -219,6 +219,7 @@ out = {"side": "pytorch", "version": torch.__version__, "family": args.family, "
                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
                    "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "")},
        "blas": {"core": openblas_core(), "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "")},
+       "openmp": {"GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", ""), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "")},
        "mkldnn": {"available": torch.backends.mkldnn.is_available(), "enabled": torch.backends.mkldnn.enabled}, "flush_denormal": False}
 if probe:
     out["peak_above_baseline_bytes"] = max(peaks)
