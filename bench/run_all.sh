@@ -80,9 +80,12 @@ ensure_movielens() {
 
 section_speed() {
   local B=$BUILD/bench
-  # `ration train` vs a PyTorch training loop, each config's threads, same BLAS core; gpt under a budget vs
-  # torch.utils.checkpoint per block and attention only; and PyTorch as installed.
-  run "$B"/bench_train_peer --reps 5 --steps 40 --json $R/train_peer.json
+  # `ration train` vs a PyTorch training loop, each config's threads, the peer with ration's process settings
+  # and as installed (BENCHMARKS.md "Speed vs PyTorch"); gpt under a budget vs torch.utils.checkpoint per
+  # block and attention only (its summary.gpt).
+  run "$B"/bench_train_peer --reps 5 --steps 40 --families gpt --json $R/train_peer.json
+  run "$B"/bench_train_peer --reps 5 --steps 40 --families mlp,cnn --no-budgets --json $R/train_peer_mlp_cnn.json
+  run "$B"/bench_train_peer --reps 3 --steps 40 --families gpt,lstm_lm,tcn_lm --no-budgets --json $R/train_peer_seq.json
   # The engine's step alone (no loop around it) vs PyTorch's, each config's threads.
   run "$B"/bench_peer --reps 3 --families mlp,cnn,gpt,lstm_lm --json $R/bench_peer.json
   # Engine vs libtorch's C++ autograd, each config's train.threads and one thread.
