@@ -21,6 +21,10 @@ class Probe:
         self.lib = lib
         self.base = 0
 
+    def keep_freed(self, nbytes):
+        """ration's train.malloc_keep_freed in this process (base/host_malloc.h); True when glibc took it."""
+        return bool(self.lib.ration_memprobe_keep_freed(ctypes.c_longlong(nbytes)))
+
     def start(self):
         """The baseline is what is live now; the peak starts again from it."""
         self.base = self.lib.ration_memprobe_current()

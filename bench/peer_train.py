@@ -22,7 +22,8 @@ into it) and OPENBLAS_CORETYPE if set. Denormals: left as they are (neither this
 set_flush_denormal; both run with the CPU's default, denormals kept).
 
 usage: peer_train.py --family gpt --steps 40 [--warmup 5] [--checkpoint none|per-block|attention] [--no-mkldnn]
-         [--probe build/bench/libration_memprobe.so] [--set train.batch_size=32 ...]
+         [--probe build/bench/libration_memprobe.so [--keep-freed 1073741824]] [--set train.batch_size=32 ...]
+--keep-freed applies ration's host memory setting (train.malloc_keep_freed, base/host_malloc.h) in this process.
 Threads: train.threads of the config (torch.set_num_threads); OMP_NUM_THREADS / OPENBLAS_NUM_THREADS come
 from the environment (bench_train_peer sets them to the same count for both sides)."""
 import argparse
@@ -47,10 +48,13 @@ ap.add_argument("--warmup", type=int, default=5)
 ap.add_argument("--checkpoint", default="none", choices=["none", "per-block", "attention"])
 ap.add_argument("--probe", default="")
 ap.add_argument("--no-mkldnn", action="store_true", help="turn oneDNN (mkldnn) off: ATen's own convolutions")
+ap.add_argument("--keep-freed", type=int, default=0,
+                help="bytes of freed heap glibc keeps, as ration's train.malloc_keep_freed (needs --probe; 0: glibc's own)")
 ap.add_argument("--set", action="append", default=[], help="k=v override, as ration train --set")
 args = ap.parse_args()
 
 probe = peer_probe.install(args.probe)
+keep_freed_applied = bool(probe and args.keep_freed > 0 and probe.keep_freed(args.keep_freed))
 
 import torch  # noqa: E402  (after the allocator is installed)
 import torch.nn.functional as F  # noqa: E402
@@ -219,6 +223,8 @@ out = {"side": "pytorch", "version": torch.__version__, "family": args.family, "
                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
                    "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "")},
        "blas": {"core": openblas_core(), "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "")},
+       "malloc_keep_freed": args.keep_freed if keep_freed_applied else 0,
+       "openmp": {"GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", ""), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "")},
        "mkldnn": {"available": torch.backends.mkldnn.is_available(), "enabled": torch.backends.mkldnn.enabled}, "flush_denormal": False}
 if probe:
     out["peak_above_baseline_bytes"] = max(peaks)

@@ -80,9 +80,12 @@ ensure_movielens() {
 
 section_speed() {
   local B=$BUILD/bench
-  # `ration train` vs a PyTorch training loop, each config's threads, same BLAS core; gpt under a budget vs
-  # torch.utils.checkpoint per block and attention only; and PyTorch as installed.
-  run "$B"/bench_train_peer --reps 5 --steps 40 --json $R/train_peer.json
+  # `ration train` vs a PyTorch training loop, each config's threads, the peer with ration's process settings
+  # and as installed (BENCHMARKS.md "Speed vs PyTorch"); gpt under a budget vs torch.utils.checkpoint per
+  # block and attention only (its summary.gpt).
+  run "$B"/bench_train_peer --reps 5 --steps 40 --families gpt --json $R/train_peer.json
+  run "$B"/bench_train_peer --reps 5 --steps 40 --families mlp,cnn --no-budgets --json $R/train_peer_mlp_cnn.json
+  run "$B"/bench_train_peer --reps 3 --steps 40 --families gpt,lstm_lm,tcn_lm --no-budgets --json $R/train_peer_seq.json
   # Imported TorchScript models (resnet18, mobilenet_v2, vgg11_bn, bert, unet, lstm) vs PyTorch eager on the same
   # nn.Module; resnet18 and bert under a budget vs torch.utils.checkpoint per block.
   run "$B"/bench_torchscript_peer --reps 3 --steps 5 --threads 2 --json $R/torchscript_peer.json

@@ -3,7 +3,8 @@
 // Owns: the orchestration (repetitions interleaved, the order reversed every other repetition), the same
 //       settings on both sides (the config's train.threads as ATen's intra-op count and, through
 //       OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, both thread pools; the OpenBLAS core ration ran, given to
-//       the peer as OPENBLAS_CORETYPE; denormals as the CPU leaves them on both sides), the gpt budgets
+//       the peer as OPENBLAS_CORETYPE; ration's OpenMP spin-wait, given as GOMP_SPINCOUNT; ration's freed host
+//       memory setting, through the probe; denormals as the CPU leaves them on both sides), the gpt budgets
 //       (ration's whole-device budget set so that its activations get at most what each PyTorch
 //       checkpointing mode's step peak is), the table and the JSON.
 // Does not own: the trainer (`ration train`, run as a user runs it: progress lines on, to /dev/null), the
@@ -16,9 +17,10 @@
 // sides. Peaks: bytes above each step's pre-step baseline, from ration's counting ATen allocator on both
 // sides (the peer loads it as libration_memprobe.so).
 //
-// Sides per family: `ration`; `pytorch` (OPENBLAS_CORETYPE = ration's core); `pytorch-installed` (no
-// OPENBLAS_CORETYPE: what Debian's python3-torch does on its own). gpt also: `pytorch-per-block`
-// (torch.utils.checkpoint per block), `pytorch-attention` (attention only) and `ration-budget-per-block` /
+// Sides per family: `ration`; `pytorch` (ration's process settings: OPENBLAS_CORETYPE = ration's core, the
+// freed host memory ration keeps and, with more than one thread, GOMP_SPINCOUNT = the bounded OpenMP spin-wait
+// ration sets for itself); `pytorch-installed` (none of them: what Debian's python3-torch does on its own).
+// gpt also: `pytorch-per-block` (torch.utils.checkpoint per block), `pytorch-attention` (attention only) and `ration-budget-per-block` /
 // `ration-budget-attention` (`ration train --memory-budget B`, B = ration's pre-step bytes + that mode's
 // measured peak above its baseline, calibrated once before the repetitions).
 //
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "ration/base/openmp.h"
 
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -93,15 +96,25 @@ json run_ration(const std::string& family, int steps, int64_t budget_bytes) {
           {"peak_bytes", r["memory"]["peak_bytes"]},
           {"budget_bytes", budget_bytes > 0 ? json(budget_bytes) : json(nullptr)},
           {"blas", r["blas"]},
+          {"openmp", r["openmp"]},
           {"load", load}};
 }
 
-// One peer run: `checkpoint` none / per-block / attention, `coretype` "" (as installed) or a core name.
+// train.malloc_keep_freed's default, which no config of the families here changes (base/host_malloc.h).
+constexpr int64_t kRationKeepFreed = int64_t{1} << 30;
+
+// One peer run: `checkpoint` none / per-block / attention, `coretype` "" (as installed) or ration's core. With
+// ration's core the peer also gets the other process settings `ration train` makes for itself: the OpenMP
+// spin-wait where it runs more than one thread (base/openmp.h) and the freed host memory glibc keeps
+// (base/host_malloc.h, through the memory probe), so that both sides run with the same process settings.
 json run_peer(const std::string& family, int steps, const std::string& checkpoint, const std::string& coretype) {
-  std::string cmd = ration::bench::thread_env(config_threads(family));
+  const int threads = config_threads(family);
+  std::string cmd = ration::bench::thread_env(threads);
   if (!coretype.empty()) cmd += "OPENBLAS_CORETYPE=" + coretype + " ";
+  if (!coretype.empty() && threads > 1) cmd += std::string("GOMP_SPINCOUNT=") + ration::openmp::kBoundedSpinCount + " ";
   cmd += ration::bench::python_peer(RATION_SOURCE_DIR, "peer_train.py") + " --family " + family + " --steps " +
          std::to_string(steps - 1) + " --warmup 1 --checkpoint " + checkpoint + " --probe " + RATION_PROBE_PATH;
+  if (!coretype.empty()) cmd += " --keep-freed " + std::to_string(kRationKeepFreed);
   const std::string load = load_average();
   const std::vector<json> lines = ration::bench::json_lines(ration::bench::run_command(cmd + " 2>&1"));
   if (lines.empty() || !lines.back().contains("loop_ms_median")) throw std::runtime_error("bench_train_peer: failed: " + cmd);

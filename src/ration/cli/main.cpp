@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "ration/base/blas.h"
+#include "ration/base/openmp.h"
 #include "ration/cli/seq_commands.h"
 #include "ration/cli/validators.h"
 #include "ps_command.h"
@@ -342,6 +343,19 @@ struct MergeCommand {
   }
 };
 
+// `ration train`. Before it prints anything: with more than one intra-op thread, a bounded OpenMP spin-wait
+// (base/openmp.h; this may restart the process once).
+int cmd_train(ration::train::TrainOptions& topt, const ration::cli::TrainViewFlags& view_flags, char** argv) {
+  ration::Config threads_config = ration::train::load_config(topt.config_path, topt.overrides);
+  ration::openmp::bound_spin_wait(argv, static_cast<int>(ration::train::read_threads(threads_config)));
+  ration::cli::TrainViews views(view_flags, topt.config_path);
+  if (views.active()) topt.observer = &views;
+  const auto report = ration::train::run_training(topt);
+  views.finish(report);
+  if (topt.json && report["dist"]["rank"].get<int>() == 0) std::cout << report.dump(2) << "\n";
+  return report.value("exit_status", 0);  // 130 / 143 when stopped by SIGINT / SIGTERM
+}
+
 int main(int argc, char** argv) {
   ration::blas::select_core(argv);  // may restart this process once with OpenBLAS's best kernels
   if (argc > 1 && std::string(argv[1]) == "launch") {
@@ -438,12 +452,7 @@ int main(int argc, char** argv) {
       if (steps > 0) topt.steps = steps;
       if (profile_ops) topt.profile_ops = profile_steps;
       if (epochs > 0) topt.epochs = epochs;
-      ration::cli::TrainViews views(train_views, topt.config_path);
-      if (views.active()) topt.observer = &views;
-      const auto report = ration::train::run_training(topt);
-      views.finish(report);
-      if (topt.json && report["dist"]["rank"].get<int>() == 0) std::cout << report.dump(2) << "\n";
-      return report.value("exit_status", 0);  // 130 / 143 when stopped by SIGINT / SIGTERM
+      return cmd_train(topt, train_views, argv);
     }
     if (*gc) return with_trace(gc_trace, [&] { return cmd_gradcheck(gc_config, gc_overrides, gc_tol, gc_batch, gc_json); });
     if (*plan && plan_sequence.sequence)

@@ -219,6 +219,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return cfg;
 }
 
+int64_t read_threads(Config& cfg) {
+  const int64_t threads = cfg.get_int("train.threads", std::max(1u, std::thread::hardware_concurrency()));
+  RATION_CHECK(threads > 0, cfg.origin(), ": train.threads must be >= 1");
+  return threads;
+}
+
 Setup build_setup(Config config) {
   Setup s;
   s.config = std::move(config);
@@ -226,9 +232,7 @@ Setup build_setup(Config config) {
   s.seed = static_cast<uint64_t>(cfg.get_int("train.seed", 0));
   s.batch_size = cfg.get_int("train.batch_size", 64);
   RATION_CHECK(s.batch_size > 0, cfg.origin(), ": train.batch_size must be a positive integer, got ", s.batch_size);
-  const int64_t threads = cfg.get_int("train.threads", std::max(1u, std::thread::hardware_concurrency()));
-  RATION_CHECK(threads > 0, cfg.origin(), ": train.threads must be >= 1");
-  set_compute_threads(static_cast<int>(threads));  // ATen and OpenBLAS together
+  set_compute_threads(static_cast<int>(read_threads(cfg)));  // ATen and OpenBLAS together
   // Freed host memory glibc keeps for the next step instead of trimming it and faulting it in again
   // (base/host_malloc.h); default 1 GiB; 0 leaves glibc's own thresholds.
   const int64_t keep_freed = cfg.get_bytes("train.malloc_keep_freed", int64_t{1} << 30);

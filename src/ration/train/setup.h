@@ -64,6 +64,8 @@ RunSettings read_run_settings(Config& cfg);
 // The optimiser the run settings name (sgd or adamw, with their keys; "es" steps with SGD), over `params`.
 std::unique_ptr<optim::Optimizer> build_optimizer(const RunSettings& r, const optim::NamedParams& params);
 
+// train.threads: ATen's and OpenBLAS's intra-op threads (default: every core), checked >= 1.
+int64_t read_threads(Config& cfg);
 // Reads [data], [model] and train.seed/batch_size/threads. Leaves other sections for the caller.
 Setup build_setup(Config config);
 // A deterministic batch from the training set (for gradcheck and benchmarks).

@@ -10,6 +10,7 @@
 
 #include "ration/base/allocator.h"
 #include "ration/base/blas.h"
+#include "ration/base/openmp.h"
 #include "ration/base/paths.h"
 #include "ration/base/check.h"
 #include "ration/base/timing.h"
@@ -43,6 +44,11 @@ nlohmann::json blas_report() {
   nlohmann::json b = {{"core", blas::core()}, {"threads", blas::threads()}, {"chosen_by", blas::chosen_by()}};
   if (const char* library = std::getenv("RATION_BLAS_SELECTED")) b["library_choice"] = library;
   return b;
+}
+
+// How ATen's OpenMP threads wait between parallel regions (base/openmp.h): the setting and who chose it.
+nlohmann::json openmp_report() {
+  return {{"spin", openmp::spin_setting()}, {"chosen_by", openmp::spin_chosen_by()}};
 }
 
 // Keys that do not change the weights a run computes: a run differing only in these is the same run
@@ -173,6 +179,8 @@ class TrainingRun {
     if (!blas::core().empty())
       progress_.note(detail::str("BLAS: OpenBLAS '", blas::core(), "' kernels, ", blas::threads(), " threads (chosen by ",
                                  blas::chosen_by(), ")"));
+    if (!openmp::spin_setting().empty())
+      progress_.note(detail::str("OpenMP: spin-wait ", openmp::spin_setting(), " (chosen by ", openmp::spin_chosen_by(), ")"));
     // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
     const InterruptScope interrupt;
     // Data parallel: every rank starts from rank 0's parameters (fresh or resumed).
@@ -623,6 +631,7 @@ class TrainingRun {
       report["dist"]["rank"] = roles_.everyone.rank();  // one JSON report per job (--json)
     }
     report["blas"] = blas_report();
+    report["openmp"] = openmp_report();
     if (sync_->active()) report["memory"]["dist_bucket_bytes"] = sync_->bucket_bytes();
     return report;
   }
