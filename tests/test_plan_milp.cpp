@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -143,6 +145,40 @@ TEST(PlanMilp, ExecutedGivesThePredictedPeakAndBitwiseGradients) {
     ASSERT_EQ(m.gradients.size(), plain.gradients.size());
     for (size_t i = 0; i < m.gradients.size(); ++i)
       EXPECT_TRUE(at::equal(m.gradients[i].second, plain.gradients[i].second)) << m.gradients[i].first << " differs";
+  }
+}
+
+// The knapsack against the program (docs/METHODS.md, "The exact yardstick": exchanges, swaps, several starts):
+// on a two-layer gpt, at five budgets from near the floor to near the unconstrained peak, the knapsack's
+// predicted recompute time is within 5% of the program's optimum, and never above the knapsack's without
+// exchanges. Node times are fixed (a function of the op's name), so the instance is the same on every run.
+TEST(PlanMilp, KnapsackWithinFivePercentOfTheProgramOnAGpt) {
+  auto model = model_of("[model]\ntype='gpt'\nn_layer=2\nn_head=2\nn_embd=32\nblock_size=32\ndropout=0.1\n", "gpt");
+  const data::Batch batch = tokens();
+  train::StepRuntime runtime;
+  memory::StepProfile profile = runtime.profile(*model, batch, 11);
+  for (memory::ProfiledNode& n : profile.nodes)
+    n.forward_ms = 0.1 + static_cast<double>(std::hash<std::string>{}(n.op) % 97) / 10.0;
+  memory::PlanOptions loose;
+  loose.budget_bytes = int64_t{1} << 40;
+  const memory::Plan full = memory::make_plan(profile, loose);
+  const int64_t hi = full.unconstrained_peak_bytes, lo = full.minimum_peak_bytes;
+  memory::ExactPlanOptions limit;
+  limit.time_limit_s = 20;
+  for (double f : {0.8, 0.6, 0.4, 0.2, 0.05}) {
+    memory::PlanOptions o;
+    o.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
+    SCOPED_TRACE("budget " + memory::format_bytes(o.budget_bytes));
+    const memory::Plan knapsack = memory::make_plan(profile, o);
+    memory::PlanOptions without = o;
+    without.exchanges = false;
+    const memory::Plan descent = memory::make_plan(profile, without);
+    const memory::ExactPlan exact = memory::solve_exact_plan(profile, o, limit);
+    ASSERT_NE(exact.status, memory::ExactPlan::Status::NoSolution);
+    ASSERT_TRUE(knapsack.fits);
+    EXPECT_LE(knapsack.prediction.recompute_ms, descent.prediction.recompute_ms + 1e-9);
+    EXPECT_LE(knapsack.prediction.recompute_ms, 1.05 * exact.simulated_recompute_ms + 1e-9)
+        << "knapsack " << knapsack.prediction.recompute_ms << " ms, exact " << exact.simulated_recompute_ms << " ms";
   }
 }
 

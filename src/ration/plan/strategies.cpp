@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -179,6 +180,172 @@ void exchange_releases(const PlanContext& ctx, std::vector<Decision>& d) {
   }
 }
 
+// Swaps after the exchanges: a set of recomputed groups kept back (one group, or every recomputed group of
+// one producer) while a set of kept groups is released (one group, or every kept group of one producer), where
+// the plan still fits and its predicted recompute time drops. The exchanges release groups one at a time where
+// each lowers the peak; near the floor, where every release that fits is worth about the same, the cheaper
+// plan can differ from theirs in several groups at once (a recurrent model's cells: a cell re-run late in the
+// sequence frees what two re-run early ones do), reached by a run of such swaps. Pairs are tried in order of
+// their estimated gain (the saving of the kept-back set alone less the added time of the released set alone,
+// both simulated against the plan), the first that fits and gains is taken, then what still fits is kept back;
+// at most kSwapRounds swaps (docs/METHODS.md, "The exact yardstick").
+constexpr size_t kSwapRounds = 32;
+
+// The candidate sets of one side: each group whose decision is `from`, alone, and each producer's groups with
+// that decision where there are several.
+std::vector<std::vector<size_t>> swap_sets(const PlanContext& ctx, const std::vector<Decision>& d, Decision from) {
+  std::vector<std::vector<size_t>> sets;
+  std::map<int64_t, std::vector<size_t>> of_producer;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (d[i] != from) continue;
+    sets.push_back({i});
+    of_producer[ctx.groups()[i].producer].push_back(i);
+  }
+  for (auto& [producer, members] : of_producer)
+    if (members.size() > 1) sets.push_back(std::move(members));
+  return sets;
+}
+
+// The predicted recompute time with `set` switched to `to` (switched back before returning).
+double recompute_ms_with(const PlanContext& ctx, std::vector<Decision>& d, const std::vector<size_t>& set, Decision to) {
+  const Decision was = d[set.front()];
+  for (size_t i : set) d[i] = to;
+  const double ms = ctx.predict(d).recompute_ms;
+  for (size_t i : set) d[i] = was;
+  return ms;
+}
+
+// With d's peak in `inc`: where `tried` (d with sets changed) fits and its recompute time is below `best`, it
+// takes what still fits back and becomes d (true); else false (`inc` is left holding `tried`).
+bool take_if_better(const PlanContext& ctx, std::vector<Decision>& d, double& best, std::vector<Decision>& tried,
+                    IncrementalPeak& inc) {
+  if (inc.peak() > ctx.budget() || ctx.predict(tried).recompute_ms >= best - 1e-9) return false;
+  std::vector<size_t> order(d.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  ctx.keep_back(inc, tried, order);
+  d = std::move(tried);
+  best = ctx.predict(d).recompute_ms;
+  return true;
+}
+
+// One set kept back for several released: for the kSwapBacks kept-back sets that save the most, released sets
+// whose added time is below that saving, cheapest added time per byte first, each where it lowers the peak,
+// until the plan fits.
+constexpr size_t kSwapBacks = 16;
+bool swap_many(const PlanContext& ctx, std::vector<Decision>& d, double& best, const std::vector<std::vector<size_t>>& back,
+               const std::vector<double>& saving, const std::vector<std::vector<size_t>>& out,
+               const std::vector<double>& added, const IncrementalPeak& committed) {
+  std::vector<size_t> by_saving(back.size()), by_added(out.size());
+  for (size_t b = 0; b < back.size(); ++b) by_saving[b] = b;
+  for (size_t o = 0; o < out.size(); ++o) by_added[o] = o;
+  std::stable_sort(by_saving.begin(), by_saving.end(), [&](size_t x, size_t y) { return saving[x] > saving[y]; });
+  auto bytes = [&](size_t o) {
+    int64_t b = 0;
+    for (size_t i : out[o]) b += ctx.groups()[i].bytes;
+    return static_cast<double>(std::max<int64_t>(1, b));
+  };
+  std::stable_sort(by_added.begin(), by_added.end(), [&](size_t x, size_t y) { return added[x] / bytes(x) < added[y] / bytes(y); });
+  for (size_t k = 0; k < by_saving.size() && k < kSwapBacks; ++k) {
+    const size_t b = by_saving[k];
+    if (saving[b] <= 1e-9) break;
+    IncrementalPeak inc = committed;
+    std::vector<Decision> tried = d;
+    for (size_t i : back[b]) {
+      inc.set(i, Decision::Keep);
+      tried[i] = Decision::Keep;
+    }
+    int64_t peak = inc.peak();
+    double spent = 0;
+    for (size_t o : by_added) {
+      if (peak <= ctx.budget()) break;
+      if (spent + added[o] >= saving[b] - 1e-9) continue;
+      if (std::any_of(out[o].begin(), out[o].end(), [&](size_t i) { return tried[i] != Decision::Keep; })) continue;
+      for (size_t i : out[o]) inc.set(i, Decision::Recompute);
+      const int64_t p = inc.peak();
+      if (p < peak) {
+        for (size_t i : out[o]) tried[i] = Decision::Recompute;
+        peak = p;
+        spent += added[o];
+      } else {
+        for (size_t i : out[o]) inc.set(i, Decision::Keep);
+      }
+    }
+    if (take_if_better(ctx, d, best, tried, inc)) return true;
+  }
+  return false;
+}
+
+// One swap that fits and lowers the recompute time below `best` (d changed, true), or none (d unchanged).
+bool swap_once(const PlanContext& ctx, std::vector<Decision>& d, double& best) {
+  const std::vector<std::vector<size_t>> back = swap_sets(ctx, d, Decision::Recompute);
+  const std::vector<std::vector<size_t>> out = swap_sets(ctx, d, Decision::Keep);
+  std::vector<double> saving(back.size()), added(out.size());
+  for (size_t b = 0; b < back.size(); ++b) saving[b] = best - recompute_ms_with(ctx, d, back[b], Decision::Keep);
+  for (size_t o = 0; o < out.size(); ++o) added[o] = recompute_ms_with(ctx, d, out[o], Decision::Recompute) - best;
+  std::vector<std::tuple<double, size_t, size_t>> pairs;  // (estimated gain, kept back, released)
+  for (size_t b = 0; b < back.size(); ++b)
+    for (size_t o = 0; o < out.size(); ++o)
+      if (saving[b] - added[o] > 1e-9) pairs.emplace_back(saving[b] - added[o], b, o);
+  std::stable_sort(pairs.begin(), pairs.end(), [](const auto& x, const auto& y) { return std::get<0>(x) > std::get<0>(y); });
+  IncrementalPeak inc = ctx.incremental(d);
+  if (swap_many(ctx, d, best, back, saving, out, added, inc)) return true;
+  for (const auto& [gain, b, o] : pairs) {
+    for (size_t i : back[b]) inc.set(i, Decision::Keep);
+    for (size_t i : out[o]) inc.set(i, Decision::Recompute);
+    if (inc.peak() <= ctx.budget()) {
+      std::vector<Decision> tried = d;
+      for (size_t i : back[b]) tried[i] = Decision::Keep;
+      for (size_t i : out[o]) tried[i] = Decision::Recompute;
+      if (take_if_better(ctx, d, best, tried, inc)) return true;
+    }
+    for (size_t i : out[o]) inc.set(i, Decision::Keep);
+    for (size_t i : back[b]) inc.set(i, Decision::Recompute);
+  }
+  return false;
+}
+
+void swap_releases(const PlanContext& ctx, std::vector<Decision>& d) {
+  if (d.size() > kExchangeGroups) return;
+  double best = ctx.predict(d).recompute_ms;
+  for (size_t round = 0; round < kSwapRounds && swap_once(ctx, d, best); ++round) {
+  }
+}
+
+// Exchanges, then swaps, from several starts, the cheapest answer taken: the knapsack's plan; the
+// memory-ordered descent's plan to the budget; and each memory order's descent to the floor, kept back as far
+// as it fits (most expensive per byte first). The two are local searches: near the floor the time-ordered
+// descent, or a memory-ordered descent stopped at the budget, can end in a plan from which no exchange or swap
+// gains, while a plan released further and kept back leads elsewhere (lstm_lm, a fifth of the way above its
+// floor: two early cells re-run where one late cell would do). `fell_back`: d is the memory order's already.
+void improve_from_starts(const PlanContext& ctx, std::vector<Decision>& d, bool fell_back) {
+  if (d.size() > kExchangeGroups) return;
+  std::vector<std::vector<Decision>> starts = {d};
+  auto add_start = [&](std::vector<Decision> start) {
+    if (!ctx.keep_or_recompute(start)) return;
+    IncrementalPeak inc = ctx.incremental(start);
+    ctx.keep_back(inc, start, ctx.knapsack_order());
+    if (inc.peak() > ctx.budget() || std::find(starts.begin(), starts.end(), start) != starts.end()) return;
+    starts.push_back(std::move(start));
+  };
+  if (!fell_back)
+    if (std::optional<Choice> reached = ctx.reach_budget_by_memory_order()) add_start(std::move(reached->decisions));
+  for (const std::vector<size_t>& order : ctx.memory_orders()) {
+    std::vector<Decision> floor = ctx.all_kept().decisions;
+    ctx.descend(floor, 0, order);
+    add_start(std::move(floor));
+  }
+  double best = 0;
+  for (size_t k = 0; k < starts.size(); ++k) {
+    exchange_releases(ctx, starts[k]);
+    swap_releases(ctx, starts[k]);
+    const double ms = ctx.predict(starts[k]).recompute_ms;
+    if (k == 0 || ms < best - 1e-9) {
+      best = ms;
+      d = starts[k];
+    }
+  }
+}
+
 // Knapsack: greedy descent in cost-per-byte order (measured recompute time) to the budget, falling back
 // to a memory-ordered descent where that one stops above it; then keep back as much as still fits (most
 // expensive first), then trade offloads whose queueing stall costs more than recomputing; on a chain, if
@@ -189,12 +356,14 @@ Choice knapsack(PlanContext& ctx) {
   Choice c = ctx.all_kept();
   std::vector<Decision>& d = c.decisions;
   std::optional<IncrementalPeak> reached_peak;  // the descent's incremental peak, reused below
+  bool fell_back = false;                       // the plan is the memory-ordered descent's
   if (ctx.descend(d, ctx.budget(), ctx.knapsack_order(), &reached_peak) > ctx.budget()) {
     // The time-ordered descent got stuck above the budget; where a memory-ordered one reaches it, take
     // that, so whether a budget is met never depends on measured times.
     if (std::optional<Choice> reached = ctx.reach_budget_by_memory_order()) {
       c = std::move(*reached);
       reached_peak.reset();
+      fell_back = true;
     }
   }
   const std::vector<size_t>& order = ctx.knapsack_order();
@@ -210,7 +379,8 @@ Choice knapsack(PlanContext& ctx) {
       if (!ctx.fits(c)) d[i] = released;
     }
   }
-  if (ctx.options().exchanges && ctx.keep_or_recompute(d) && !ctx.options().offload && ctx.fits(c)) exchange_releases(ctx, d);
+  if (ctx.options().exchanges && ctx.keep_or_recompute(d) && !ctx.options().offload && ctx.fits(c))
+    improve_from_starts(ctx, d, fell_back);
   if (ctx.options().offload) {
     for (int pass = 0; pass < kOffloadRepairPasses; ++pass) {
       bool changed = false;
