@@ -146,7 +146,8 @@ class OffloadEngine {
   // prefetches look at the selected micro-batch's entries only. Selecting one (its forward or its
   // backward begins) also frees the idle copy-in buffers beyond the reservation: a plan of one micro-batch
   // counts its pool from its own reads to its own end, not another micro-batch's buffers (docs/METHODS.md,
-  // "Pipeline stages"). A step without micro-batches is micro-batch 0 throughout.
+  // "Distributed training", pipeline stages with offload). A step without micro-batches is micro-batch 0
+  // throughout.
   void select_micro_batch(int64_t index);
 
   // ---- forward (Q1), per node: begin_forward_node, the policy's offload() calls, end_forward_node
