@@ -664,6 +664,51 @@ TEST(OffloadEngine, CopyInPoolIsReusedOnceBackwardReleasesAndIsCountedMemory) {
   EXPECT_EQ(memory::current_bytes() - before, engine.copy_in_pool_bytes());
 }
 
+// A pipeline stage's micro-batches in flight number their nodes alike: each copy belongs to the micro-batch
+// selected when it was made, a backward fetches (and prefetches) only its own micro-batch's, and selecting a
+// micro-batch frees the copy-in buffers another one left idle (docs/METHODS.md, "Distributed training").
+TEST(OffloadEngine, MicroBatchesInFlightKeepTheirCopiesApart) {
+  memory::install_counting_allocator();
+  OffloadOptions o;
+  o.tier = "host";
+  o.min_bytes = 0;
+  o.prefetch = 4;
+  memory::OffloadEngine engine(o);
+  auto node = [](int seq) {
+    auto n = std::make_shared<Node>();
+    n->spec.name = "micro";
+    n->seq = seq;
+    return n;
+  };
+  const std::vector<std::shared_ptr<Node>> nodes = {node(1), node(2)};
+  const std::vector<at::Tensor> sources = {bytes(200 << 10, 1), bytes(200 << 10, 2)};
+  std::vector<std::shared_ptr<SavedValue>> values;
+  engine.begin_step();
+  for (int64_t micro = 0; micro < 2; ++micro) {  // both forwards, the same ordinal 0
+    engine.select_micro_batch(micro);
+    values.push_back(std::make_shared<SavedValue>(nodes[static_cast<size_t>(micro)], 0, sources[static_cast<size_t>(micro)].numel()));
+    values.back()->save(sources[static_cast<size_t>(micro)]);
+    engine.begin_forward_node(*nodes[static_cast<size_t>(micro)], 0);
+    ASSERT_TRUE(engine.offload(values.back(), 0));
+    engine.end_forward_node(0);
+  }
+  for (int64_t micro = 0; micro < 2; ++micro) {  // each backward in turn
+    engine.select_micro_batch(micro);
+    EXPECT_EQ(engine.copy_in_pool_bytes(), 0) << "micro-batch " << micro << " begins with no idle copy-in buffer";
+    engine.before_backward_node(0, nullptr);
+    const OffloadStats s = engine.stats();
+    EXPECT_EQ(s.prefetches + s.demand_fetches, micro + 1) << "backward of micro-batch " << micro << " read another's copy";
+    {
+      const at::Tensor back = engine.fetch(*values[static_cast<size_t>(micro)]);
+      EXPECT_TRUE(at::equal(back, sources[static_cast<size_t>(micro)]));
+      values[static_cast<size_t>(micro)].reset();
+    }
+    EXPECT_EQ(engine.copy_in_pool_bytes(), 200 << 10) << "the buffer stays in the pool until the next selection";
+  }
+  engine.end_step();
+  EXPECT_EQ(engine.pending_entries(), 0);
+}
+
 TEST(OffloadEngine, FetchFindsEveryViewOfManyStoragesInAnyOrder) {
   OffloadOptions o;
   o.tier = "host";
