@@ -3,8 +3,8 @@
 // Owns: a flag's comma-separated list and a --filter's labels, medians and timers (wall since a time point,
 //       process and thread CPU time), the machine's description, the peer processes' command line pieces
 //       (thread environment, a Python peer script), running a command for its output (or its lines, each
-//       stamped as it arrived) and reading the JSON lines it printed, writing a result JSON, and main's
-//       last resort for an error.
+//       stamped as it arrived) and reading the JSON lines it printed, writing a result JSON, a peer
+//       bench's runs summarised per row and side, and main's last resort for an error.
 // Does not own: building a model bench's config, model and batch (bench_setup.h) or running the `ration`
 //       CLI (ration_run.h).
 #pragma once
@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -166,6 +167,58 @@ inline bool write_json(const std::string& path, const nlohmann::json& j) {
   out << j.dump(2) << "\n";
   if (!out) std::fprintf(stderr, "cannot write %s\n", path.c_str());
   return static_cast<bool>(out);
+}
+
+// ---- peer benches (bench_train_peer, bench_torchscript_peer): interleaved runs of each side of a row
+
+// One run: its row (a family, a model), its side ("ration", "pytorch", ...) and the run's figures
+// (`loop_ms_median`, `peak_above_baseline_bytes`, ...).
+struct PeerRun {
+  std::string row, side;
+  nlohmann::json result;
+};
+
+// Per side of `row`: the median over repetitions of each run's median loop time, every repetition's, the
+// fastest and slowest, and the largest peak above the baseline.
+inline nlohmann::json summarise_sides(const std::vector<PeerRun>& runs, const std::string& row) {
+  std::map<std::string, std::vector<double>> loop;
+  std::map<std::string, int64_t> peak;
+  for (const PeerRun& r : runs) {
+    if (r.row != row) continue;
+    loop[r.side].push_back(r.result["loop_ms_median"].get<double>());
+    peak[r.side] = std::max<int64_t>(peak[r.side], r.result.value("peak_above_baseline_bytes", int64_t{0}));
+  }
+  nlohmann::json sides = nlohmann::json::object();
+  for (const auto& [side, v] : loop)
+    sides[side] = {{"loop_ms_median", median(v)}, {"loop_ms_reps", v}, {"loop_ms_min", *std::min_element(v.begin(), v.end())},
+                   {"loop_ms_max", *std::max_element(v.begin(), v.end())}, {"peak_above_baseline_bytes", peak[side]}};
+  return sides;
+}
+
+// `ours`' median loop time over `theirs`' in a row's summary (null where either side did not run).
+inline nlohmann::json loop_ratio(const nlohmann::json& sides, const char* ours, const char* theirs) {
+  return sides.contains(ours) && sides.contains(theirs)
+             ? nlohmann::json(sides[ours]["loop_ms_median"].get<double>() / sides[theirs]["loop_ms_median"].get<double>())
+             : nlohmann::json(nullptr);
+}
+
+// A side's repetitions, "a/b/c" in whole milliseconds.
+inline std::string reps_text(const nlohmann::json& side) {
+  std::string reps;
+  for (double v : side["loop_ms_reps"]) reps += (reps.empty() ? "" : "/") + std::to_string(static_cast<int>(v + 0.5));
+  return reps;
+}
+
+// Every run's figures with its row (under `row_key`) and side, for the result JSON.
+inline nlohmann::json runs_json(const std::vector<PeerRun>& runs, const char* row_key) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const PeerRun& r : runs) {
+    nlohmann::json j = r.result;
+    j[row_key] = r.row;
+    j["side"] = r.side;
+    all.push_back(j);
+  }
+  return all;
 }
 
 // main's last resort: "error: WHAT" on stderr, exit status 2.

@@ -135,10 +135,7 @@ json run_peer(const Args& a, const Row& row, const fs::path& dir, int steps, con
   return r;
 }
 
-struct Run {
-  std::string model, side;
-  json result;
-};
+using Run = ration::bench::PeerRun;  // row: the model
 
 // The budget that gives ration's step at most the per-block peer's peak above its baseline: ration's
 // pre-step bytes (its unconstrained peak minus its peak above baseline) plus that peak.
@@ -179,23 +176,9 @@ void run_row(const Args& a, const Row& row, const fs::path& dir, const std::stri
 json summarise(const Args& a, const std::vector<Run>& runs) {
   json summary = json::object();
   for (const std::string& model : a.models) {
-    json ms = json::object();
-    std::map<std::string, std::vector<double>> loop;
-    std::map<std::string, int64_t> peak;
-    for (const Run& r : runs) {
-      if (r.model != model) continue;
-      loop[r.side].push_back(r.result["loop_ms_median"].get<double>());
-      peak[r.side] = std::max<int64_t>(peak[r.side], r.result.value("peak_above_baseline_bytes", int64_t{0}));
-    }
-    for (const auto& [side, v] : loop)
-      ms[side] = {{"loop_ms_median", median(v)}, {"loop_ms_reps", v}, {"peak_above_baseline_bytes", peak[side]}};
-    auto ratio = [&](const char* ours, const char* theirs) {
-      return ms.contains(ours) && ms.contains(theirs)
-                 ? json(ms[ours]["loop_ms_median"].get<double>() / ms[theirs]["loop_ms_median"].get<double>())
-                 : json(nullptr);
-    };
-    ms["ratio"] = ratio("ration", "pytorch");
-    ms["ratio_budget_per_block"] = ratio("ration-budget-per-block", "pytorch-per-block");
+    json ms = ration::bench::summarise_sides(runs, model);
+    ms["ratio"] = ration::bench::loop_ratio(ms, "ration", "pytorch");
+    ms["ratio_budget_per_block"] = ration::bench::loop_ratio(ms, "ration-budget-per-block", "pytorch-per-block");
     summary[model] = ms;
   }
   return summary;
@@ -206,8 +189,7 @@ void print_table(const json& summary) {
   for (const auto& [model, ms] : summary.items()) {
     for (const auto& [side, s] : ms.items()) {
       if (!s.is_object()) continue;
-      std::string reps;
-      for (double v : s["loop_ms_reps"]) reps += (reps.empty() ? "" : "/") + std::to_string(static_cast<int>(v + 0.5));
+      const std::string reps = ration::bench::reps_text(s);
       const char* key = side == "pytorch" ? "ratio" : side == "pytorch-per-block" ? "ratio_budget_per_block" : nullptr;
       std::string r;
       if (key && ms[key].is_number()) r = std::to_string(ms[key].get<double>()).substr(0, 5) + "x";
@@ -241,13 +223,7 @@ int orchestrate(const Args& a) {
   fs::remove_all(work);
   const json summary = summarise(a, runs);
   print_table(summary);
-  json all = json::array();
-  for (const Run& r : runs) {
-    json j = r.result;
-    j["model"] = r.model;
-    j["side"] = r.side;
-    all.push_back(j);
-  }
+  const json all = ration::bench::runs_json(runs, "model");
   json models = json::object();
   for (const Row& row : rows) models[row.name] = {{"source", row.source}, {"input", row.shape}, {"batch", row.batch}};
   ration::bench::write_json(a.json_path, {{"benchmark", "bench_torchscript_peer"}, {"machine", ration::bench::machine()},

@@ -130,10 +130,7 @@ int64_t budget_for(const json& ration_plain, int64_t peak_above) {
   return ration_plain["peak_bytes"].get<int64_t>() - ration_plain["peak_above_baseline_bytes"].get<int64_t>() + peak_above;
 }
 
-struct Run {
-  std::string family, side;
-  json result;
-};
+using Run = ration::bench::PeerRun;  // row: the family
 
 // The gpt budgets: one short run of each side they depend on.
 std::map<std::string, int64_t> calibrate_budgets(const std::string& core) {
@@ -174,28 +171,14 @@ void run_family(const Args& a, const std::string& fam, const std::string& core, 
 
 // Per family and side: the median over repetitions of each run's median loop time, and every rep's.
 json summarise(const Args& a, const std::vector<Run>& runs) {
+  using ration::bench::loop_ratio;
   json summary = json::object();
   for (const std::string& fam : a.families) {
-    json fs = json::object();
-    std::map<std::string, std::vector<double>> loop;
-    std::map<std::string, int64_t> peak;
-    for (const Run& r : runs) {
-      if (r.family != fam) continue;
-      loop[r.side].push_back(r.result["loop_ms_median"].get<double>());
-      peak[r.side] = std::max<int64_t>(peak[r.side], r.result.value("peak_above_baseline_bytes", int64_t{0}));
-    }
-    for (const auto& [side, v] : loop)
-      fs[side] = {{"loop_ms_median", median(v)}, {"loop_ms_reps", v}, {"loop_ms_min", *std::min_element(v.begin(), v.end())},
-                  {"loop_ms_max", *std::max_element(v.begin(), v.end())}, {"peak_above_baseline_bytes", peak[side]}};
-    auto ratio = [&](const char* ours, const char* theirs) {
-      return fs.contains(ours) && fs.contains(theirs)
-                 ? json(fs[ours]["loop_ms_median"].get<double>() / fs[theirs]["loop_ms_median"].get<double>())
-                 : json(nullptr);
-    };
-    fs["ratio"] = ratio("ration", "pytorch");
-    fs["ratio_installed"] = ratio("ration", "pytorch-installed");
-    fs["ratio_budget_per_block"] = ratio("ration-budget-per-block", "pytorch-per-block");
-    fs["ratio_budget_attention"] = ratio("ration-budget-attention", "pytorch-attention");
+    json fs = ration::bench::summarise_sides(runs, fam);
+    fs["ratio"] = loop_ratio(fs, "ration", "pytorch");
+    fs["ratio_installed"] = loop_ratio(fs, "ration", "pytorch-installed");
+    fs["ratio_budget_per_block"] = loop_ratio(fs, "ration-budget-per-block", "pytorch-per-block");
+    fs["ratio_budget_attention"] = loop_ratio(fs, "ration-budget-attention", "pytorch-attention");
     summary[fam] = fs;
   }
   return summary;
@@ -206,8 +189,7 @@ void print_table(const json& summary) {
   for (const auto& [fam, fs] : summary.items()) {
     for (const auto& [side, s] : fs.items()) {
       if (!s.is_object()) continue;
-      std::string reps;
-      for (double v : s["loop_ms_reps"]) reps += (reps.empty() ? "" : "/") + std::to_string(static_cast<int>(v + 0.5));
+      const std::string reps = ration::bench::reps_text(s);
       std::string r = "";
       const char* key = side == "pytorch" ? "ratio" : side == "pytorch-installed" ? "ratio_installed"
                         : side == "pytorch-per-block" ? "ratio_budget_per_block"
@@ -231,13 +213,7 @@ int orchestrate(const Args& a) {
     for (const std::string& fam : a.families) run_family(a, fam, core, budgets, rep, runs);
   const json summary = summarise(a, runs);
   print_table(summary);
-  json all = json::array();
-  for (const Run& r : runs) {
-    json j = r.result;
-    j["family"] = r.family;
-    j["side"] = r.side;
-    all.push_back(j);
-  }
+  const json all = ration::bench::runs_json(runs, "family");
   json threads = json::object();
   for (const std::string& fam : a.families) threads[fam] = config_threads(fam);
   ration::bench::write_json(a.json_path, {{"benchmark", "bench_train_peer"}, {"machine", ration::bench::machine()},
