@@ -340,10 +340,7 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string s = argv[i];
-      auto next = [&]() -> std::string {
-        RATION_CHECK(i + 1 < argc, "bench_peer: ", s, " needs a value");
-        return argv[++i];
-      };
+      auto next = [&] { return ration::bench::flag_value(argc, argv, i, "bench_peer"); };
       if (s == "--reps") a.reps = std::stoi(next());
       else if (s == "--steps") a.steps = std::stoi(next());
       else if (s == "--warmup") a.warmup = std::stoi(next());

@@ -22,6 +22,7 @@
 #include <map>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -167,6 +168,12 @@ inline bool write_json(const std::string& path, const nlohmann::json& j) {
   out << j.dump(2) << "\n";
   if (!out) std::fprintf(stderr, "cannot write %s\n", path.c_str());
   return static_cast<bool>(out);
+}
+
+// The value after flag argv[i] (i moves onto it), or an error naming the program and the flag.
+inline std::string flag_value(int argc, char** argv, int& i, const char* program) {
+  if (i + 1 >= argc) throw std::runtime_error(std::string(program) + ": " + argv[i] + " needs a value");
+  return argv[++i];
 }
 
 // ---- peer benches (bench_train_peer, bench_torchscript_peer): interleaved runs of each side of a row

@@ -241,10 +241,7 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string s = argv[i];
-      auto next = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::runtime_error("bench_torchscript_peer: " + s + " needs a value");
-        return argv[++i];
-      };
+      auto next = [&] { return ration::bench::flag_value(argc, argv, i, "bench_torchscript_peer"); };
       if (s == "--reps") a.reps = std::stoi(next());
       else if (s == "--steps") a.steps = std::stoi(next());
       else if (s == "--threads") a.threads = std::stoi(next());
