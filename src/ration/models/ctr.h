@@ -113,6 +113,7 @@ class Ctr : public Model {
   // back to the owners, which push them. Refused ("" when done): remote shards, fewer tables than ranks.
   std::string split_features(const dist::World& group) override;
   void evaluate_nothing() override;
+  void discard_step() override { step_fields_.clear(); }  // a profiled step's rows are never pushed
   // Pushes the sparse row gradients of the last training loss() to the servers (step `step` is recorded
   // with the rows), then clears them. Nothing to push (no gradient): nothing happens.
   void push_gradients(int64_t step);

@@ -99,6 +99,10 @@ class Model : public nn::Module {
   // evaluate() runs collectives over its ranks (the feature split's all-to-all) joins them with nothing
   // of its own, so every rank takes part in every batch's collectives in lockstep.
   virtual void evaluate_nothing() {}
+  // The memory runtime profiled a step (forward and backward, no step hooks, no optimiser): drop what
+  // that step left for its hooks (ctr: the pulled rows and their gradients, kept until pushed), so the
+  // first training step does not hold them beside its own.
+  virtual void discard_step() {}
 };
 
 // Reads model.* keys (model.type selects the family). `input_info` keys the data side published

@@ -137,6 +137,7 @@ const memory::StepProfile& StepRuntime::profile_run(models::Model& model, uint64
     }
   }
   use_policy(previous, previous_mode);
+  model.discard_step();
   model.zero_grad();
   model.restore_buffers(buffers);
   return *profile_;
