@@ -76,6 +76,7 @@ struct GradCase {
   bool torchvision = false;
   int64_t batch = 4;
   std::string generic_op;  // an op that must run through the generic node ("" : none required)
+  std::string native_op;   // an op that must run as ration's own ("" : none required)
 };
 
 void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
@@ -85,7 +86,14 @@ std::vector<GradCase> grad_cases() {
       {"cnn", model_file_args("SmallCNN") + " --input-shape 1,16,16", false, 8, ""},
       {"bert", model_file_args("BertEncoder") + " --input-shape 16 --input-dtype long --vocab 50", false, 4, ""},
       {"unet", model_file_args("UNetSmall") + " --input-shape 1,16,16", false, 4, "aten::upsample_nearest2d"},
-      {"lstm", model_file_args("LSTMClassifier") + " --input-shape 12,6", false, 4, "aten::lstm"},
+      {"lstm", model_file_args("LSTMClassifier") + " --input-shape 12,6", false, 4, "", "aten::lstm"},
+      // both directions, time-major, no biases
+      {"bilstm", model_file_args("LSTMClassifier") +
+                     " --kwargs \"{'bidirectional': True, 'batch_first': False, 'bias': False}\" --input-shape 12,6",
+       false, 4, "", "aten::lstm"},
+      // dropout between the layers in training mode: ration's masks, which the oracle's forward reuses
+      {"lstm_dropout", model_file_args("LSTMClassifier") + " --kwargs \"{'dropout': 0.25}\" --input-shape 12,6", false,
+       4, "", "aten::lstm"},
       {"returns_loss", model_file_args("ReturnsLoss") + " --input-shape 16 --loss ''", false, 8, ""},
       {"resnet18", "--torchvision resnet18 --input-shape 3,32,32", true, 2, "aten::adaptive_avg_pool2d"},
       {"mobilenet_v2", "--torchvision mobilenet_v2 --input-shape 3,32,32", true, 2, ""},
@@ -135,6 +143,11 @@ TEST_P(TorchScriptGrad, GradientsMatchLibtorchAutogradOnTheModule) {
   if (!c.generic_op.empty()) {
     ASSERT_TRUE(routes.count(c.generic_op) > 0) << c.generic_op << " did not run";
     EXPECT_GT(routes.at(c.generic_op).generic, 0) << c.generic_op << " should run through the generic node";
+  }
+  if (!c.native_op.empty()) {
+    ASSERT_TRUE(routes.count(c.native_op) > 0) << c.native_op << " did not run";
+    EXPECT_GT(routes.at(c.native_op).native, 0) << c.native_op << " should run as ration's own op";
+    EXPECT_EQ(routes.at(c.native_op).generic, 0) << c.native_op << " ran through the generic node";
   }
 }
 
@@ -191,11 +204,11 @@ TEST_P(TorchScriptBudget, PredictedPeakIsMeasuredGradientsBitwiseEqual) {
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchScriptBudget,
                          ::testing::Values(grad_case("cnn"), grad_case("bert"), grad_case("unet"),
-                                           grad_case("two_inputs")),
+                                           grad_case("two_inputs"), grad_case("lstm")),
                          [](const ::testing::TestParamInfo<GradCase>& i) { return i.param.name; });
 
 // Offload (threshold mode, host tier, every saved value of at least 1 byte copied out and back): the
-// gradients of an imported model with generic nodes (aten::lstm) are bitwise those of the plain step, and
+// gradients of an imported model with generic nodes (aten::upsample_nearest2d) are bitwise those of the plain step, and
 // the profiled nodes carry the module paths of the PyTorch module (what traces and plans show).
 TEST(TorchScriptRuntime, OffloadIsBitwiseAndNodesCarryModulePaths) {
   REQUIRE_PYTHON_TORCH(false);

@@ -61,14 +61,24 @@ class UNetSmall(nn.Module):
 
 
 class LSTMClassifier(nn.Module):
-    def __init__(self, features=6, hidden=16, num_classes=10):
+    """x (B, T, features) -> classes from the last step's output. Time-major (batch_first=False) transposes
+    its input first; bidirectional reads both directions' outputs; `bias=False` drops every bias."""
+    def __init__(self, features=6, hidden=16, num_classes=10, bidirectional=False, batch_first=True, bias=True,
+                 dropout=0.0):
         super().__init__()
-        self.lstm = nn.LSTM(features, hidden, num_layers=2, batch_first=True)
-        self.head = nn.Linear(hidden, num_classes)
+        self.batch_first = batch_first
+        self.lstm = nn.LSTM(features, hidden, num_layers=2, batch_first=batch_first, bidirectional=bidirectional,
+                            bias=bias, dropout=dropout)
+        self.head = nn.Linear(hidden * (2 if bidirectional else 1), num_classes)
 
     def forward(self, x):
-        out, _ = self.lstm(x)
-        return self.head(out[:, -1])
+        if self.batch_first:
+            out, (h, c) = self.lstm(x)
+            last = out[:, -1]
+        else:
+            out, (h, c) = self.lstm(x.transpose(0, 1))
+            last = out[-1]
+        return self.head(last) + 0.1 * c.sum(0).sum(1, keepdim=True)
 
 
 class TwoInputs(nn.Module):

@@ -399,12 +399,18 @@ void run_operator(Frame& f, const jit::Node* n) {
   }
   if (kind == "aten::dropout" || kind == "aten::dropout_")
     f.active_dropout = f.active_dropout || (args.at(2).toBool() && args.at(1).toDouble() > 0);
+  if (kind == "aten::lstm" && args.size() == 9)  // dropout between layers, training mode
+    f.active_dropout = f.active_dropout || (args.at(6).toBool() && args.at(5).toDouble() > 0 && args.at(4).toInt() > 1);
   if (NativeFn native = find_native(kind)) {
     NodeArgs a(args, [&f](const at::Tensor& t) { return f.value_of(t); });
-    if (std::optional<Value> out = native(a)) {
+    if (std::optional<Values> outs = native(a)) {
       ++route.native;
-      f.values[out->tensor().unsafeGetTensorImpl()] = *out;
-      bind_outputs(f, n, {IValue(out->tensor())}, written_args(n)[0]);
+      jit::Stack stack;
+      for (const Value& out : *outs) {
+        f.values[out.tensor().unsafeGetTensorImpl()] = out;
+        stack.push_back(IValue(out.tensor()));
+      }
+      bind_outputs(f, n, stack, written_args(n)[0]);
       return;
     }
   }

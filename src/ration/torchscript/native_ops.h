@@ -1,6 +1,6 @@
 // native_ops.h — the table of aten ops that an imported TorchScript graph runs as ration's own ops.
 // Owns: NodeArgs (one JIT node's argument values, read by type) and the table from an aten kind
-//       ("aten::conv2d") to the ration op (ops/ops.h) that computes it, with the argument checks that
+//       ("aten::conv2d") to the ration op (ops/ops.h) that computes it (aten::lstm: its cells unrolled), with the argument checks that
 //       decide whether this call fits ration's op (e.g. conv2d with a string padding does not).
 // Does not own: running the graph (graph_runner.h) or ops without a native version (generic_op.h).
 #pragma once
@@ -38,9 +38,9 @@ class NodeArgs {
   std::function<Value(const at::Tensor&)> value_of_;
 };
 
-// A native op: the ration op's output for these arguments, or nullopt when this call does not fit it
-// (the node then runs as a generic node).
-using NativeFn = std::optional<Value> (*)(const NodeArgs& args);
+// A native op: the ration op's outputs for these arguments (one per output of the JIT node: aten::lstm has
+// three), or nullopt when this call does not fit it (the node then runs as a generic node).
+using NativeFn = std::optional<Values> (*)(const NodeArgs& args);
 
 // The native op for an aten kind (in-place forms like "aten::relu_" map to their functional op), or
 // nullptr when ration has none.
