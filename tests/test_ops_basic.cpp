@@ -13,6 +13,7 @@ TEST(OpsBasic, Elementwise) {
            {{randd({2, 3})}, {randd({2, 3}).abs() + 0.5}});
   check_op("add_scalar", [](const Values& v) { return ops::add_scalar(v[0], 2.5); }, {{randd({5})}});
   check_op("mul_scalar", [](const Values& v) { return ops::mul_scalar(v[0], -1.5); }, {{randd({5})}});
+  check_op("div_scalar", [](const Values& v) { return ops::div_scalar(v[0], 3.0); }, {{randd({5})}});
 }
 
 TEST(OpsBasic, LinearAlgebra) {

@@ -63,4 +63,10 @@ Value mul_scalar(const Value& a, double s) {
       [s](BackwardCtx&, const Tensors& g) { return Tensors{g[0] * s}; }));
 }
 
+Value div_scalar(const Value& a, double s) {
+  return single(apply_op(
+      spec("div_scalar"), {a}, [s](const Tensors& in, ForwardCtx&) { return Tensors{at::div(in[0], s)}; },
+      [s](BackwardCtx&, const Tensors& g) { return Tensors{at::div(g[0], s)}; }));
+}
+
 }  // namespace ration::ops

@@ -22,6 +22,7 @@ Value mul(const Value& a, const Value& b);
 Value div(const Value& a, const Value& b);
 Value add_scalar(const Value& a, double s);
 Value mul_scalar(const Value& a, double s);
+Value div_scalar(const Value& a, double s);  // a / s, rounded as at::div (not a * (1 / s))
 
 // ---- linear algebra -----------------------------------------------------------------------------
 Value matmul(const Value& a, const Value& b);              // at::matmul semantics (batched, broadcast)

@@ -271,6 +271,11 @@ void run_structural(Frame& f, const jit::Node* n) {
     RATION_CHECK(items.size() == n->outputs().size(), f.origin, ": ", f.where(n), " unpacks ", items.size(),
                  " values into ", n->outputs().size());
     for (size_t i = 0; i < items.size(); ++i) f.bind(n->outputs()[i], items[i]);
+  } else if (kind == c10::prim::TupleIndex) {  // an element, not a node: the tensor keeps its Value
+    const auto& items = f.in(n, 0).toTupleRef().elements();
+    const int64_t size = static_cast<int64_t>(items.size()), i = f.in(n, 1).toInt();
+    RATION_CHECK(i >= -size && i < size, f.origin, ": ", f.where(n), " reads element ", i, " of a ", size, "-tuple");
+    f.bind(n->output(), items[static_cast<size_t>(i < 0 ? i + size : i)]);
   } else if (kind == c10::prim::GetAttr) {
     f.bind(n->output(), f.in(n, 0).toObjectRef().getAttr(n->s(c10::attr::name)));
   } else if (kind == c10::prim::SetAttr) {
@@ -287,7 +292,7 @@ void run_structural(Frame& f, const jit::Node* n) {
 
 bool is_structural(c10::Symbol kind) {
   return kind == c10::prim::ListConstruct || kind == c10::prim::TupleConstruct || kind == c10::prim::ListUnpack ||
-         kind == c10::prim::TupleUnpack || kind == c10::prim::GetAttr || kind == c10::prim::SetAttr ||
+         kind == c10::prim::TupleUnpack || kind == c10::prim::TupleIndex || kind == c10::prim::GetAttr || kind == c10::prim::SetAttr ||
          kind == c10::prim::isinstance || kind == c10::prim::unchecked_cast || kind == c10::prim::Uninitialized;
 }
 
@@ -406,10 +411,14 @@ void run_operator(Frame& f, const jit::Node* n) {
     if (std::optional<Values> outs = native(a)) {
       ++route.native;
       jit::Stack stack;
+      c10::List<at::Tensor> list;  // a node with one Tensor[] output (aten::chunk) gets them as one list
+      const bool as_list = n->outputs().size() == 1 && n->output()->type()->kind() == c10::TypeKind::ListType;
       for (const Value& out : *outs) {
         f.values[out.tensor().unsafeGetTensorImpl()] = out;
-        stack.push_back(IValue(out.tensor()));
+        if (as_list) list.push_back(out.tensor());
+        else stack.push_back(IValue(out.tensor()));
       }
+      if (as_list) stack.push_back(IValue(list));
       bind_outputs(f, n, stack, written_args(n)[0]);
       return;
     }

@@ -2,6 +2,7 @@
 // ration's op does not cover (the generic node then runs them exactly as libtorch would).
 #include "ration/torchscript/native_ops.h"
 
+#include <algorithm>
 #include <map>
 
 #include "ration/ops/ops.h"
@@ -124,9 +125,11 @@ Out1 sub(const NodeArgs& a) {
 Out1 mul(const NodeArgs& a) {
   return a.is_tensor(1) ? ops::mul(a.value(0), a.value(1)) : ops::mul_scalar(a.value(0), a.number(1));
 }
+// div(input, other): a tensor or a scalar (x / s, which rounds differently from x * (1 / s)); a rounding mode
+// goes generic.
 Out1 div(const NodeArgs& a) {
-  if (a.size() != 2 || !a.is_tensor(1)) return std::nullopt;  // x / s rounds differently from x * (1 / s)
-  return ops::div(a.value(0), a.value(1));
+  if (a.size() != 2) return std::nullopt;
+  return a.is_tensor(1) ? ops::div(a.value(0), a.value(1)) : ops::div_scalar(a.value(0), a.number(1));
 }
 
 // ---- shape -----------------------------------------------------------------------------------------------
@@ -136,6 +139,22 @@ Out1 flatten(const NodeArgs& a) { return ops::flatten(a.value(0), a.integer(1), 
 Out1 transpose(const NodeArgs& a) { return ops::transpose(a.value(0), a.integer(1), a.integer(2)); }
 Out1 permute(const NodeArgs& a) { return ops::permute(a.value(0), a.ints(1)); }
 Out1 cat(const NodeArgs& a) { return ops::cat(a.values(0), a.integer(1)); }
+// slice(input, dim, start, end, step): None bounds are the whole dimension, negative ones count from its end.
+Out1 slice(const NodeArgs& a) {
+  if (a.size() != 5 || !a.is_tensor(0)) return std::nullopt;  // aten::slice.t slices a list
+  const Value x = a.value(0);
+  if (x.dim() == 0) return std::nullopt;
+  const int64_t dim = a.integer(1) < 0 ? a.integer(1) + x.dim() : a.integer(1);
+  if (dim < 0 || dim >= x.dim()) return std::nullopt;
+  const int64_t len = x.size(dim);
+  auto bound = [&](size_t i, int64_t none) {
+    if (a.is_none(i)) return none;
+    const int64_t v = a.integer(i);
+    return std::clamp(v < 0 ? v + len : v, int64_t{0}, len);
+  };
+  const int64_t start = bound(2, 0), end = std::max(start, bound(3, len));
+  return ops::slice(x, dim, start, end, a.integer(4));
+}
 // contiguous(input, memory_format): a contiguous input is itself (no node); otherwise a flat copy (reshape of a
 // tensor no view can flatten copies it) viewed back to its shape, whose backward is the gradient's reshape.
 // nn.MultiheadAttention calls it on every head split; as a generic node its backward re-ran the copy.
@@ -260,6 +279,16 @@ Out lstm(const NodeArgs& a) {
   return lstm_checked(a, s, hx, params);
 }
 
+// chunk(input, chunks, dim) -> Tensor[]: pieces of ceil(size / chunks) along dim, as at::chunk (views).
+Out chunk(const NodeArgs& a) {
+  const Value x = a.value(0);
+  const int64_t chunks = a.integer(1);
+  if (x.dim() == 0 || chunks <= 0) return std::nullopt;
+  const int64_t dim = a.integer(2) < 0 ? a.integer(2) + x.dim() : a.integer(2);
+  if (dim < 0 || dim >= x.dim() || x.size(dim) == 0) return std::nullopt;
+  return ops::split(x, (x.size(dim) + chunks - 1) / chunks, dim);
+}
+
 // Ops with one output, as a native op.
 template <Out1 (*F)(const NodeArgs&)>
 Out one(const NodeArgs& a) {
@@ -279,7 +308,7 @@ const std::map<std::string, NativeFn>& table() {
       {"aten::add", one<add>}, {"aten::add_", one<add>}, {"aten::sub", one<sub>}, {"aten::sub_", one<sub>},
       {"aten::mul", one<mul>}, {"aten::mul_", one<mul>}, {"aten::div", one<div>}, {"aten::div_", one<div>},
       {"aten::view", one<view>}, {"aten::reshape", one<reshape>}, {"aten::flatten", one<flatten>},
-      {"aten::transpose", one<transpose>}, {"aten::permute", one<permute>}, {"aten::cat", one<cat>},
+      {"aten::transpose", one<transpose>}, {"aten::permute", one<permute>}, {"aten::cat", one<cat>}, {"aten::slice", one<slice>}, {"aten::chunk", chunk},
       {"aten::contiguous", one<contiguous>},
       {"aten::mean", one<mean>}, {"aten::sum", one<sum>}, {"aten::lstm", lstm},
       {"aten::cross_entropy_loss", one<cross_entropy>}, {"aten::mse_loss", one<mse_loss>},
