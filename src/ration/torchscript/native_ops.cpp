@@ -279,6 +279,49 @@ Out lstm(const NodeArgs& a) {
   return lstm_checked(a, s, hx, params);
 }
 
+// The dimension d of x (negative counts from the end; `extra` = 1 for a position among dim() + 1), or -1.
+int64_t dim_of(const Value& x, int64_t d, int64_t extra = 0) {
+  const int64_t n = x.dim() + extra;
+  if (d < 0) d += n;
+  return d >= 0 && d < n ? d : -1;
+}
+
+std::vector<int64_t> sizes_without(const Value& x, int64_t dim) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.erase(sizes.begin() + dim);
+  return sizes;
+}
+
+// select(input, dim, index) = slice of one, reshaped without that dimension (views both; e.g. out[:, -1]).
+Out1 select(const NodeArgs& a) {
+  if (a.size() != 3 || !a.is_tensor(0) || a.is_string(1)) return std::nullopt;  // select.Dimname goes generic
+  const Value x = a.value(0);
+  const int64_t dim = dim_of(x, a.integer(1));
+  if (dim < 0) return std::nullopt;
+  const int64_t len = x.size(dim), i = a.integer(2) < 0 ? a.integer(2) + len : a.integer(2);
+  if (i < 0 || i >= len) return std::nullopt;  // the generic node raises PyTorch's own index error
+  return ops::reshape(ops::slice(x, dim, i, i + 1), sizes_without(x, dim));
+}
+
+// unsqueeze(input, dim) and squeeze(input, dim) (of a dimension of size 1) as reshapes.
+Out1 unsqueeze(const NodeArgs& a) {
+  if (a.size() != 2 || !a.is_tensor(0)) return std::nullopt;
+  const Value x = a.value(0);
+  const int64_t dim = dim_of(x, a.integer(1), 1);
+  if (dim < 0) return std::nullopt;
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.insert(sizes.begin() + dim, 1);
+  return ops::reshape(x, sizes);
+}
+Out1 squeeze(const NodeArgs& a) {
+  if (a.size() != 2 || !a.is_tensor(0) || a.is_tensor(1) || a.is_string(1)) return std::nullopt;
+  const Value x = a.value(0);
+  const int64_t dim = dim_of(x, a.integer(1));
+  if (dim < 0) return std::nullopt;
+  if (x.size(dim) != 1) return x;
+  return ops::reshape(x, sizes_without(x, dim));
+}
+
 // chunk(input, chunks, dim) -> Tensor[]: pieces of ceil(size / chunks) along dim, as at::chunk (views).
 Out chunk(const NodeArgs& a) {
   const Value x = a.value(0);
@@ -309,6 +352,7 @@ const std::map<std::string, NativeFn>& table() {
       {"aten::mul", one<mul>}, {"aten::mul_", one<mul>}, {"aten::div", one<div>}, {"aten::div_", one<div>},
       {"aten::view", one<view>}, {"aten::reshape", one<reshape>}, {"aten::flatten", one<flatten>},
       {"aten::transpose", one<transpose>}, {"aten::permute", one<permute>}, {"aten::cat", one<cat>}, {"aten::slice", one<slice>}, {"aten::chunk", chunk},
+      {"aten::select", one<select>}, {"aten::unsqueeze", one<unsqueeze>}, {"aten::squeeze", one<squeeze>},
       {"aten::contiguous", one<contiguous>},
       {"aten::mean", one<mean>}, {"aten::sum", one<sum>}, {"aten::lstm", lstm},
       {"aten::cross_entropy_loss", one<cross_entropy>}, {"aten::mse_loss", one<mse_loss>},
