@@ -241,6 +241,23 @@ int64_t Ctr::prefetch_bytes(const data::Batch& batch) const {
   return batch_bytes + 2 * ids * options.embedding_dim * static_cast<int64_t>(sizeof(float));
 }
 
+// Per distinct id a step holds its pulled row and, in backward, the row's gradient (two rows of
+// embedding_dim floats) and an int64 of bookkeeping. A batch with every id distinct holds that for each of
+// its ids; the profiled batch held it for its distinct ids only. (The push after backward copies the
+// gradient rows once more, when the step's activations are gone.)
+int64_t Ctr::batch_variation_bytes(const data::Batch& batch) const {
+  const int64_t per_id = 2 * options.embedding_dim * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(int64_t));
+  int64_t repeated = 0;  // ids of the batch beyond the first of each value, per field
+  for (const auto& bag : batch.sparse) {
+    const at::Tensor ids = bag.ids.contiguous();
+    absl::flat_hash_set<int64_t> seen(static_cast<size_t>(ids.numel()));
+    const int64_t* p = ids.data_ptr<int64_t>();
+    for (int64_t k = 0; k < ids.numel(); ++k) seen.insert(p[k]);
+    repeated += ids.numel() - static_cast<int64_t>(seen.size());
+  }
+  return repeated * per_id;
+}
+
 void Ctr::settle_prefetches() {
   for (auto& p : prefetches_)
     if (p->rows.valid()) p->rows.wait();

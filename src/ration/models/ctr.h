@@ -122,6 +122,7 @@ class Ctr : public Model {
   // the same ids collects them.
   void prefetch(const data::Batch& next) override;
   int64_t prefetch_bytes(const data::Batch& batch) const override;
+  int64_t batch_variation_bytes(const data::Batch& batch) const override;
   // Waits until every prefetch in flight has landed (before a snapshot: the shards are then quiet).
   void settle_prefetches();
   const PrefetchCounts& prefetch_counts() const { return counts_; }

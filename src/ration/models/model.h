@@ -60,6 +60,10 @@ class Model : public nn::Module {
   // see): the next batch and what is fetched for it, at most, for batches like `batch` (a bound, exact
   // in the sizes of its tensors). A memory plan leaves room for it.
   virtual int64_t prefetch_bytes(const data::Batch& batch) const { return 0; }
+  // What another batch of the same size may hold beyond `batch` (the profiled one) where the step's sizes
+  // depend on the data (ctr: rows pulled per distinct id, and their gradients), at most. A memory plan
+  // leaves room for it, so the budget holds for every batch, not only the profiled one.
+  virtual int64_t batch_variation_bytes(const data::Batch& batch) const { return 0; }
   // Why this model, as configured, cannot be trained by more than one data-parallel rank ("" when it
   // can): state outside named_parameters that each process would keep privately (ctr's embedded
   // parameter-server shards) would make the ranks train unrelated models.

@@ -213,7 +213,7 @@ const memory::Plan* StepRuntime::prepare(models::Model& model, const data::Batch
   if (!settings_.budget.has_budget()) return nullptr;
   if (engine_) offload_costs();  // measured before profiling, while nothing of the step is live
   profile(model, batch, seed);
-  return prepare_profiled(optimizer, extra_fixed_bytes + model.prefetch_bytes(batch));
+  return prepare_profiled(optimizer, extra_fixed_bytes + model.prefetch_bytes(batch) + model.batch_variation_bytes(batch));
 }
 
 const memory::Plan* StepRuntime::prepare_profiled(optim::Optimizer* optimizer, int64_t extra_fixed_bytes) {

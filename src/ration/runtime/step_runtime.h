@@ -101,7 +101,8 @@ class StepRuntime {
   // ---- the plan
   // With a budget in the settings: profile one step of `model` on `batch` and plan for the settings'
   // [memory] options. Memory the profile cannot see is fixed memory of the plan: `optimizer`'s state to
-  // come, what `model` holds for a prefetched batch (Model::prefetch_bytes), and `extra_fixed_bytes` (e.g.
+  // come, what `model` holds for a prefetched batch (Model::prefetch_bytes) and for a batch whose
+  // data-dependent sizes exceed the profiled one's (Model::batch_variation_bytes), and `extra_fixed_bytes` (e.g.
   // a data-parallel aggregator's). The optimiser step after backward (the step's memory then, measured in
   // the profile, plus the update's workspace, Optimizer::update_workspace_bytes) must fit the budget too,
   // or planning fails naming it. Returns the plan, or null without a budget (nothing to do).

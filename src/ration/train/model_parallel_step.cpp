@@ -519,7 +519,7 @@ const memory::Plan* ModelParallelStep::prepare(StepRuntime& runtime, const data:
   if (!pipeline_) {
     runtime.profile(model_, batch, seed);
     agree();
-    return runtime.prepare_profiled(optimizer, model_.prefetch_bytes(batch));
+    return runtime.prepare_profiled(optimizer, model_.prefetch_bytes(batch) + model_.batch_variation_bytes(batch));
   }
   // With an offload tier the copy costs are measured first, while nothing of the step is live; the engine
   // keeps each micro-batch's copies apart (OffloadEngine::select_micro_batch), so one micro-batch's plan
