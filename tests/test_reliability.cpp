@@ -299,6 +299,16 @@ void stop_by_signal_then_resume(int signal, int expected_status) {
   EXPECT_EQ(rr["loss"].size(), 2u);
 }
 
+// A run whose measured peak exceeded its budget finished (report and checkpoints written) but its plan did
+// not hold: `ration train` exits 1, a failed check (README, "Exit codes"); before, it exited 0 with a warning.
+TEST(Reliability, RunOverItsMemoryBudgetExitsOne) {
+  using nlohmann::json;
+  EXPECT_EQ(train::exit_status(json{{"memory", {{"budget_bytes", 100}, {"within_budget", false}}}}), 1);
+  EXPECT_EQ(train::exit_status(json{{"memory", {{"budget_bytes", 100}, {"within_budget", true}}}}), 0);
+  EXPECT_EQ(train::exit_status(json{{"memory", {{"peak_bytes", 100}}}}), 0);  // no budget
+  EXPECT_EQ(train::exit_status(json{{"exit_status", 143}, {"memory", {{"within_budget", false}}}}), 143);
+}
+
 TEST(Reliability, SigintFinishesTheStepSavesReportsAndExits130) { stop_by_signal_then_resume(SIGINT, 130); }
 TEST(Reliability, SigtermFinishesTheStepSavesReportsAndExits143) { stop_by_signal_then_resume(SIGTERM, 143); }
 

@@ -353,7 +353,7 @@ int cmd_train(ration::train::TrainOptions& topt, const ration::cli::TrainViewFla
   const auto report = ration::train::run_training(topt);
   views.finish(report);
   if (topt.json && report["dist"]["rank"].get<int>() == 0) std::cout << report.dump(2) << "\n";
-  return report.value("exit_status", 0);  // 130 / 143 when stopped by SIGINT / SIGTERM
+  return ration::train::exit_status(report);  // 130 / 143 on SIGINT / SIGTERM; 1 over the memory budget
 }
 
 int main(int argc, char** argv) {

@@ -567,8 +567,9 @@ class TrainingRun {
     nlohmann::json mem = runtime_.memory_report(record_.worst_peak(), model_.parameter_options().device());
     mem["step_peak_above_baseline_bytes"] = record_.worst_peak_above();  // above each step's pre-step bytes
     if (mem.contains("within_budget") && !mem["within_budget"].get<bool>())
-      progress_.note("warning: measured peak " + memory::format_bytes(record_.worst_peak()) + " exceeded the budget " +
-                     memory::format_bytes(mem["budget_bytes"].get<int64_t>()));
+      progress_.note("error: measured peak " + memory::format_bytes(record_.worst_peak()) + " exceeded the budget " +
+                     memory::format_bytes(mem["budget_bytes"].get<int64_t>()) +
+                     ": the plan did not hold (exit 1; the report and checkpoints are written)");
     return mem;
   }
 
@@ -724,5 +725,11 @@ class TrainingRun {
 }  // namespace
 
 nlohmann::json run_training(const TrainOptions& options) { return TrainingRun(options).run_as_rank(); }
+
+int exit_status(const nlohmann::json& report) {
+  if (report.contains("exit_status")) return report["exit_status"].get<int>();  // a signal stopped the run
+  const nlohmann::json& mem = report.value("memory", nlohmann::json::object());
+  return mem.is_object() && mem.contains("within_budget") && !mem["within_budget"].get<bool>() ? 1 : 0;
+}
 
 }  // namespace ration::train

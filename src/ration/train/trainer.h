@@ -57,5 +57,10 @@ struct TrainOptions {
 // lost peer makes every rank throw ration::Error naming it.
 nlohmann::json run_training(const TrainOptions& options);
 
+// The exit status of a finished run from its report (README, "Exit codes"): 130 / 143 when a signal stopped
+// it, 1 when a step's measured peak exceeded the memory budget (the plan did not hold: a failed check,
+// though the report and checkpoints were written), else 0.
+int exit_status(const nlohmann::json& report);
+
 
 }  // namespace ration::train
