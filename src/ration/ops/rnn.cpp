@@ -46,16 +46,27 @@ void check_cell(const char* op, int64_t gates, const Value& x, const Value& h, c
 }
 }  // namespace
 
-// The cell from its pre-activation gates (B, 4H) and c (B, H): {h' (B, H), c' (B, H), act [i f g o] (B, 4H)}.
-static Tensors lstm_from_gates(const at::Tensor& gates, const at::Tensor& c) {
+// The cell from its pre-activation gates (B, 4H), a fresh tensor, and c (B, H): {h' (B, H), c' (B, H),
+// act [i f g o] (B, 4H)}. The gates are activated in place (as PyTorch's CPU cell does) unless libtorch
+// autograd records the op (the oracle: ops run under libtorch autograd in tests), which in-place writes to views
+// of one tensor would break; both give the same bits.
+static Tensors lstm_from_gates(at::Tensor gates, const at::Tensor& c) {
   const int64_t hs = c.size(1);
-  const at::Tensor act = at::cat({at::sigmoid(gates.narrow(1, 0, 2 * hs)), at::tanh(gates.narrow(1, 2 * hs, hs)),
-                                  at::sigmoid(gates.narrow(1, 3 * hs, hs))},
-                                 1);  // (B, 4H)
+  const bool recorded = at::GradMode::is_enabled() && (gates.requires_grad() || c.requires_grad());
+  at::Tensor act = gates;  // (B, 4H)
+  if (recorded) {
+    act = at::cat({at::sigmoid(gates.narrow(1, 0, 2 * hs)), at::tanh(gates.narrow(1, 2 * hs, hs)),
+                   at::sigmoid(gates.narrow(1, 3 * hs, hs))},
+                  1);
+  } else {
+    gates.narrow(1, 0, 2 * hs).sigmoid_();
+    gates.narrow(1, 2 * hs, hs).tanh_();
+    gates.narrow(1, 3 * hs, hs).sigmoid_();
+  }
   const at::Tensor i = act.narrow(1, 0, hs), f = act.narrow(1, hs, hs), g = act.narrow(1, 2 * hs, hs),
                    o = act.narrow(1, 3 * hs, hs);
-  at::Tensor c_next = at::mul(f, c).add(at::mul(i, g));  // (B, H)
-  at::Tensor h_next = at::mul(o, at::tanh(c_next));      // (B, H)
+  at::Tensor c_next = at::mul(f, c).add_(at::mul(i, g));                          // (B, H)
+  at::Tensor h_next = recorded ? at::mul(o, at::tanh(c_next)) : at::tanh(c_next).mul_(o);  // (B, H)
   return Tensors{h_next, c_next, act};
 }
 
@@ -69,9 +80,13 @@ static std::pair<at::Tensor, at::Tensor> lstm_gate_grads(const Tensors& grads, c
                    o = act.narrow(1, 3 * hs, hs);
   const at::Tensor tanh_c = at::tanh(c_next);                               // (B, H)
   const at::Tensor dc = dc_next + at::tanh_backward(dh_next * o, tanh_c);  // (B, H) total dL/dc'
-  const at::Tensor dgates = at::cat({at::sigmoid_backward(dc * g, i), at::sigmoid_backward(dc * c, f),
-                                     at::tanh_backward(dc * i, g), at::sigmoid_backward(dh_next * tanh_c, o)},
-                                    1);  // (B, 4H), pre-activation
+  at::Tensor dgates = at::empty_like(act);                                  // (B, 4H), pre-activation
+  at::Tensor di = dgates.narrow(1, 0, hs), df = dgates.narrow(1, hs, hs), dg = dgates.narrow(1, 2 * hs, hs),
+             d_o = dgates.narrow(1, 3 * hs, hs);
+  at::sigmoid_backward_out(di, dc * g, i);
+  at::sigmoid_backward_out(df, dc * c, f);
+  at::tanh_backward_out(dg, dc * i, g);
+  at::sigmoid_backward_out(d_o, dh_next * tanh_c, o);
   return {dgates, dc * f};
 }
 
