@@ -141,13 +141,34 @@ json run_peer(const Args& a, const Row& row, const fs::path& dir, int steps, con
 
 using Run = ration::bench::PeerRun;  // row: the model
 
+// ration's feasible minimum for the row (`ration plan`'s minimum_peak_bytes).
+int64_t ration_minimum(const Args& a, const Row& row, const fs::path& dir) {
+  const std::string cmd = ration::bench::thread_env(a.threads) + std::string(RATION_BINARY_DIR) + "/ration plan " +
+                          (dir / "config.toml").string() + " --set train.threads=" + std::to_string(a.threads) +
+                          " --set train.batch_size=" + std::to_string(row.batch) + " --memory-budget 1TiB --json 2>/dev/null";
+  int status = 0;
+  const json plan = json::parse(ration::bench::run_command(cmd, &status), nullptr, false);
+  if (status != 0 || plan.is_discarded()) throw std::runtime_error("bench_torchscript_peer: failed: " + cmd);
+  return plan["minimum_peak_bytes"].get<int64_t>();
+}
+
 // The budget that gives ration's step at most the per-block peer's peak above its baseline: ration's
-// pre-step bytes (its unconstrained peak minus its peak above baseline) plus that peak.
-int64_t calibrate_budget(const Args& a, const Row& row, const fs::path& dir, const std::string& core) {
+// pre-step bytes (its unconstrained peak minus its peak above baseline) plus that peak; ration's feasible
+// minimum where that is below it (the row then compares ration at its floor, which the table says).
+int64_t calibrate_budget(const Args& a, const Row& row, const fs::path& dir, const std::string& core,
+                         json& calibration) {
   const json plain = run_ration(a, row, dir, 3, 0);
   const json peer = run_peer(a, row, dir, 3, "per-block", core);
-  const int64_t budget = plain["peak_bytes"].get<int64_t>() - plain["peak_above_baseline_bytes"].get<int64_t>() +
-                         peer["peak_above_baseline_bytes"].get<int64_t>();
+  const int64_t equal_memory = plain["peak_bytes"].get<int64_t>() - plain["peak_above_baseline_bytes"].get<int64_t>() +
+                               peer["peak_above_baseline_bytes"].get<int64_t>();
+  const int64_t minimum = ration_minimum(a, row, dir);
+  const int64_t budget = std::max(equal_memory, minimum);
+  calibration[row.name] = {{"per_block_equal_memory_budget", equal_memory}, {"ration_minimum", minimum},
+                           {"budget", budget}, {"raised_to_ration_minimum", budget > equal_memory}};
+  if (budget > equal_memory)
+    std::fprintf(stderr, "%s: per-block memory (budget %lld bytes) is below ration's feasible minimum %lld: ration runs "
+                 "at its minimum\n", row.name.c_str(), static_cast<long long>(equal_memory),
+                 static_cast<long long>(minimum));
   std::fprintf(stderr, "%s: budget %lld bytes (per-block peer's peak above baseline %lld, ration unconstrained %lld)\n",
                row.name.c_str(), static_cast<long long>(budget),
                static_cast<long long>(peer["peak_above_baseline_bytes"].get<int64_t>()),
@@ -218,8 +239,9 @@ int orchestrate(const Args& a) {
   const std::string core = run_ration(a, rows.front(), work / rows.front().name, 2, 0)["blas"]["core"].get<std::string>();
   std::fprintf(stderr, "OpenBLAS core of ration: %s (given to the peer as OPENBLAS_CORETYPE)\n", core.c_str());
   std::map<std::string, int64_t> budgets;
+  json calibration = json::object();
   for (const Row& row : rows)
-    if (row.per_block) budgets[row.name] = calibrate_budget(a, row, work / row.name, core);
+    if (row.per_block) budgets[row.name] = calibrate_budget(a, row, work / row.name, core, calibration);
   std::vector<Run> runs;
   for (int rep = 0; rep < a.reps; ++rep)
     for (const Row& row : rows)
@@ -233,7 +255,7 @@ int orchestrate(const Args& a) {
   ration::bench::write_json(a.json_path, {{"benchmark", "bench_torchscript_peer"}, {"machine", ration::bench::machine()},
                                           {"reps", a.reps}, {"steps", a.steps}, {"threads", a.threads},
                                           {"blas_core", core}, {"flush_denormal", false}, {"models", models},
-                                          {"budgets", budgets}, {"summary", summary}, {"runs", all}});
+                                          {"budgets", budgets}, {"calibration", calibration}, {"summary", summary}, {"runs", all}});
   std::printf("wrote %s\n", a.json_path.c_str());
   return 0;
 }
