@@ -8,6 +8,7 @@
 #include "ration/base/check.h"
 #include "ration/base/allocator.h"
 #include "ration/plan/incremental.h"
+#include "ration/plan/offload_peak.h"
 #include "ration/plan/simulator.h"
 
 namespace ration::memory {
@@ -311,6 +312,7 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
     return descend_by_recompute(d, target, order, reached != nullptr ? *reached : own, trail);
   }
   if (reached != nullptr) reached->reset();
+  if (offload_peak_applies(d)) return descend_by_offload_peak(d, target, order, trail);
   int64_t peak = predict(d).peak_bytes;
   if (trail != nullptr) trail->start = peak;
   bool progress = true;
@@ -333,6 +335,56 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
       } else {
         d[i] = Decision::Keep;
       }
+    }
+  }
+  return peak;
+}
+
+bool PlanContext::offload_peak_applies(const std::vector<Decision>& d) const {
+  return options_.offload && options_.offload_peak && options_.offload->copy_in == CopyInMemory::Fresh &&
+         std::find(d.begin(), d.end(), Decision::Offload) == d.end();
+}
+
+// descend's loop with offload, each try priced by the offload-aware peak. Its rejections always hold (its
+// peaks are lower bounds of the simulator's); an acceptance is simulated where the model's answer is not
+// exact (a re-run would read a copy before its fetch step), or where the committed plan's simulation was
+// found to differ from the model (checked figure for figure after each simulated release).
+int64_t PlanContext::descend_by_offload_peak(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order,
+                                             Trail* trail) const {
+  OffloadPeak model(incremental(d), *graph_, groups_, *options_.offload, d);
+  bool exact = true;  // the model's figures are the simulator's for the committed plan
+  int64_t peak = model.peak();
+  if (trail != nullptr) trail->start = peak;
+  // A try's peak where below `peak` (exact), else a value >= peak; `simulated`: priced by the simulator.
+  auto price = [&](size_t i, Decision to, bool& simulated) {
+    const OffloadPeak::Price p = model.price(i, to, peak);
+    simulated = p.peak < peak && !(exact && p.exact);
+    if (!simulated) return p.peak;
+    d[i] = to;
+    const int64_t s = peak_below(d, peak);
+    d[i] = Decision::Keep;
+    return s;
+  };
+  bool progress = true;
+  while (peak > target && progress) {
+    progress = false;
+    for (size_t i : order) {
+      if (d[i] != Decision::Keep) continue;
+      Decision to = release_decision(i, d);
+      bool simulated = false;
+      int64_t p = price(i, to, simulated);
+      if (p >= peak && to == Decision::Offload) {  // an offload held too long to help: try recomputing it
+        to = Decision::Recompute;
+        p = price(i, to, simulated);
+      }
+      if (p >= peak) continue;
+      model.commit(i, to);
+      d[i] = to;
+      peak = p;
+      if (simulated) exact = model.matches(predict(d));  // the simulation just run, kept whole
+      if (trail != nullptr) trail->releases.push_back({i, to, peak});
+      progress = true;
+      if (peak <= target) break;
     }
   }
   return peak;

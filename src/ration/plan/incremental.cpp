@@ -945,6 +945,53 @@ int64_t IncrementalPeak::next_event(int s, int64_t j) const {
   return next;
 }
 
+void IncrementalPeak::mark_offloaded(size_t g) {
+  const auto s = static_cast<size_t>(storage_of_group_[g]);
+  RATION_ASSERT(decision_[s] == Decision::Keep, "incremental peak: only a kept group can be marked offloaded");
+  decision_[s] = Decision::Offload;
+  peak_step_ = -1;
+  last_.valid = false;
+}
+
+void IncrementalPeak::add_forward(size_t from, int64_t delta) {
+  if (from >= nn_ || delta == 0) return;
+  forward_.add(from, nn_ - 1, delta);
+  last_.valid = false;
+}
+
+void IncrementalPeak::add_backward(size_t until, int64_t delta) {
+  until = std::min(until, nb_);
+  if (until == 0 || delta == 0) return;
+  backward_.add(0, until - 1, delta);
+  resident_.add(0, until - 1, delta);
+  peak_step_ = -1;
+  last_.valid = false;
+}
+
+int64_t IncrementalPeak::first_touch(size_t s) const {
+  const auto touches = touches_[s];
+  return touches.empty() ? static_cast<int64_t>(nb_) : static_cast<int64_t>(touch_id(touches.front()));
+}
+
+bool IncrementalPeak::last_touches_before(const std::vector<int64_t>& before) const {
+  for (size_t u = 0; u < last_.used; ++u) {
+    const StepResult& r = last_.steps[u];
+    if (r.adds_storage_keys) continue;  // the committed step's lists
+    for (int t : r.touched)
+      if (r.step < before[static_cast<size_t>(touch_id(t))]) return true;
+  }
+  return false;
+}
+
+bool IncrementalPeak::matches(const Prediction& p) const {
+  if (p.forward_peaks.size() != nn_ || p.backward_peaks.size() != nb_) return false;
+  for (size_t k = 0; k < nn_; ++k)
+    if (forward_.max(k, k) != p.forward_peaks[k]) return false;
+  for (size_t j = 0; j < nb_; ++j)
+    if (backward_.max(j, j) != p.backward_peaks[j]) return false;
+  return true;
+}
+
 int64_t IncrementalPeak::peak_if(size_t g, Decision d, int64_t stop_at) {
   evaluate(static_cast<size_t>(storage_of_group_[g]), d, last_, stop_at);
   return last_.peak;

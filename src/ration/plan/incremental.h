@@ -232,6 +232,21 @@ class IncrementalPeak {
   // Make group `g` take decision `d`.
   void set(size_t g, Decision d);
 
+  // Offloaded groups (plan/offload_peak.h): a group marked offloaded is held as a kept one is (its values
+  // usable, its producer never re-run for it); the caller moves its bytes to where the copy queues put them
+  // with range adds on the committed peaks.
+  void mark_offloaded(size_t g);
+  void add_forward(size_t from, int64_t delta);    // forward nodes `from` to the last
+  void add_backward(size_t until, int64_t delta);  // backward steps before `until`
+  // The first backward step that touches group storage `s` in the committed plan (steps() where none).
+  int64_t first_touch(size_t s) const;
+  // Whether the last peak_if re-simulated a step that touches some group storage s before step before[s].
+  bool last_touches_before(const std::vector<int64_t>& before) const;
+  // Whether every forward and backward figure of `p` is this peak's.
+  bool matches(const Prediction& p) const;
+  size_t nodes() const { return nn_; }
+  size_t steps() const { return nb_; }
+
   enum class State : uint8_t { Kept, Dropped, Restored, Released };
   // The committed plan's state of key `k` at the start of backward step `j`: it follows from the key's
   // decision, its restore step and its release step.

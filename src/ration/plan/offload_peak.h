@@ -1,0 +1,80 @@
+// plan/offload_peak.h — the predicted peak of a plan with an offload tier, kept up to date as a descent
+// releases single groups (offloaded or recomputed), so that a try costs a few range adds and one new copy
+// timeline instead of a whole-step simulation (docs/METHODS.md, "Joint keep, recompute and offload
+// planning", "Planning time with offload").
+// Owns: what an offloaded group changes in the peaks — its bytes freed after its copy-out deadline in
+//       forward, absent in backward until the step that fetches it back —, and which of its answers are
+//       exact. Does not own: the keep/recompute peak (plan/incremental.h, which holds an offloaded group as
+//       a kept one), the copy queues' timeline (schedule_offloads), the simulator's rules (plan/simulator.h).
+//
+// Model: with copy-ins into fresh buffers (CopyInMemory::Fresh), an offloaded group is, for every re-run,
+// a kept one (its values usable, its producer never re-run for it); only its bytes differ: in forward it
+// is freed after max(last forward use, copy deadline), in backward it is resident from the start of the
+// step whose prefetch fetches it. So a try's peak is the committed peaks with range adds: the released
+// group's, and those of the copies whose deadline or fetch step the new timeline moves.
+// The simulator also fetches a value on demand when a re-run reads it before its prefetch step; that
+// holds it longer than the model does, so the model's peaks are then lower bounds, step by step: its
+// rejections hold, and its acceptances are marked inexact (the caller simulates that try) where a step
+// touches a copy before its fetch step (a try's re-simulated steps, or the committed plan's first touch
+// of a copy whose fetch moves later). A committed plan whose simulation is not the model's figure for
+// figure leaves every later acceptance to the simulator.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "ration/plan/graph.h"
+#include "ration/plan/incremental.h"
+#include "ration/plan/planner.h"
+
+namespace ration::memory {
+
+class OffloadPeak {
+ public:
+  // `decisions` per group: Keep or Recompute (`inc` holds them); `costs.copy_in` must be Fresh.
+  OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vector<Group>& groups, const OffloadCosts& costs,
+              const std::vector<Decision>& decisions);
+
+  int64_t peak() const { return inc_.peak(); }
+  struct Price {
+    int64_t peak = 0;  // below stop_at: the peak if `exact`, a lower bound of it if not; else >= stop_at
+    bool exact = true;
+  };
+  // The peak if kept group `g` took decision `to` (Offload or Recompute); nothing changes. As
+  // IncrementalPeak::peak_if, a value >= stop_at only says the peak reaches stop_at.
+  Price price(size_t g, Decision to, int64_t stop_at);
+  // Make group `g` take decision `to` (the last change priced). Where the plan fetches a copy on demand the
+  // model then holds less than the simulator at some steps, never more: its rejections still hold.
+  void commit(size_t g, Decision to);
+  // Whether every figure of the simulator's prediction for the committed plan is the model's.
+  bool matches(const Prediction& p) const { return inc_.matches(p); }
+
+ private:
+  // A range add on the committed peaks: forward nodes from `at` on, or backward steps before `at`.
+  struct Shift {
+    bool forward;
+    size_t at;
+    int64_t delta;
+  };
+  void apply(const std::vector<Shift>& shifts, int64_t sign);
+  // Forward: the last node before its bytes are freed. Backward: the step whose prefetch fetches it.
+  int64_t freed_after(size_t s, int64_t deadline) const;
+  int64_t fetched_at(size_t s, int prefetch) const;
+  // The shifts from the committed timeline to `tried_`, the released storage s among its copies; false
+  // where a copy would be read before its fetch step (inexact).
+  bool shifts_to_tried(size_t s);
+
+  IncrementalPeak inc_;
+  const PlanGraph& g_;
+  const std::vector<Group>& groups_;
+  const OffloadCosts& costs_;
+  std::vector<Decision> by_storage_;  // the committed decisions
+  OffloadSchedule schedule_;          // the committed timeline
+  std::vector<int> offloaded_;        // the committed copies (storages)
+  std::vector<int64_t> fetch_;        // by storage: the step that fetches a copy back; 0 for the others
+  std::vector<char> read_back_;       // by storage: backward reads it (a copy of it is fetched)
+  // The last offload priced: its timeline and shifts.
+  OffloadSchedule tried_;
+  std::vector<Shift> shifts_;
+};
+
+}  // namespace ration::memory
