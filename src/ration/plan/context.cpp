@@ -345,25 +345,34 @@ bool PlanContext::offload_peak_applies(const std::vector<Decision>& d) const {
          std::find(d.begin(), d.end(), Decision::Offload) == d.end();
 }
 
-// descend's loop with offload, each try priced by the offload-aware peak. Its rejections always hold (its
-// peaks are lower bounds of the simulator's); an acceptance is simulated where the model's answer is not
-// exact (a re-run would read a copy before its fetch step), or where the committed plan's simulation was
-// found to differ from the model (checked figure for figure after each simulated release).
+// descend's loop with offload, each try priced by the offload-aware peak. Its rejections hold (its peaks are
+// lower bounds of the simulator's); an acceptance is simulated where the model's answer is not exact (a
+// re-run would read a copy before the model holds it), and once such a release is taken the model is built
+// again for the plan, with the simulator's fetches on demand. Where that model is not the simulator's
+// figure for figure, the rest of the descent is simulated.
 int64_t PlanContext::descend_by_offload_peak(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order,
                                              Trail* trail) const {
-  OffloadPeak model(incremental(d), *graph_, groups_, *options_.offload, d);
-  bool exact = true;  // the model's figures are the simulator's for the committed plan
-  int64_t peak = model.peak();
+  std::optional<OffloadPeak> model;
+  model.emplace(incremental(d), *graph_, groups_, *options_.offload, d);
+  int64_t peak = model->peak();
   if (trail != nullptr) trail->start = peak;
-  // A try's peak where below `peak` (exact), else a value >= peak; `simulated`: priced by the simulator.
-  auto price = [&](size_t i, Decision to, bool& simulated) {
-    const OffloadPeak::Price p = model.price(i, to, peak);
-    simulated = p.peak < peak && !(exact && p.exact);
-    if (!simulated) return p.peak;
+  Prediction simulated;  // the last simulated try, whole where it ran to the end
+  std::vector<int64_t> on_demand;
+  // A try's peak where below `peak` (exact), else a value >= peak; `by_simulation`: priced by the simulator.
+  auto price = [&](size_t i, Decision to, bool& by_simulation) {
+    if (model) {
+      const OffloadPeak::Price p = model->price(i, to, peak);
+      by_simulation = p.peak < peak && !p.exact;
+      if (!by_simulation) return p.peak;
+    }
+    by_simulation = true;
     d[i] = to;
-    const int64_t s = peak_below(d, peak);
+    const std::vector<Decision>& by_storage_now = by_storage(d);
+    const OffloadSchedule sch = schedule_offloads(*graph_, by_storage_now, *options_.offload);
+    on_demand.assign(graph_->storages, -1);
+    simulated = simulate(*graph_, by_storage_now, options_.extra_fixed_bytes, {}, &sch, peak, nullptr, &on_demand);
     d[i] = Decision::Keep;
-    return s;
+    return simulated.peak_bytes;
   };
   bool progress = true;
   while (peak > target && progress) {
@@ -371,17 +380,23 @@ int64_t PlanContext::descend_by_offload_peak(std::vector<Decision>& d, int64_t t
     for (size_t i : order) {
       if (d[i] != Decision::Keep) continue;
       Decision to = release_decision(i, d);
-      bool simulated = false;
-      int64_t p = price(i, to, simulated);
+      bool by_simulation = false;
+      int64_t p = price(i, to, by_simulation);
       if (p >= peak && to == Decision::Offload) {  // an offload held too long to help: try recomputing it
         to = Decision::Recompute;
-        p = price(i, to, simulated);
+        p = price(i, to, by_simulation);
       }
       if (p >= peak) continue;
-      model.commit(i, to);
       d[i] = to;
       peak = p;
-      if (simulated) exact = model.matches(predict(d));  // the simulation just run, kept whole
+      if (model && !by_simulation) {
+        model->commit(i, to);
+      } else if (model) {
+        std::vector<Decision> held = d;  // the keep/recompute part: a copy is held as a kept group
+        std::replace(held.begin(), held.end(), Decision::Offload, Decision::Keep);
+        model.emplace(incremental(held), *graph_, groups_, *options_.offload, d, &simulated, &on_demand);
+        if (!model->in_step()) model.reset();
+      }
       if (trail != nullptr) trail->releases.push_back({i, to, peak});
       progress = true;
       if (peak <= target) break;

@@ -959,11 +959,17 @@ void IncrementalPeak::add_forward(size_t from, int64_t delta) {
   last_.valid = false;
 }
 
-void IncrementalPeak::add_backward(size_t until, int64_t delta) {
+void IncrementalPeak::add_backward(size_t from, size_t until, int64_t delta) {
   until = std::min(until, nb_);
-  if (until == 0 || delta == 0) return;
-  backward_.add(0, until - 1, delta);
-  resident_.add(0, until - 1, delta);
+  if (from >= until || delta == 0) return;
+  backward_.add(from, until - 1, delta);
+  resident_.add(from, until - 1, delta);
+  peak_step_ = -1;
+  last_.valid = false;
+}
+
+void IncrementalPeak::set_backward_value(size_t j, int64_t value) {
+  backward_.assign(j, value);
   peak_step_ = -1;
   last_.valid = false;
 }

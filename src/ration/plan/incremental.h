@@ -236,8 +236,12 @@ class IncrementalPeak {
   // usable, its producer never re-run for it); the caller moves its bytes to where the copy queues put them
   // with range adds on the committed peaks.
   void mark_offloaded(size_t g);
-  void add_forward(size_t from, int64_t delta);    // forward nodes `from` to the last
-  void add_backward(size_t until, int64_t delta);  // backward steps before `until`
+  void add_forward(size_t from, int64_t delta);                 // forward nodes `from` to the last
+  void add_backward(size_t from, size_t until, int64_t delta);  // backward steps [from, until)
+  // One committed figure: forward node k's, backward step j's (and setting step j's).
+  int64_t forward_value(size_t k) const { return forward_.max(k, k); }
+  int64_t backward_value(size_t j) const { return backward_.max(j, j); }
+  void set_backward_value(size_t j, int64_t value);
   // The first backward step that touches group storage `s` in the committed plan (steps() where none).
   int64_t first_touch(size_t s) const;
   // Whether the last peak_if re-simulated a step that touches some group storage s before step before[s].

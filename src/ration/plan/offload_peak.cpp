@@ -9,19 +9,52 @@
 namespace ration::memory {
 
 OffloadPeak::OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vector<Group>& groups,
-                         const OffloadCosts& costs, const std::vector<Decision>& decisions)
+                         const OffloadCosts& costs, const std::vector<Decision>& decisions, const Prediction* simulated,
+                         const std::vector<int64_t>* on_demand)
     : inc_(std::move(inc)), g_(g), groups_(groups), costs_(costs) {
   RATION_ASSERT(costs.copy_in == CopyInMemory::Fresh, "offload peak: copy-ins into the pool are simulated");
   by_storage_.assign(g.storages, Decision::Keep);
-  for (size_t i = 0; i < groups.size(); ++i) {
-    RATION_ASSERT(decisions[i] != Decision::Offload, "offload peak: starts from a keep/recompute plan");
-    by_storage_[static_cast<size_t>(groups[i].storage)] = decisions[i];
-  }
-  schedule_ = schedule_offloads(g, by_storage_, costs);
-  fetch_.assign(g.storages, 0);
+  held_.assign(g.storages, 0);
+  demand_.assign(g.storages, -1);
   read_back_.assign(g.storages, 0);
   for (size_t v = 0; v < g.key_storage.size(); ++v)
     if (g.backward_reads[v] > 0 && g.key_storage[v] >= 0) read_back_[static_cast<size_t>(g.key_storage[v])] = 1;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto s = static_cast<size_t>(groups[i].storage);
+    by_storage_[s] = decisions[i];
+    if (decisions[i] != Decision::Offload) continue;
+    inc_.mark_offloaded(i);
+    offloaded_.push_back(static_cast<int>(s));
+  }
+  schedule_ = schedule_offloads(g, by_storage_, costs);
+  if (offloaded_.empty()) return;
+  RATION_ASSERT(simulated != nullptr && on_demand != nullptr, "offload peak: a plan with copies needs its simulation");
+  hold_copies(*simulated, *on_demand);
+}
+
+// Each copy freed in forward after its deadline, held in backward from its prefetch step or the step after
+// its fetch on demand; a step that fetches on demand takes the simulator's figure. Every other figure must
+// be the simulator's already (in_step_).
+void OffloadPeak::hold_copies(const Prediction& p, const std::vector<int64_t>& on_demand) {
+  std::vector<char> demand_step(g_.steps, 0);
+  for (const int ti : offloaded_) {
+    const auto t = static_cast<size_t>(ti);
+    const int64_t b = g_.profile.storages[t].bytes;
+    inc_.add_forward(static_cast<size_t>(freed_after(t, schedule_.deadline[t]) + 1), -b);
+    if (!read_back_[t]) continue;
+    demand_[t] = on_demand[t];
+    held_[t] = demand_[t] >= 0 ? demand_[t] + 1 : fetched_at(t, schedule_.prefetch[t]);
+    if (demand_[t] >= 0) demand_step[static_cast<size_t>(demand_[t])] = 1;
+    inc_.add_backward(0, static_cast<size_t>(held_[t]), -b);
+  }
+  in_step_ = p.forward_peaks.size() == g_.nodes && p.backward_peaks.size() == g_.steps;
+  for (size_t k = 0; in_step_ && k < g_.nodes; ++k) in_step_ = inc_.forward_value(k) == p.forward_peaks[k];
+  for (size_t j = 0; in_step_ && j < g_.steps; ++j) {
+    const int64_t v = inc_.backward_value(j);
+    if (v == p.backward_peaks[j]) continue;
+    in_step_ = demand_step[j] && v < p.backward_peaks[j];
+    if (in_step_) inc_.set_backward_value(j, p.backward_peaks[j]);
+  }
 }
 
 // As the simulator: a copy is freed after the later of its last forward use and its deadline.
@@ -37,7 +70,7 @@ int64_t OffloadPeak::fetched_at(size_t s, int prefetch) const {
 void OffloadPeak::apply(const std::vector<Shift>& shifts, int64_t sign) {
   for (const Shift& sh : shifts) {
     if (sh.forward) inc_.add_forward(sh.at, sign * sh.delta);
-    else inc_.add_backward(sh.at, sign * sh.delta);
+    else inc_.add_backward(0, sh.at, sign * sh.delta);
   }
 }
 
@@ -68,14 +101,20 @@ bool OffloadPeak::shifts_to_tried(size_t s) {
         forward(now, -bt);
       }
     }
-    if (tried_.prefetch[t] != schedule_.prefetch[t] && read_back_[t]) {
-      const int64_t now = fetched_at(t, tried_.prefetch[t]);
-      if (now != fetch_[t]) {
-        backward(fetch_[t], bt);
-        backward(now, -bt);
-        // Fetched later: a re-run reading it in between would fetch it on demand.
-        exact = exact && (now < fetch_[t] || inc_.first_touch(t) >= now);
-      }
+    if (tried_.prefetch[t] == schedule_.prefetch[t] || !read_back_[t]) continue;
+    int64_t now = fetched_at(t, tried_.prefetch[t]);
+    if (demand_[t] >= 0) {
+      // Fetched on demand at demand_[t]: a prefetch still later changes nothing; one at or before that step
+      // holds it from the step's start instead (not modelled).
+      exact = exact && now > demand_[t];
+      if (now > demand_[t]) now = held_[t];
+    } else {
+      // Fetched later: a re-run reading it in between would fetch it on demand.
+      exact = exact && (now < held_[t] || inc_.first_touch(t) >= now);
+    }
+    if (now != held_[t]) {
+      backward(held_[t], bt);
+      backward(now, -bt);
     }
   }
   return exact;
@@ -87,7 +126,7 @@ OffloadPeak::Price OffloadPeak::price(size_t g, Decision to, int64_t stop_at) {
   Price p;
   if (to == Decision::Recompute) {
     p.peak = inc_.peak_if(g, Decision::Recompute, stop_at);
-    p.exact = p.peak >= stop_at || !inc_.last_touches_before(fetch_);
+    p.exact = p.peak >= stop_at || !inc_.last_touches_before(held_);
     return p;
   }
   by_storage_[s] = Decision::Offload;
@@ -112,7 +151,13 @@ void OffloadPeak::commit(size_t g, Decision to) {
   inc_.mark_offloaded(g);
   offloaded_.push_back(static_cast<int>(s));
   schedule_ = std::move(tried_);
-  for (const int t : offloaded_) fetch_[static_cast<size_t>(t)] = fetched_at(static_cast<size_t>(t), schedule_.prefetch[static_cast<size_t>(t)]);
+  // The shifts moved each copy's held range as priced: to its new prefetch step, or kept where a fetch on
+  // demand comes first.
+  for (const int ti : offloaded_) {
+    const auto t = static_cast<size_t>(ti);
+    const int64_t now = fetched_at(t, schedule_.prefetch[t]);
+    if (demand_[t] < 0 || now <= demand_[t]) held_[t] = now;
+  }
 }
 
 }  // namespace ration::memory

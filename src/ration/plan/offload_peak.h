@@ -15,9 +15,10 @@
 // The simulator also fetches a value on demand when a re-run reads it before its prefetch step; that
 // holds it longer than the model does, so the model's peaks are then lower bounds, step by step: its
 // rejections hold, and its acceptances are marked inexact (the caller simulates that try) where a step
-// touches a copy before its fetch step (a try's re-simulated steps, or the committed plan's first touch
-// of a copy whose fetch moves later). A committed plan whose simulation is not the model's figure for
-// figure leaves every later acceptance to the simulator.
+// touches a copy before the model holds it (a try's re-simulated steps, or the committed plan's first touch
+// of a copy whose fetch moves later, or a prefetch moving to or before a fetch on demand). After such a try
+// is taken the model is built again for the plan, with the simulator's fetches on demand: such a copy held
+// from the next step on, the step's own figure the simulator's.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -30,9 +31,15 @@ namespace ration::memory {
 
 class OffloadPeak {
  public:
-  // `decisions` per group: Keep or Recompute (`inc` holds them); `costs.copy_in` must be Fresh.
+  // `decisions` per group (`inc` holds them with every Offload as Keep); `costs.copy_in` must be Fresh. A plan
+  // with copies comes with the simulator's prediction for it and the steps at which it fetched copies on
+  // demand (by storage, -1 none): each such copy is held from the next step on, and the step takes the
+  // simulator's figure (the model's is below it: the copy arrives inside the step).
   OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vector<Group>& groups, const OffloadCosts& costs,
-              const std::vector<Decision>& decisions);
+              const std::vector<Decision>& decisions, const Prediction* simulated = nullptr,
+              const std::vector<int64_t>* on_demand = nullptr);
+  // Whether every figure of the model is the simulator's (always, built without copies).
+  bool in_step() const { return in_step_; }
 
   int64_t peak() const { return inc_.peak(); }
   struct Price {
@@ -42,11 +49,8 @@ class OffloadPeak {
   // The peak if kept group `g` took decision `to` (Offload or Recompute); nothing changes. As
   // IncrementalPeak::peak_if, a value >= stop_at only says the peak reaches stop_at.
   Price price(size_t g, Decision to, int64_t stop_at);
-  // Make group `g` take decision `to` (the last change priced). Where the plan fetches a copy on demand the
-  // model then holds less than the simulator at some steps, never more: its rejections still hold.
+  // Make group `g` take decision `to`: the last change priced, which was exact.
   void commit(size_t g, Decision to);
-  // Whether every figure of the simulator's prediction for the committed plan is the model's.
-  bool matches(const Prediction& p) const { return inc_.matches(p); }
 
  private:
   // A range add on the committed peaks: forward nodes from `at` on, or backward steps before `at`.
@@ -59,8 +63,10 @@ class OffloadPeak {
   // Forward: the last node before its bytes are freed. Backward: the step whose prefetch fetches it.
   int64_t freed_after(size_t s, int64_t deadline) const;
   int64_t fetched_at(size_t s, int prefetch) const;
+  // The constructor's last part: each copy's ranges, and the figures checked against the simulator's.
+  void hold_copies(const Prediction& simulated, const std::vector<int64_t>& on_demand);
   // The shifts from the committed timeline to `tried_`, the released storage s among its copies; false
-  // where a copy would be read before its fetch step (inexact).
+  // where a copy would be read before the model holds it (inexact).
   bool shifts_to_tried(size_t s);
 
   IncrementalPeak inc_;
@@ -70,8 +76,11 @@ class OffloadPeak {
   std::vector<Decision> by_storage_;  // the committed decisions
   OffloadSchedule schedule_;          // the committed timeline
   std::vector<int> offloaded_;        // the committed copies (storages)
-  std::vector<int64_t> fetch_;        // by storage: the step that fetches a copy back; 0 for the others
+  // By storage: a copy is held at the start of backward steps from held_ on (0 for the others, and for a copy
+  // backward never reads); the step a re-run fetches it on demand, before its prefetch (-1: none).
+  std::vector<int64_t> held_, demand_;
   std::vector<char> read_back_;       // by storage: backward reads it (a copy of it is fetched)
+  bool in_step_ = true;
   // The last offload priced: its timeline and shifts.
   OffloadSchedule tried_;
   std::vector<Shift> shifts_;

@@ -133,8 +133,10 @@ inline bool Simulator::run_backward(Prediction& pred, PeakAt& at, std::vector<in
     ++stamp_;  // a new recompute cache: no re-runs, no transients
     transient_bytes_ = 0;
     // Prefetch: offloaded storages whose first use is within their distance are fetched back now.
+    prefetching_ = true;
     for (; next_fetch < unfetched_.size() && fetch_from(unfetched_[next_fetch]) >= ord; ++next_fetch)
       fetch(unfetched_[next_fetch]);  // a no-op where fetched on demand meanwhile
+    prefetching_ = false;
     frame_bytes_ = 0;
     step_ = static_cast<int64_t>(j);
     recompute_peak_ = resident_;
@@ -179,6 +181,7 @@ inline void Simulator::finish(Prediction& pred, const PeakAt& at) const {
 void Simulator::fetch(int64_t s) {
   if (fetched_[static_cast<size_t>(s)]) return;
   fetched_[static_cast<size_t>(s)] = 1;
+  if (on_demand_ != nullptr && !prefetching_) (*on_demand_)[static_cast<size_t>(s)] = step_;
   for (int k = first_key_[static_cast<size_t>(s)]; k >= 0; k = next_key_[static_cast<size_t>(k)]) {
     if (state_[static_cast<size_t>(k)] != KeyState::Offloaded) continue;
     state_[static_cast<size_t>(k)] = KeyState::Restored;
@@ -424,13 +427,14 @@ Prediction simulate(const PlanGraph& g, const std::vector<Decision>& decision, i
 
 Prediction simulate(const PlanGraph& g, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule, int64_t stop_at,
-                    bool* stopped) {
+                    bool* stopped, std::vector<int64_t>* fetched_on_demand) {
   const StepProfile& profile = g.profile;
   RATION_ASSERT(decision.size() == profile.storages.size(), "decision vector size mismatch");
   const bool any_offload = std::find(decision.begin(), decision.end(), Decision::Offload) != decision.end();
   RATION_ASSERT(!any_offload || schedule != nullptr, "offloaded storages need a schedule");
   Simulator sim(g, decision, extra_fixed_bytes, schedule, store_from.empty() ? nullptr : &store_from);
   sim.stop_at(stop_at);
+  sim.record_on_demand(fetched_on_demand);
   Prediction pred = sim.run();
   if (stopped != nullptr) *stopped = sim.stopped();
   if (any_offload) {
