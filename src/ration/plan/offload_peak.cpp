@@ -102,16 +102,19 @@ bool OffloadPeak::shifts_to_tried(size_t s) {
       }
     }
     if (tried_.prefetch[t] == schedule_.prefetch[t] || !read_back_[t]) continue;
-    int64_t now = fetched_at(t, tried_.prefetch[t]);
+    const int64_t now = fetched_at(t, tried_.prefetch[t]);
     if (demand_[t] >= 0) {
-      // Fetched on demand at demand_[t]: a prefetch still later changes nothing; one at or before that step
-      // holds it from the step's start instead (not modelled).
-      exact = exact && now > demand_[t];
-      if (now > demand_[t]) now = held_[t];
-    } else {
-      // Fetched later: a re-run reading it in between would fetch it on demand.
-      exact = exact && (now < held_[t] || inc_.first_touch(t) >= now);
+      // Fetched on demand at demand_[t]: a prefetch still later changes nothing. One at or before that step
+      // holds it from the step's start instead (not modelled: inexact): held from `now`, the step itself left
+      // at the simulator's figure (which holds it from inside the step), a lower bound.
+      if (now > demand_[t]) continue;
+      exact = false;
+      backward(demand_[t], bt);
+      backward(now, -bt);
+      continue;
     }
+    // Fetched later: a re-run reading it in between would fetch it on demand.
+    exact = exact && (now < held_[t] || inc_.first_touch(t) >= now);
     if (now != held_[t]) {
       backward(held_[t], bt);
       backward(now, -bt);
