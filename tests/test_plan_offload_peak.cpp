@@ -112,48 +112,69 @@ Outcome plan_or_error(const memory::StepProfile& profile, const memory::PlanOpti
   return out;
 }
 
-TEST(PlanOffloadPeak, SamePlansAsWholeStepSimulations) {
+// Each model's measured profile, and two with its forward times scaled by seeded random factors (other
+// knapsack orders, other copy timelines).
+std::vector<memory::StepProfile> profiles_of(const Model& m) {
+  std::vector<memory::StepProfile> profiles(3, profile_of(m));
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<double> factor(0.3, 3.0);
+  for (size_t v = 1; v < profiles.size(); ++v)
+    for (auto& n : profiles[v].nodes) n.forward_ms *= factor(rng);
+  return profiles;
+}
+
+// What the comparison covered.
+struct Covered {
   size_t compared = 0, with_offloads = 0, with_queued = 0, refused = 0;
-  for (const Model& m : models_planned()) {
-    const memory::StepProfile profile = profile_of(m);
-    for (const Tier& tier : tiers()) {
-      memory::PlanOptions loose;
-      loose.budget_bytes = int64_t{1} << 40;
-      loose.offload = tier.costs;
-      const memory::Plan range = memory::make_plan(profile, loose);
-      const int64_t lo = range.minimum_peak_bytes, hi = range.unconstrained_peak_bytes;
-      for (const double f : {-0.01, 0.0, 0.03, 0.15, 0.4, 0.7, 1.0}) {
-        for (const bool report_minimum : {true, false}) {
-          memory::PlanOptions o = loose;
-          o.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
-          o.report_minimum = report_minimum;
-          SCOPED_TRACE(m.name + ", tier " + tier.name + ", budget " + memory::format_bytes(o.budget_bytes) +
-                       (report_minimum ? "" : ", re-plan"));
-          memory::PlanOptions before = o;
-          before.offload_peak = false;
-          const Outcome now = plan_or_error(profile, o), then = plan_or_error(profile, before);
-          ASSERT_EQ(now.error, then.error);
-          if (!now.error.empty()) {
-            ++refused;
-            continue;
-          }
-          EXPECT_EQ(memory::plan_difference(now.plan, then.plan), "");
-          ++compared;
-          if (now.plan.offloaded_groups > 0) ++with_offloads;
-          for (const memory::Group& g : now.plan.groups)
-            if (g.decision == memory::Decision::Offload && g.prefetch > tier.costs.min_prefetch) {
-              ++with_queued;  // a fetch that does not land within the shortest distance
-              break;
-            }
-        }
+};
+
+// One profile and tier: the plans at budgets from below the floor to the unconstrained peak, reported and
+// re-planned, with and without the offload-aware peak.
+void compare_at_budgets(const memory::StepProfile& profile, const Tier& tier, const std::string& name, Covered& c) {
+  memory::PlanOptions loose;
+  loose.budget_bytes = int64_t{1} << 40;
+  loose.offload = tier.costs;
+  const memory::Plan range = memory::make_plan(profile, loose);
+  const int64_t lo = range.minimum_peak_bytes, hi = range.unconstrained_peak_bytes;
+  for (const double f : {-0.01, 0.0, 0.03, 0.15, 0.4, 0.7, 1.0}) {
+    for (const bool report_minimum : {true, false}) {
+      memory::PlanOptions o = loose;
+      o.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
+      o.report_minimum = report_minimum;
+      SCOPED_TRACE(name + ", tier " + tier.name + ", budget " + memory::format_bytes(o.budget_bytes) +
+                   (report_minimum ? "" : ", re-plan"));
+      memory::PlanOptions before = o;
+      before.offload_peak = false;
+      const Outcome now = plan_or_error(profile, o), then = plan_or_error(profile, before);
+      ASSERT_EQ(now.error, then.error);
+      if (!now.error.empty()) {
+        ++c.refused;
+        continue;
       }
+      EXPECT_EQ(memory::plan_difference(now.plan, then.plan), "");
+      ++c.compared;
+      if (now.plan.offloaded_groups > 0) ++c.with_offloads;
+      for (const memory::Group& g : now.plan.groups)
+        if (g.decision == memory::Decision::Offload && g.prefetch > tier.costs.min_prefetch) {
+          ++c.with_queued;  // a fetch that does not land within the shortest distance
+          break;
+        }
     }
   }
+}
+
+TEST(PlanOffloadPeak, SamePlansAsWholeStepSimulations) {
+  Covered c;
+  for (const Model& m : models_planned()) {
+    const std::vector<memory::StepProfile> profiles = profiles_of(m);
+    for (size_t v = 0; v < profiles.size(); ++v)
+      for (const Tier& tier : tiers()) compare_at_budgets(profiles[v], tier, m.name + " times " + std::to_string(v), c);
+  }
   // The comparison covers plans that offload, and plans whose copies queue behind each other.
-  EXPECT_GT(compared, 300u);
-  EXPECT_GT(with_offloads, 100u);
-  EXPECT_GT(with_queued, 20u);
-  EXPECT_GT(refused, 0u);
+  EXPECT_GT(c.compared, 900u);
+  EXPECT_GT(c.with_offloads, 300u);
+  EXPECT_GT(c.with_queued, 60u);
+  EXPECT_GT(c.refused, 0u);
 }
 
 // The comparison sees every field: a plan differs from itself with one decision, deadline or prefetch
@@ -188,8 +209,9 @@ TEST(PlanOffloadPeak, PlanDifferenceNamesEveryChange) {
 
 // The model against the simulator, over random sequences of releases (offloads and recomputes) from
 // everything kept: where a price is exact it is the simulator's peak, else a lower bound of it (or the
-// threshold is reached in both). An exact change is committed; after any other the model is built again
-// from the simulator's prediction and its fetches on demand, and is then the simulator's figure for figure.
+// threshold is reached in both). An exact change is committed, after which every forward and backward figure
+// is the simulator's; after any other the model is built again from the simulator's prediction and its
+// fetches on demand, and is then the simulator's figure for figure too.
 TEST(PlanOffloadPeak, ModelIsExactOrALowerBound) {
   std::mt19937 rng(17);
   size_t exact = 0, priced = 0, rebuilt = 0;
@@ -230,6 +252,7 @@ TEST(PlanOffloadPeak, ModelIsExactOrALowerBound) {
             EXPECT_EQ(p.peak, truth.peak_bytes) << "group " << i << " " << memory::to_string(to);
             ++exact;
             model->commit(i, to);
+            EXPECT_TRUE(model->matches(truth)) << "group " << i << " " << memory::to_string(to) << " committed";
             continue;
           }
           EXPECT_LE(std::min(p.peak, stop_at), truth.peak_bytes) << "group " << i << " " << memory::to_string(to);

@@ -526,6 +526,7 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
   touch_epoch_.resize(bytes_.size());
   for (size_t s = 0; s < bytes_.size(); ++s) touch_epoch_[s] = is_group_[s] ? 0 : kNotGroup;
   move_.assign(bytes_.size(), Move{0, kSeveral});
+  arrive_.assign(nb_, 0);
   build();
 }
 
@@ -794,6 +795,7 @@ inline bool IncrementalPeak::resimulate_step(Evaluation& e, int64_t j, OverlaySt
   // A key the committed plan restored here but this run did not stays dropped in this run.
   for (int k : restored_at_[ju])
     if (!in_overlay(k)) st.set(k, State::Dropped);
+  if (ju + 1 < nb_) resident += arrive_[ju + 1];
   return false;
 }
 
@@ -964,6 +966,10 @@ void IncrementalPeak::add_backward(size_t from, size_t until, int64_t delta) {
   if (from >= until || delta == 0) return;
   backward_.add(from, until - 1, delta);
   resident_.add(from, until - 1, delta);
+  // The resident count at a step's start is the previous step's at its end plus arrive_: the range's first
+  // step gains delta, the step after its last loses it.
+  if (from > 0) arrive_[from] += delta;
+  if (until < nb_) arrive_[until] -= delta;
   peak_step_ = -1;
   last_.valid = false;
 }

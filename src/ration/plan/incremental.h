@@ -461,6 +461,9 @@ class IncrementalPeak {
                                                    // steps touching it; ascending
   Tree forward_, backward_;
   Fenwick resident_;                               // by backward step: resident bytes at its start
+  // By backward step: bytes a run's resident count gains at its start beyond what the walk itself holds (an
+  // offloaded group's range, add_backward): the window carries it from step to step.
+  std::vector<int64_t> arrive_;
   std::vector<int64_t> step_gain_;                 // by backward step: resident plus transient bytes at its
                                                    // end (before its releases) less resident at its start
                                                    // (shifts and range adds move both alike)

@@ -40,6 +40,8 @@ class OffloadPeak {
               const std::vector<int64_t>* on_demand = nullptr);
   // Whether every figure of the model is the simulator's (always, built without copies).
   bool in_step() const { return in_step_; }
+  // Whether every forward and backward figure of `p` (the simulator's, for the committed plan) is the model's.
+  bool matches(const Prediction& p) const { return inc_.matches(p); }
 
   int64_t peak() const { return inc_.peak(); }
   struct Price {
