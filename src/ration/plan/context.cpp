@@ -192,8 +192,13 @@ Decision PlanContext::release_decision(size_t i, const std::vector<Decision>& de
   int64_t offloaded = 0;
   for (size_t j = 0; j < groups_.size(); ++j)
     if (j != i && decisions[j] == Decision::Offload) offloaded += in_tier(groups_[j].bytes);
-  return in_tier(groups_[i].bytes) <= options_.offload->capacity_bytes - offloaded ? Decision::Offload
-                                                                                   : Decision::Recompute;
+  return release_decision(i, offloaded);
+}
+
+Decision PlanContext::release_decision(size_t i, int64_t offloaded_in_tier) const {
+  if (release_as_[i] != Decision::Offload) return release_as_[i];
+  return in_tier(groups_[i].bytes) <= options_.offload->capacity_bytes - offloaded_in_tier ? Decision::Offload
+                                                                                           : Decision::Recompute;
 }
 
 bool PlanContext::keep_or_recompute(const std::vector<Decision>& d) const {
@@ -358,6 +363,7 @@ int64_t PlanContext::descend_by_offload_peak(std::vector<Decision>& d, int64_t t
   if (trail != nullptr) trail->start = peak;
   Prediction simulated;  // the last simulated try, whole where it ran to the end
   std::vector<int64_t> on_demand;
+  int64_t in_tier_bytes = 0;  // the offloaded groups' room in the tier (release_decision)
   // A try's peak where below `peak` (exact), else a value >= peak; `by_simulation`: priced by the simulator.
   auto price = [&](size_t i, Decision to, bool& by_simulation) {
     if (model) {
@@ -379,7 +385,7 @@ int64_t PlanContext::descend_by_offload_peak(std::vector<Decision>& d, int64_t t
     progress = false;
     for (size_t i : order) {
       if (d[i] != Decision::Keep) continue;
-      Decision to = release_decision(i, d);
+      Decision to = release_decision(i, in_tier_bytes);
       bool by_simulation = false;
       int64_t p = price(i, to, by_simulation);
       if (p >= peak && to == Decision::Offload) {  // an offload held too long to help: try recomputing it
@@ -389,6 +395,7 @@ int64_t PlanContext::descend_by_offload_peak(std::vector<Decision>& d, int64_t t
       if (p >= peak) continue;
       d[i] = to;
       peak = p;
+      if (to == Decision::Offload) in_tier_bytes += in_tier(groups_[i].bytes);
       if (model && !by_simulation) {
         model->commit(i, to);
       } else if (model) {

@@ -145,6 +145,8 @@ class PlanContext {
   bool within_floor_known_ = false;  // budget_within_floor answered true once
   std::optional<Choice> stable_plan_;
   bool stable_plan_known_ = false;
+  // release_decision with the tier's room taken by the offloaded groups (each rounded to a page) given.
+  Decision release_decision(size_t i, int64_t offloaded_in_tier) const;
   // The descent with offload, each try priced by the offload-aware incremental peak (plan/offload_peak.h)
   // where its answer is exact, else by a whole-step simulation; the same releases as descend's own loop.
   bool offload_peak_applies(const std::vector<Decision>& decisions) const;

@@ -27,6 +27,8 @@ OffloadPeak::OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vec
     offloaded_.push_back(static_cast<int>(s));
   }
   schedule_ = schedule_offloads(g, by_storage_, costs);
+  tried_ = schedule_;
+  written_ = offloaded_;
   if (offloaded_.empty()) return;
   RATION_ASSERT(simulated != nullptr && on_demand != nullptr, "offload peak: a plan with copies needs its simulation");
   hold_copies(*simulated, *on_demand);
@@ -132,9 +134,14 @@ OffloadPeak::Price OffloadPeak::price(size_t g, Decision to, int64_t stop_at) {
     p.exact = p.peak >= stop_at || !inc_.last_touches_before(held_);
     return p;
   }
-  by_storage_[s] = Decision::Offload;
-  tried_ = schedule_offloads(g_, by_storage_, costs_);
-  by_storage_[s] = Decision::Keep;
+  // The timeline with s among the copies, in tried_ (only the entries the last timeline wrote are reset).
+  for (const int t : written_) {
+    tried_.deadline[static_cast<size_t>(t)] = -1;
+    tried_.prefetch[static_cast<size_t>(t)] = 0;
+  }
+  written_ = offloaded_;
+  written_.push_back(static_cast<int>(s));
+  schedule_offloads(g_, written_, costs_, tried_);
   p.exact = shifts_to_tried(s);
   apply(shifts_, 1);
   p.peak = inc_.peak();
@@ -153,7 +160,7 @@ void OffloadPeak::commit(size_t g, Decision to) {
   apply(shifts_, 1);
   inc_.mark_offloaded(g);
   offloaded_.push_back(static_cast<int>(s));
-  schedule_ = std::move(tried_);
+  std::swap(schedule_, tried_);  // tried_ now holds the entries of the copies before s: written_ minus s
   // The shifts moved each copy's held range as priced: to its new prefetch step, or kept where a fetch on
   // demand comes first.
   for (const int ti : offloaded_) {

@@ -83,8 +83,9 @@ class OffloadPeak {
   std::vector<int64_t> held_, demand_;
   std::vector<char> read_back_;       // by storage: backward reads it (a copy of it is fetched)
   bool in_step_ = true;
-  // The last offload priced: its timeline and shifts.
+  // The last offload priced: its timeline (entries for the storages in written_ only) and shifts.
   OffloadSchedule tried_;
+  std::vector<int> written_;
   std::vector<Shift> shifts_;
 };
 

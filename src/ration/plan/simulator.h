@@ -28,6 +28,11 @@ Prediction simulate(const PlanGraph& graph, const std::vector<Decision>& decisio
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule, int64_t stop_at,
                     bool* stopped, std::vector<int64_t>* fetched_on_demand = nullptr);
 OffloadSchedule schedule_offloads(const PlanGraph& graph, const std::vector<Decision>& decision, const OffloadCosts& costs);
+// The same timeline for the storages `offloaded` (any order), written into `schedule`, whose entries for
+// every other storage must be -1 (deadline) and 0 (prefetch) already: a caller pricing many timelines
+// resets only the entries it wrote.
+void schedule_offloads(const PlanGraph& graph, const std::vector<int>& offloaded, const OffloadCosts& costs,
+                       OffloadSchedule& schedule);
 void relax_deadlines(const PlanGraph& graph, const std::vector<Decision>& decision,
                      const std::vector<int64_t>& forward_peaks, int64_t bound, OffloadSchedule& schedule);
 
