@@ -209,7 +209,8 @@ int main(int argc, char** argv) {
                          {"plan_cpu_ms", bench::median(d.cpu[c])},
                          {"plan_ms_min", *std::min_element(d.wall[c].begin(), d.wall[c].end())},
                          {"plan_cpu_ms_min", *std::min_element(d.cpu[c].begin(), d.cpu[c].end())},
-                         {"offload", columns[c].offload}, {"offloaded_groups", plan.offloaded_groups},
+                         {"offload", columns[c].offload}, {"offload_peak", columns[c].offload_peak},
+                         {"offloaded_groups", plan.offloaded_groups},
                          {"predicted_peak_bytes", plan.prediction.peak_bytes},
                          {"kept_groups", plan.kept_groups}, {"predicted_recompute_ms", plan.prediction.recompute_ms}});
       }

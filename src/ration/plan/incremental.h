@@ -1,9 +1,11 @@
 // plan/incremental.h — the predicted peak of a keep/recompute plan, kept up to date as single groups
 // change decision, so that a strategy trying thousands of changes pays near-linear time in total
 // instead of one whole-step simulation per try.
-// Owns: the peak under keep/recompute decisions without transient re-runs or offload, exactly as the
-//       simulator (plan/simulator.h) computes it. Does not own: the simulator's rules (it runs the same
-//       rules step by step), offload or binomial chain plans (those use the simulator directly).
+// Owns: the peak under keep/recompute decisions without transient re-runs, exactly as the simulator
+//       (plan/simulator.h) computes it; groups marked offloaded are held as kept ones, their bytes moved by
+//       the caller's range adds (plan/offload_peak.h), which a re-simulated window carries from step to step
+//       (arrive_). Does not own: the simulator's rules (it runs the same rules step by step), the copy
+//       queues (plan/offload_peak.h), binomial chain plans (those use the simulator directly).
 //
 // How: forward peaks are the measured ones minus the groups released after their last forward use, so a
 // change is a range add over node positions (a segment tree with range add and range max). Backward, a

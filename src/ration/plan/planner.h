@@ -7,7 +7,8 @@
 //   shares (context.h) -> the strategy's decisions (strategies.cpp; chain.h for binomial chain schedules)
 //   -> the user's overrides (--keep-groups / --keep-bytes, planner.cpp) -> the final prediction.
 // - Predictions: simulator.h replays a whole step; incremental.h keeps a keep/recompute peak up to date as
-//   single groups change (the descents' thousands of tries), giving the simulator's numbers to the byte.
+//   single groups change (the descents' thousands of tries), giving the simulator's numbers to the byte;
+//   offload_peak.h does the same with an offload tier (a try the model cannot price exactly is simulated).
 // - Around it: report.h (JSON, table) and html.h print a plan; runtime/budget_policy.h executes it.
 //
 // From a measured StepProfile and a device-memory budget, decide for every saved group whether it is
