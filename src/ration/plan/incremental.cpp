@@ -223,6 +223,11 @@ struct StepRun {
   // value reaches the caller's threshold, so the rest of the re-run cascade is not simulated.
   int64_t stop_recompute_at = std::numeric_limits<int64_t>::max();
   bool stopped = false;
+  // IncrementalPeak::watch_reads: this step's index, and whether a re-run read a value of storage s before
+  // step (*held_from)[s].
+  const std::vector<int64_t>* held_from = nullptr;
+  int64_t step = 0;
+  bool read_early = false;
 
   // `k`: a key, or kNeverUsable (inputs no node produces are not in the records).
   bool usable(int k) {
@@ -258,6 +263,10 @@ struct StepRun {
     for (size_t i = 0; i < node.inputs(); ++i) {
       const int in = node.input(i);
       touch(in);
+      if (held_from != nullptr && in >= 0) {
+        const int s = keys[static_cast<size_t>(in)].storage;
+        read_early = read_early || (s >= 0 && step < (*held_from)[static_cast<size_t>(s)]);
+      }
       if (!usable(in)) rerun(node.producer(i));
       if (stopped) return;
     }
@@ -628,6 +637,7 @@ struct IncrementalPeak::OverlayState {
 // rejected unpriced, no backward step touching s, a release restored inside a cascade anyway), then the
 // backward window from the first step touching s (evaluate_window), the forward part last (with_forward).
 void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t stop_at, bool lazy) {
+  read_early_ = false;
   e.storage = s;
   e.to = to;
   e.used = 0;  // e.steps keeps its step results (and their buffers) from earlier evaluations
@@ -771,6 +781,8 @@ inline bool IncrementalPeak::resimulate_step(Evaluation& e, int64_t j, OverlaySt
                             bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                             st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
   run.recompute_peak = resident;
+  run.held_from = held_from_;
+  run.step = j;
   const plan_detail::StepOther& other = other_[ju];
   if (stop_at != kExact) run.stop_recompute_at = stop_at - other.start - extra_;
   for (int k : saved_at_[ju]) {
@@ -778,6 +790,7 @@ inline bool IncrementalPeak::resimulate_step(Evaluation& e, int64_t j, OverlaySt
     if (!run.usable(k)) run.rerun(keys_[static_cast<size_t>(k)].producer);
     if (run.stopped) break;
   }
+  read_early_ = read_early_ || run.read_early;
   if (run.stopped) {
     peak = std::max(peak, other.start + run.recompute_peak + extra_);
     return true;
@@ -983,16 +996,6 @@ void IncrementalPeak::set_backward_value(size_t j, int64_t value) {
 int64_t IncrementalPeak::first_touch(size_t s) const {
   const auto touches = touches_[s];
   return touches.empty() ? static_cast<int64_t>(nb_) : static_cast<int64_t>(touch_id(touches.front()));
-}
-
-bool IncrementalPeak::last_touches_before(const std::vector<int64_t>& before) const {
-  for (size_t u = 0; u < last_.used; ++u) {
-    const StepResult& r = last_.steps[u];
-    if (r.adds_storage_keys) continue;  // the committed step's lists
-    for (int t : r.touched)
-      if (r.step < before[static_cast<size_t>(touch_id(t))]) return true;
-  }
-  return false;
 }
 
 bool IncrementalPeak::matches(const Prediction& p) const {

@@ -246,8 +246,11 @@ class IncrementalPeak {
   void set_backward_value(size_t j, int64_t value);
   // The first backward step that touches group storage `s` in the committed plan (steps() where none).
   int64_t first_touch(size_t s) const;
-  // Whether the last peak_if re-simulated a step that touches some group storage s before step before[s].
-  bool last_touches_before(const std::vector<int64_t>& before) const;
+  // Watch re-runs' reads: where a step a later peak_if re-simulates has a re-run read a value of storage s
+  // before step (*held_from)[s], last_read_early() says so (an offloaded group the simulator would fetch on
+  // demand there). Null: not watched.
+  void watch_reads(const std::vector<int64_t>* held_from) { held_from_ = held_from; }
+  bool last_read_early() const { return read_early_; }
   // Whether every forward and backward figure of `p` is this peak's.
   bool matches(const Prediction& p) const;
   size_t nodes() const { return nn_; }
@@ -471,6 +474,8 @@ class IncrementalPeak {
                                                    // (shifts and range adds move both alike)
   Evaluation last_;
   int64_t peak_step_ = -1;  // peak_step's answer for the committed plan; -1: not known
+  const std::vector<int64_t>* held_from_ = nullptr;  // watch_reads
+  bool read_early_ = false;                           // in the last evaluation's re-simulated steps
 
   // Scratch of the run being simulated (epoch stamps avoid clearing).
   std::vector<plan_detail::NodeMark> node_mark_;  // by node, plus one

@@ -26,6 +26,7 @@ OffloadPeak::OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vec
     inc_.mark_offloaded(i);
     offloaded_.push_back(static_cast<int>(s));
   }
+  inc_.watch_reads(&held_);
   schedule_ = schedule_offloads(g, by_storage_, costs);
   tried_ = schedule_;
   written_ = offloaded_;
@@ -131,7 +132,7 @@ OffloadPeak::Price OffloadPeak::price(size_t g, Decision to, int64_t stop_at) {
   Price p;
   if (to == Decision::Recompute) {
     p.peak = inc_.peak_if(g, Decision::Recompute, stop_at);
-    p.exact = p.peak >= stop_at || !inc_.last_touches_before(held_);
+    p.exact = p.peak >= stop_at || !inc_.last_read_early();
     return p;
   }
   // The timeline with s among the copies, in tried_ (only the entries the last timeline wrote are reset).

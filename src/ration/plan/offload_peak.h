@@ -14,9 +14,9 @@
 // group's, and those of the copies whose deadline or fetch step the new timeline moves.
 // The simulator also fetches a value on demand when a re-run reads it before its prefetch step; that
 // holds it longer than the model does, so the model's peaks are then lower bounds, step by step: its
-// rejections hold, and its acceptances are marked inexact (the caller simulates that try) where a step
-// touches a copy before the model holds it (a try's re-simulated steps, or the committed plan's first touch
-// of a copy whose fetch moves later, or a prefetch moving to or before a fetch on demand). After such a try
+// rejections hold, and its acceptances are marked inexact (the caller simulates that try) where a re-run
+// reads a copy before the model holds it (in a step the try re-simulates), a step touches a copy whose fetch
+// the try moves later before that fetch, or a prefetch moves to or before a fetch on demand. After such a try
 // is taken the model is built again for the plan, with the simulator's fetches on demand: such a copy held
 // from the next step on, the step's own figure the simulator's.
 #pragma once
@@ -38,6 +38,8 @@ class OffloadPeak {
   OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vector<Group>& groups, const OffloadCosts& costs,
               const std::vector<Decision>& decisions, const Prediction* simulated = nullptr,
               const std::vector<int64_t>* on_demand = nullptr);
+  OffloadPeak(const OffloadPeak&) = delete;  // its peak watches reads through a pointer to held_
+  OffloadPeak& operator=(const OffloadPeak&) = delete;
   // Whether every figure of the model is the simulator's (always, built without copies).
   bool in_step() const { return in_step_; }
   // Whether every forward and backward figure of `p` (the simulator's, for the committed plan) is the model's.
