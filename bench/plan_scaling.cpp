@@ -14,7 +14,12 @@
 // disturbed least, the estimate of what the algorithm costs (Chen & Revels, "Robust benchmarking in noisy
 // environments", 2016); the median shows what a user of the same machine saw.
 //
-// usage: bench_plan_scaling [--layers 4,12,...] [--reps N] [--out FILE.json] [CONFIG.toml] [--set k=v ...]
+// The offload columns plan with a slow tier: "offload@0.5" as the planner does (its descents priced by the
+// offload-aware incremental peak), "offload-sim@0.5" with a whole-step simulation per try (as before it,
+// PlanOptions::offload_peak off); the two plans must be the same plan (checked on every repetition).
+//
+// usage: bench_plan_scaling [--layers 4,12,...] [--reps N] [--offload-layers N] [--out FILE.json] [CONFIG.toml]
+//                           [--set k=v ...]
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -57,6 +62,7 @@ int main(int argc, char** argv) {
   std::vector<int> layers = {4, 12, 24, 48, 96, 192, 384};
   std::vector<double> fractions = {0.1, 0.5, 0.9};  // budget = minimum + f * (unconstrained - minimum)
   int reps = 1;
+  int offload_layers = 192;  // the offload columns are planned up to this depth
   std::string out = "bench/results/plan_scaling.json", config = "configs/gpt.toml";
   std::vector<std::string> overrides = {"model.n_embd=64", "model.n_head=4"};
   for (int i = 1; i < argc; ++i) {
@@ -65,6 +71,8 @@ int main(int argc, char** argv) {
       layers = bench::numbers<int>(argv[++i]);
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::stoi(argv[++i]);
+    } else if (a == "--offload-layers" && i + 1 < argc) {
+      offload_layers = std::stoi(argv[++i]);
     } else if (a == "--out" && i + 1 < argc) {
       out = argv[++i];
     } else if (a == "--set" && i + 1 < argc) {
@@ -76,9 +84,9 @@ int main(int argc, char** argv) {
   try {
     memory::install_counting_allocator();
     std::printf("gpt, %s, plan time (make_plan only; median of %d interleaved repetitions) vs depth\n", config.c_str(), reps);
-    std::printf("%8s %8s %8s %11s %17s %17s %17s %17s %17s %17s %17s %17s %17s %11s %9s\n", "n_layer", "groups", "nodes",
+    std::printf("%8s %8s %8s %11s %17s %17s %17s %17s %17s %17s %17s %17s %17s %17s %11s %9s\n", "n_layer", "groups", "nodes",
                 "profile_ms", "minimum wall/cpu", "knap@0.1 w/c", "knap@0.5 w/c", "knap@0.9 w/c", "ord-sets@0.5 w/c",
-                "uniform w/c", "re-plan@0.1 w/c", "re-plan@0.5 w/c", "offload@0.5 w/c",
+                "uniform w/c", "re-plan@0.1 w/c", "re-plan@0.5 w/c", "offload@0.5 w/c", "off-sim@0.5 w/c",
                 "minimum", "sim cpu");
     // Columns: the loose plan (finds the minimum), the knapsack at three budgets, ordered-sets and
     // uniform, and the knapsack as the trainer re-plans (PlanOptions::report_minimum off: the floor is
@@ -89,7 +97,8 @@ int main(int argc, char** argv) {
       memory::Strategy strategy;
       double fraction;  // < 0: the loose budget
       bool report_minimum = true;
-      bool offload = false;  // with a tier (kOffloadCosts), planned up to kOffloadLayers only
+      bool offload = false;  // with a tier (kOffloadCosts), planned up to --offload-layers only
+      bool offload_peak = true;  // PlanOptions::offload_peak
     };
     const std::vector<Column> columns = {{"minimum", memory::Strategy::Knapsack, -1},
                                          {"knapsack@0.1", memory::Strategy::Knapsack, fractions[0]},
@@ -99,12 +108,12 @@ int main(int argc, char** argv) {
                                          {"uniform", memory::Strategy::Uniform, -1},
                                          {"re-plan@0.1", memory::Strategy::Knapsack, fractions[0], false},
                                          {"re-plan@0.5", memory::Strategy::Knapsack, fractions[1], false},
-                                         {"offload@0.5", memory::Strategy::Knapsack, fractions[1], true, true}};
+                                         {"offload@0.5", memory::Strategy::Knapsack, fractions[1], true, true},
+                                         {"offload-sim@0.5", memory::Strategy::Knapsack, fractions[1], true, true, false}};
+    const size_t kOffloadColumn = columns.size() - 2, kOffloadSimColumn = columns.size() - 1;
     // The offload column: a tier of 200 MB/s each way (slow enough that copies compete for the queues and
-    // prefetches run many nodes ahead), 0.01 ms a copy, groups of 4 KiB and more. Its tries are priced by
-    // whole-step simulations (no incremental peak covers offload yet), so it stops at 96 layers.
+    // prefetches run many nodes ahead), 0.01 ms a copy, groups of 4 KiB and more.
     const memory::OffloadCosts kOffloadCosts{2e5, 2e5, 0.01, 4096, 2};
-    constexpr int kOffloadLayers = 96;
     // Every depth is profiled first; then the repetitions are interleaved (each repetition plans every
     // depth and column once), so that the machine's speed drifting between minutes moves every depth's
     // times alike instead of one depth's.
@@ -141,6 +150,7 @@ int main(int argc, char** argv) {
         po.report_minimum = col.report_minimum;
         if (col.fraction >= 0) po.budget_bytes = lo + static_cast<int64_t>(col.fraction * static_cast<double>(hi - lo));
         if (col.offload) po.offload = kOffloadCosts;
+        po.offload_peak = col.offload_peak;
         d.options.push_back(po);
       }
       d.wall.resize(columns.size());
@@ -153,13 +163,17 @@ int main(int argc, char** argv) {
         Depth& d = depths[di];
         if (r < reps) {
           for (size_t c = 0; c < columns.size(); ++c) {
-            if (columns[c].offload && d.layers > kOffloadLayers) continue;
+            if (columns[c].offload && d.layers > offload_layers) continue;
             Timed t = timed_plan(d.profile, d.options[c]);
             d.wall[c].push_back(t.wall_ms);
             d.cpu[c].push_back(t.cpu_ms);
             last[di][c] = std::move(t.plan);
           }
           d.mid = last[di][2];
+          if (d.layers <= offload_layers) {
+            const std::string differs = memory::plan_difference(last[di][kOffloadColumn], last[di][kOffloadSimColumn]);
+            RATION_CHECK(differs.empty(), "bench_plan_scaling: the offload plans differ at ", d.layers, " layers: ", differs);
+          }
         }
         // Yardstick: one whole-step simulation of the knapsack@0.5 plan, a linear pass over the step by
         // construction. How its time grows on this machine between depths is what a pass over data of
@@ -195,7 +209,8 @@ int main(int argc, char** argv) {
                          {"plan_cpu_ms", bench::median(d.cpu[c])},
                          {"plan_ms_min", *std::min_element(d.wall[c].begin(), d.wall[c].end())},
                          {"plan_cpu_ms_min", *std::min_element(d.cpu[c].begin(), d.cpu[c].end())},
-                         {"offload", columns[c].offload}, {"offloaded_groups", plan.offloaded_groups},
+                         {"offload", columns[c].offload}, {"offload_peak", columns[c].offload_peak},
+                         {"offloaded_groups", plan.offloaded_groups},
                          {"predicted_peak_bytes", plan.prediction.peak_bytes},
                          {"kept_groups", plan.kept_groups}, {"predicted_recompute_ms", plan.prediction.recompute_ms}});
       }

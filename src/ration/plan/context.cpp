@@ -8,6 +8,7 @@
 #include "ration/base/check.h"
 #include "ration/base/allocator.h"
 #include "ration/plan/incremental.h"
+#include "ration/plan/offload_peak.h"
 #include "ration/plan/simulator.h"
 
 namespace ration::memory {
@@ -191,8 +192,13 @@ Decision PlanContext::release_decision(size_t i, const std::vector<Decision>& de
   int64_t offloaded = 0;
   for (size_t j = 0; j < groups_.size(); ++j)
     if (j != i && decisions[j] == Decision::Offload) offloaded += in_tier(groups_[j].bytes);
-  return in_tier(groups_[i].bytes) <= options_.offload->capacity_bytes - offloaded ? Decision::Offload
-                                                                                   : Decision::Recompute;
+  return release_decision(i, offloaded);
+}
+
+Decision PlanContext::release_decision(size_t i, int64_t offloaded_in_tier) const {
+  if (release_as_[i] != Decision::Offload) return release_as_[i];
+  return in_tier(groups_[i].bytes) <= options_.offload->capacity_bytes - offloaded_in_tier ? Decision::Offload
+                                                                                           : Decision::Recompute;
 }
 
 bool PlanContext::keep_or_recompute(const std::vector<Decision>& d) const {
@@ -311,6 +317,7 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
     return descend_by_recompute(d, target, order, reached != nullptr ? *reached : own, trail);
   }
   if (reached != nullptr) reached->reset();
+  if (offload_peak_applies(d)) return descend_by_offload_peak(d, target, order, trail);
   int64_t peak = predict(d).peak_bytes;
   if (trail != nullptr) trail->start = peak;
   bool progress = true;
@@ -333,6 +340,73 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
       } else {
         d[i] = Decision::Keep;
       }
+    }
+  }
+  return peak;
+}
+
+bool PlanContext::offload_peak_applies(const std::vector<Decision>& d) const {
+  return options_.offload && options_.offload_peak && options_.offload->copy_in == CopyInMemory::Fresh &&
+         std::find(d.begin(), d.end(), Decision::Offload) == d.end();
+}
+
+// descend's loop with offload, each try priced by the offload-aware peak. Its rejections hold (its peaks are
+// lower bounds of the simulator's); an acceptance is simulated where the model's answer is not exact (a
+// re-run would read a copy before the model holds it), and once such a release is taken the model is built
+// again for the plan, with the simulator's fetches on demand. Where that model is not the simulator's
+// figure for figure, the rest of the descent is simulated.
+int64_t PlanContext::descend_by_offload_peak(std::vector<Decision>& d, int64_t target, const std::vector<size_t>& order,
+                                             Trail* trail) const {
+  std::optional<OffloadPeak> model;
+  model.emplace(incremental(d), *graph_, groups_, *options_.offload, d);
+  int64_t peak = model->peak();
+  if (trail != nullptr) trail->start = peak;
+  Prediction simulated;  // the last simulated try, whole where it ran to the end
+  std::vector<int64_t> on_demand;
+  int64_t in_tier_bytes = 0;  // the offloaded groups' room in the tier (release_decision)
+  // A try's peak where below `peak` (exact), else a value >= peak; `by_simulation`: priced by the simulator.
+  auto price = [&](size_t i, Decision to, bool& by_simulation) {
+    if (model) {
+      const OffloadPeak::Price p = model->price(i, to, peak);
+      by_simulation = p.peak < peak && !p.exact;
+      if (!by_simulation) return p.peak;
+    }
+    by_simulation = true;
+    d[i] = to;
+    const std::vector<Decision>& by_storage_now = by_storage(d);
+    const OffloadSchedule sch = schedule_offloads(*graph_, by_storage_now, *options_.offload);
+    on_demand.assign(graph_->storages, -1);
+    simulated = simulate(*graph_, by_storage_now, options_.extra_fixed_bytes, {}, &sch, peak, nullptr, &on_demand);
+    d[i] = Decision::Keep;
+    return simulated.peak_bytes;
+  };
+  bool progress = true;
+  while (peak > target && progress) {
+    progress = false;
+    for (size_t i : order) {
+      if (d[i] != Decision::Keep) continue;
+      Decision to = release_decision(i, in_tier_bytes);
+      bool by_simulation = false;
+      int64_t p = price(i, to, by_simulation);
+      if (p >= peak && to == Decision::Offload) {  // an offload held too long to help: try recomputing it
+        to = Decision::Recompute;
+        p = price(i, to, by_simulation);
+      }
+      if (p >= peak) continue;
+      d[i] = to;
+      peak = p;
+      if (to == Decision::Offload) in_tier_bytes += in_tier(groups_[i].bytes);
+      if (model && !by_simulation) {
+        model->commit(i, to);
+      } else if (model) {
+        std::vector<Decision> held = d;  // the keep/recompute part: a copy is held as a kept group
+        std::replace(held.begin(), held.end(), Decision::Offload, Decision::Keep);
+        model.emplace(incremental(held), *graph_, groups_, *options_.offload, d, &simulated, &on_demand);
+        if (!model->in_step()) model.reset();
+      }
+      if (trail != nullptr) trail->releases.push_back({i, to, peak});
+      progress = true;
+      if (peak <= target) break;
     }
   }
   return peak;

@@ -145,6 +145,13 @@ class PlanContext {
   bool within_floor_known_ = false;  // budget_within_floor answered true once
   std::optional<Choice> stable_plan_;
   bool stable_plan_known_ = false;
+  // release_decision with the tier's room taken by the offloaded groups (each rounded to a page) given.
+  Decision release_decision(size_t i, int64_t offloaded_in_tier) const;
+  // The descent with offload, each try priced by the offload-aware incremental peak (plan/offload_peak.h)
+  // where its answer is exact, else by a whole-step simulation; the same releases as descend's own loop.
+  bool offload_peak_applies(const std::vector<Decision>& decisions) const;
+  int64_t descend_by_offload_peak(std::vector<Decision>& decisions, int64_t target, const std::vector<size_t>& order,
+                                  Trail* trail) const;
   // The keep/recompute descent (every release a recompute), priced by the incremental peak left in `inc`.
   int64_t descend_by_recompute(std::vector<Decision>& decisions, int64_t target, const std::vector<size_t>& order,
                                std::optional<IncrementalPeak>& inc, Trail* trail = nullptr) const;

@@ -223,6 +223,11 @@ struct StepRun {
   // value reaches the caller's threshold, so the rest of the re-run cascade is not simulated.
   int64_t stop_recompute_at = std::numeric_limits<int64_t>::max();
   bool stopped = false;
+  // IncrementalPeak::watch_reads: this step's index, and whether a re-run read a value of storage s before
+  // step (*held_from)[s].
+  const std::vector<int64_t>* held_from = nullptr;
+  int64_t step = 0;
+  bool read_early = false;
 
   // `k`: a key, or kNeverUsable (inputs no node produces are not in the records).
   bool usable(int k) {
@@ -258,6 +263,10 @@ struct StepRun {
     for (size_t i = 0; i < node.inputs(); ++i) {
       const int in = node.input(i);
       touch(in);
+      if (held_from != nullptr && in >= 0) {
+        const int s = keys[static_cast<size_t>(in)].storage;
+        read_early = read_early || (s >= 0 && step < (*held_from)[static_cast<size_t>(s)]);
+      }
       if (!usable(in)) rerun(node.producer(i));
       if (stopped) return;
     }
@@ -526,6 +535,7 @@ IncrementalPeak::IncrementalPeak(std::shared_ptr<const Static> shared, const std
   touch_epoch_.resize(bytes_.size());
   for (size_t s = 0; s < bytes_.size(); ++s) touch_epoch_[s] = is_group_[s] ? 0 : kNotGroup;
   move_.assign(bytes_.size(), Move{0, kSeveral});
+  arrive_.assign(nb_, 0);
   build();
 }
 
@@ -627,6 +637,7 @@ struct IncrementalPeak::OverlayState {
 // rejected unpriced, no backward step touching s, a release restored inside a cascade anyway), then the
 // backward window from the first step touching s (evaluate_window), the forward part last (with_forward).
 void IncrementalPeak::evaluate(size_t s, Decision to, Evaluation& e, int64_t stop_at, bool lazy) {
+  read_early_ = false;
   e.storage = s;
   e.to = to;
   e.used = 0;  // e.steps keeps its step results (and their buffers) from earlier evaluations
@@ -770,6 +781,8 @@ inline bool IncrementalPeak::resimulate_step(Evaluation& e, int64_t j, OverlaySt
                             bytes_, node_mark_, transient_epoch_, ++cache_stamp_, ++transient_stamp_,
                             st, resident, r.touched, r.restored, touch_epoch_, sole_key_};
   run.recompute_peak = resident;
+  run.held_from = held_from_;
+  run.step = j;
   const plan_detail::StepOther& other = other_[ju];
   if (stop_at != kExact) run.stop_recompute_at = stop_at - other.start - extra_;
   for (int k : saved_at_[ju]) {
@@ -777,6 +790,7 @@ inline bool IncrementalPeak::resimulate_step(Evaluation& e, int64_t j, OverlaySt
     if (!run.usable(k)) run.rerun(keys_[static_cast<size_t>(k)].producer);
     if (run.stopped) break;
   }
+  read_early_ = read_early_ || run.read_early;
   if (run.stopped) {
     peak = std::max(peak, other.start + run.recompute_peak + extra_);
     return true;
@@ -794,6 +808,7 @@ inline bool IncrementalPeak::resimulate_step(Evaluation& e, int64_t j, OverlaySt
   // A key the committed plan restored here but this run did not stays dropped in this run.
   for (int k : restored_at_[ju])
     if (!in_overlay(k)) st.set(k, State::Dropped);
+  if (ju + 1 < nb_) resident += arrive_[ju + 1];
   return false;
 }
 
@@ -943,6 +958,53 @@ int64_t IncrementalPeak::next_event(int s, int64_t j) const {
   auto r = std::lower_bound(releases.begin(), releases.end(), j);
   if (r != releases.end()) next = std::min(next, *r);
   return next;
+}
+
+void IncrementalPeak::mark_offloaded(size_t g) {
+  const auto s = static_cast<size_t>(storage_of_group_[g]);
+  RATION_ASSERT(decision_[s] == Decision::Keep, "incremental peak: only a kept group can be marked offloaded");
+  decision_[s] = Decision::Offload;
+  peak_step_ = -1;
+  last_.valid = false;
+}
+
+void IncrementalPeak::add_forward(size_t from, int64_t delta) {
+  if (from >= nn_ || delta == 0) return;
+  forward_.add(from, nn_ - 1, delta);
+  last_.valid = false;
+}
+
+void IncrementalPeak::add_backward(size_t from, size_t until, int64_t delta) {
+  until = std::min(until, nb_);
+  if (from >= until || delta == 0) return;
+  backward_.add(from, until - 1, delta);
+  resident_.add(from, until - 1, delta);
+  // The resident count at a step's start is the previous step's at its end plus arrive_: the range's first
+  // step gains delta, the step after its last loses it.
+  if (from > 0) arrive_[from] += delta;
+  if (until < nb_) arrive_[until] -= delta;
+  peak_step_ = -1;
+  last_.valid = false;
+}
+
+void IncrementalPeak::set_backward_value(size_t j, int64_t value) {
+  backward_.assign(j, value);
+  peak_step_ = -1;
+  last_.valid = false;
+}
+
+int64_t IncrementalPeak::first_touch(size_t s) const {
+  const auto touches = touches_[s];
+  return touches.empty() ? static_cast<int64_t>(nb_) : static_cast<int64_t>(touch_id(touches.front()));
+}
+
+bool IncrementalPeak::matches(const Prediction& p) const {
+  if (p.forward_peaks.size() != nn_ || p.backward_peaks.size() != nb_) return false;
+  for (size_t k = 0; k < nn_; ++k)
+    if (forward_.max(k, k) != p.forward_peaks[k]) return false;
+  for (size_t j = 0; j < nb_; ++j)
+    if (backward_.max(j, j) != p.backward_peaks[j]) return false;
+  return true;
 }
 
 int64_t IncrementalPeak::peak_if(size_t g, Decision d, int64_t stop_at) {

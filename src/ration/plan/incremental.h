@@ -1,9 +1,11 @@
 // plan/incremental.h — the predicted peak of a keep/recompute plan, kept up to date as single groups
 // change decision, so that a strategy trying thousands of changes pays near-linear time in total
 // instead of one whole-step simulation per try.
-// Owns: the peak under keep/recompute decisions without transient re-runs or offload, exactly as the
-//       simulator (plan/simulator.h) computes it. Does not own: the simulator's rules (it runs the same
-//       rules step by step), offload or binomial chain plans (those use the simulator directly).
+// Owns: the peak under keep/recompute decisions without transient re-runs, exactly as the simulator
+//       (plan/simulator.h) computes it; groups marked offloaded are held as kept ones, their bytes moved by
+//       the caller's range adds (plan/offload_peak.h), which a re-simulated window carries from step to step
+//       (arrive_). Does not own: the simulator's rules (it runs the same rules step by step), the copy
+//       queues (plan/offload_peak.h), binomial chain plans (those use the simulator directly).
 //
 // How: forward peaks are the measured ones minus the groups released after their last forward use, so a
 // change is a range add over node positions (a segment tree with range add and range max). Backward, a
@@ -232,6 +234,28 @@ class IncrementalPeak {
   // Make group `g` take decision `d`.
   void set(size_t g, Decision d);
 
+  // Offloaded groups (plan/offload_peak.h): a group marked offloaded is held as a kept one is (its values
+  // usable, its producer never re-run for it); the caller moves its bytes to where the copy queues put them
+  // with range adds on the committed peaks.
+  void mark_offloaded(size_t g);
+  void add_forward(size_t from, int64_t delta);                 // forward nodes `from` to the last
+  void add_backward(size_t from, size_t until, int64_t delta);  // backward steps [from, until)
+  // One committed figure: forward node k's, backward step j's (and setting step j's).
+  int64_t forward_value(size_t k) const { return forward_.max(k, k); }
+  int64_t backward_value(size_t j) const { return backward_.max(j, j); }
+  void set_backward_value(size_t j, int64_t value);
+  // The first backward step that touches group storage `s` in the committed plan (steps() where none).
+  int64_t first_touch(size_t s) const;
+  // Watch re-runs' reads: where a step a later peak_if re-simulates has a re-run read a value of storage s
+  // before step (*held_from)[s], last_read_early() says so (an offloaded group the simulator would fetch on
+  // demand there). Null: not watched.
+  void watch_reads(const std::vector<int64_t>* held_from) { held_from_ = held_from; }
+  bool last_read_early() const { return read_early_; }
+  // Whether every forward and backward figure of `p` is this peak's.
+  bool matches(const Prediction& p) const;
+  size_t nodes() const { return nn_; }
+  size_t steps() const { return nb_; }
+
   enum class State : uint8_t { Kept, Dropped, Restored, Released };
   // The committed plan's state of key `k` at the start of backward step `j`: it follows from the key's
   // decision, its restore step and its release step.
@@ -442,11 +466,16 @@ class IncrementalPeak {
                                                    // steps touching it; ascending
   Tree forward_, backward_;
   Fenwick resident_;                               // by backward step: resident bytes at its start
+  // By backward step: bytes a run's resident count gains at its start beyond what the walk itself holds (an
+  // offloaded group's range, add_backward): the window carries it from step to step.
+  std::vector<int64_t> arrive_;
   std::vector<int64_t> step_gain_;                 // by backward step: resident plus transient bytes at its
                                                    // end (before its releases) less resident at its start
                                                    // (shifts and range adds move both alike)
   Evaluation last_;
   int64_t peak_step_ = -1;  // peak_step's answer for the committed plan; -1: not known
+  const std::vector<int64_t>* held_from_ = nullptr;  // watch_reads
+  bool read_early_ = false;                           // in the last evaluation's re-simulated steps
 
   // Scratch of the run being simulated (epoch stamps avoid clearing).
   std::vector<plan_detail::NodeMark> node_mark_;  // by node, plus one

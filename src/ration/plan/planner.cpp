@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <string>
+#include <type_traits>
 
 #include "ration/base/check.h"
 #include "ration/base/allocator.h"
@@ -252,6 +254,55 @@ Plan make_plan(const StepProfile& profile, const PlanOptions& options) {
   // The lowest budget this call meets is the lower of the two floors: report that one.
   if (options.report_minimum) plan.minimum_peak_bytes = std::min(plan.minimum_peak_bytes, PlanContext(profile, without).minimum_peak());
   return plan;
+}
+
+namespace {
+template <class T>
+std::string differs(const char* what, const T& a, const T& b) {
+  if (a == b) return "";
+  if constexpr (std::is_arithmetic_v<T>) return std::string(what) + ": " + std::to_string(a) + " / " + std::to_string(b);
+  else return what;
+}
+
+std::string prediction_difference(const Prediction& a, const Prediction& b) {
+  for (const std::string& d : {differs("predicted peak", a.peak_bytes, b.peak_bytes), differs("peak at", a.peak_at, b.peak_at),
+                               differs("recompute ms", a.recompute_ms, b.recompute_ms),
+                               differs("recomputed nodes", a.recomputed_nodes, b.recomputed_nodes),
+                               differs("offload stall ms", a.offload_stall_ms, b.offload_stall_ms),
+                               differs("offloaded bytes", a.offloaded_bytes, b.offloaded_bytes),
+                               differs("forward peaks", a.forward_peaks, b.forward_peaks),
+                               differs("backward peaks", a.backward_peaks, b.backward_peaks),
+                               differs("copy-in pool", a.copy_in_pool, b.copy_in_pool),
+                               differs("copy-in pool bytes", a.copy_in_pool_bytes, b.copy_in_pool_bytes)})
+    if (!d.empty()) return d;
+  return "";
+}
+}  // namespace
+
+std::string plan_difference(const Plan& a, const Plan& b) {
+  if (a.groups.size() != b.groups.size()) return differs("groups", a.groups.size(), b.groups.size());
+  for (size_t i = 0; i < a.groups.size(); ++i) {
+    const Group& x = a.groups[i];
+    const Group& y = b.groups[i];
+    const std::string at = "group " + std::to_string(i) + " ";
+    if (x.decision != y.decision) return at + "decision: " + to_string(x.decision) + " / " + to_string(y.decision);
+    for (const std::string& d : {differs("storage", x.storage, y.storage), differs("bytes", x.bytes, y.bytes),
+                                 differs("producer", x.producer, y.producer), differs("recompute ms", x.recompute_ms, y.recompute_ms),
+                                 differs("deadline", x.deadline, y.deadline), differs("prefetch", x.prefetch, y.prefetch)})
+      if (!d.empty()) return at + d;
+  }
+  for (const std::string& d :
+       {differs("budget", a.budget_bytes, b.budget_bytes), differs("fixed bytes", a.fixed_bytes, b.fixed_bytes),
+        differs("unconstrained peak", a.unconstrained_peak_bytes, b.unconstrained_peak_bytes),
+        differs("feasible minimum", a.minimum_peak_bytes, b.minimum_peak_bytes),
+        differs("initial kept groups", a.initial_kept_groups, b.initial_kept_groups),
+        differs("initial kept bytes", a.initial_kept_bytes, b.initial_kept_bytes),
+        differs("kept groups", a.kept_groups, b.kept_groups), differs("offloaded groups", a.offloaded_groups, b.offloaded_groups),
+        differs("store_from", a.store_from, b.store_from), differs("chain slots", a.chain_slots, b.chain_slots),
+        differs("fits", a.fits, b.fits), differs("strategy", static_cast<int>(a.strategy), static_cast<int>(b.strategy)),
+        prediction_difference(a.prediction, b.prediction)})
+    if (!d.empty()) return d;
+  return "";
 }
 
 void lower_fixed_bytes(Plan& plan, int64_t bytes) {

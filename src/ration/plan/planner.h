@@ -7,7 +7,8 @@
 //   shares (context.h) -> the strategy's decisions (strategies.cpp; chain.h for binomial chain schedules)
 //   -> the user's overrides (--keep-groups / --keep-bytes, planner.cpp) -> the final prediction.
 // - Predictions: simulator.h replays a whole step; incremental.h keeps a keep/recompute peak up to date as
-//   single groups change (the descents' thousands of tries), giving the simulator's numbers to the byte.
+//   single groups change (the descents' thousands of tries), giving the simulator's numbers to the byte;
+//   offload_peak.h does the same with an offload tier (a try the model cannot price exactly is simulated).
 // - Around it: report.h (JSON, table) and html.h print a plan; runtime/budget_policy.h executes it.
 //
 // From a measured StepProfile and a device-memory budget, decide for every saved group whether it is
@@ -106,6 +107,11 @@ struct PlanOptions {
   // Knapsack: try exchanges after the descent (keep/recompute plans of at most 256 groups; docs/METHODS.md,
   // "The exact yardstick"). Off: the descent's plan, as before exchanges (the yardstick's comparison).
   bool exchanges = true;
+  // Knapsack with offload: a descent prices its tries by the offload-aware incremental peak
+  // (plan/offload_peak.h; copy-ins into fresh buffers only). Off: a whole-step simulation per try, as before
+  // it; the same plans either way (tests/test_plan_offload_peak.cpp compares them, bench_plan_scaling times
+  // both).
+  bool offload_peak = true;
 };
 
 struct Prediction {
@@ -187,6 +193,10 @@ OffloadSchedule schedule_offloads(const StepProfile& profile, const std::vector<
 // peak, the peak, and so the measured one, is unchanged. docs/METHODS.md, "Joint keep/recompute/offload plan".
 void relax_deadlines(const StepProfile& profile, const std::vector<Decision>& decision,
                      const std::vector<int64_t>& forward_peaks, int64_t bound, OffloadSchedule& sch);
+
+// The first difference between two plans, named ("group 12 decision: offload / recompute"), in every
+// field but the time planning took (plan_ms); empty where they are the same plan.
+std::string plan_difference(const Plan& a, const Plan& b);
 
 // Plan. Throws ration::Error when the budget is below the feasible minimum (stating it), when the
 // strategy cannot meet the budget, or when an override asks to keep more than the initial figure.

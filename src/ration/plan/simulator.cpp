@@ -133,8 +133,10 @@ inline bool Simulator::run_backward(Prediction& pred, PeakAt& at, std::vector<in
     ++stamp_;  // a new recompute cache: no re-runs, no transients
     transient_bytes_ = 0;
     // Prefetch: offloaded storages whose first use is within their distance are fetched back now.
+    prefetching_ = true;
     for (; next_fetch < unfetched_.size() && fetch_from(unfetched_[next_fetch]) >= ord; ++next_fetch)
       fetch(unfetched_[next_fetch]);  // a no-op where fetched on demand meanwhile
+    prefetching_ = false;
     frame_bytes_ = 0;
     step_ = static_cast<int64_t>(j);
     recompute_peak_ = resident_;
@@ -179,6 +181,7 @@ inline void Simulator::finish(Prediction& pred, const PeakAt& at) const {
 void Simulator::fetch(int64_t s) {
   if (fetched_[static_cast<size_t>(s)]) return;
   fetched_[static_cast<size_t>(s)] = 1;
+  if (on_demand_ != nullptr && !prefetching_) (*on_demand_)[static_cast<size_t>(s)] = step_;
   for (int k = first_key_[static_cast<size_t>(s)]; k >= 0; k = next_key_[static_cast<size_t>(k)]) {
     if (state_[static_cast<size_t>(k)] != KeyState::Offloaded) continue;
     state_[static_cast<size_t>(k)] = KeyState::Restored;
@@ -309,23 +312,32 @@ OffloadSchedule schedule_offloads(const StepProfile& profile, const std::vector<
 }
 
 OffloadSchedule schedule_offloads(const PlanGraph& g, const std::vector<Decision>& decision, const OffloadCosts& c) {
-  const StepProfile& p = g.profile;
-  const size_t ns = g.storages, nn = g.nodes;
   OffloadSchedule sch;
-  sch.deadline.assign(ns, -1);
-  sch.prefetch.assign(ns, 0);
+  sch.deadline.assign(g.storages, -1);
+  sch.prefetch.assign(g.storages, 0);
+  std::vector<int> offloaded;
+  for (size_t s = 0; s < g.storages; ++s)
+    if (decision[s] == Decision::Offload) offloaded.push_back(static_cast<int>(s));
+  schedule_offloads(g, offloaded, c, sch);
+  return sch;
+}
+
+void schedule_offloads(const PlanGraph& g, const std::vector<int>& offloaded, const OffloadCosts& c, OffloadSchedule& sch) {
+  const StepProfile& p = g.profile;
+  const size_t nn = g.nodes;
   sch.copy_in = c.copy_in;
-  if (nn == 0) return sch;
+  sch.stall_ms = 0;
+  if (nn == 0) return;
   const SaveSpan& span = save_span(g);
   const std::vector<int64_t>& saved_at = span.saved_at;
   const std::vector<int64_t>& first_use = span.first_use;
   auto bytes_of = [&](size_t s) { return static_cast<double>(p.storages[s].bytes); };
-  // Forward: node k ends at end_f[k] (measured forward times); Q2 copies in order of saving.
+  // Forward: node k ends at end_f[k] (measured forward times); Q2 copies in order of saving (ties: storage).
   const std::vector<double>& end_f = g.forward_end;
   std::vector<size_t> order;
-  for (size_t s = 0; s < ns; ++s)
-    if (decision[s] == Decision::Offload && saved_at[s] >= 0) order.push_back(s);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return saved_at[a] < saved_at[b]; });
+  for (const int s : offloaded)
+    if (saved_at[static_cast<size_t>(s)] >= 0) order.push_back(static_cast<size_t>(s));
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return saved_at[a] != saved_at[b] ? saved_at[a] < saved_at[b] : a < b; });
   // The queue at the measured bandwidth (its finish predicts the stall) and at 1/margin of it (where
   // each copy's deadline goes: a copy that slow still lands by the end of that node).
   double free_at = 0, slow_free_at = 0;
@@ -343,7 +355,7 @@ OffloadSchedule schedule_offloads(const PlanGraph& g, const std::vector<Decision
   // Backward: node j (execution order) starts at start_b[j]; a read for first use u issued with
   // distance d starts at the first node whose ordinal is <= u + d (the executor's rule).
   const auto& bo = p.backward_order;
-  if (bo.empty()) return sch;
+  if (bo.empty()) return;
   const std::vector<double>& start_b = g.backward_start;
   std::vector<std::pair<size_t, size_t>> reads;  // (need index, storage)
   for (size_t s : order) reads.emplace_back(g.first_step_at_or_below(first_use[s]), s);
@@ -375,7 +387,6 @@ OffloadSchedule schedule_offloads(const PlanGraph& g, const std::vector<Decision
     free_b = done;
     sch.stall_ms += std::max(0.0, done - need);
   }
-  return sch;
 }
 
 void relax_deadlines(const StepProfile& profile, const std::vector<Decision>& decision,
@@ -424,13 +435,14 @@ Prediction simulate(const PlanGraph& g, const std::vector<Decision>& decision, i
 
 Prediction simulate(const PlanGraph& g, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule, int64_t stop_at,
-                    bool* stopped) {
+                    bool* stopped, std::vector<int64_t>* fetched_on_demand) {
   const StepProfile& profile = g.profile;
   RATION_ASSERT(decision.size() == profile.storages.size(), "decision vector size mismatch");
   const bool any_offload = std::find(decision.begin(), decision.end(), Decision::Offload) != decision.end();
   RATION_ASSERT(!any_offload || schedule != nullptr, "offloaded storages need a schedule");
   Simulator sim(g, decision, extra_fixed_bytes, schedule, store_from.empty() ? nullptr : &store_from);
   sim.stop_at(stop_at);
+  sim.record_on_demand(fetched_on_demand);
   Prediction pred = sim.run();
   if (stopped != nullptr) *stopped = sim.stopped();
   if (any_offload) {

@@ -22,10 +22,17 @@ namespace ration::memory {
 Prediction simulate(const PlanGraph& graph, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule = nullptr);
 // The same, stopped once the peak reaches `stop_at` (Simulator::stop_at); `*stopped` says whether it was.
+// `fetched_on_demand`, if given (by storage, -1 filled by the caller): the backward step at which a re-run
+// fetched an offloaded storage before its prefetch did.
 Prediction simulate(const PlanGraph& graph, const std::vector<Decision>& decision, int64_t extra_fixed_bytes,
                     const std::map<int64_t, int64_t>& store_from, const OffloadSchedule* schedule, int64_t stop_at,
-                    bool* stopped);
+                    bool* stopped, std::vector<int64_t>* fetched_on_demand = nullptr);
 OffloadSchedule schedule_offloads(const PlanGraph& graph, const std::vector<Decision>& decision, const OffloadCosts& costs);
+// The same timeline for the storages `offloaded` (any order), written into `schedule`, whose entries for
+// every other storage must be -1 (deadline) and 0 (prefetch) already: a caller pricing many timelines
+// resets only the entries it wrote.
+void schedule_offloads(const PlanGraph& graph, const std::vector<int>& offloaded, const OffloadCosts& costs,
+                       OffloadSchedule& schedule);
 void relax_deadlines(const PlanGraph& graph, const std::vector<Decision>& decision,
                      const std::vector<int64_t>& forward_peaks, int64_t bound, OffloadSchedule& schedule);
 
@@ -55,6 +62,8 @@ class Simulator {
   // only asks whether the peak stays below it. Below it the prediction is exact and whole.
   void stop_at(int64_t bytes) { stop_at_ = bytes; }
   bool stopped() const { return stopped_; }
+  // Where given (by storage): the backward step at which a re-run fetched an offloaded storage on demand.
+  void record_on_demand(std::vector<int64_t>* steps) { on_demand_ = steps; }
   // Bytes of the offloaded storages (known once run() has started, stopped or not).
   int64_t offloaded_bytes() const { return offloaded_bytes_; }
 
@@ -133,6 +142,8 @@ class Simulator {
   int64_t stop_at_ = std::numeric_limits<int64_t>::max();
   bool stopped_ = false;
   std::map<int64_t, int64_t> pool_in_use_, pool_max_;  // copy-in pool buffers by bytes: in use now, made
+  std::vector<int64_t>* on_demand_ = nullptr;
+  bool prefetching_ = false;
 };
 
 }  // namespace ration::memory
