@@ -6,7 +6,7 @@
 //       --data), the orchestration (repetitions interleaved, the order reversed every other repetition), the
 //       same settings on both sides (--threads as ration's train.threads and the peer's torch threads, both
 //       thread pools through OMP_NUM_THREADS / OPENBLAS_NUM_THREADS; the OpenBLAS core ration ran, given to
-//       the peer as OPENBLAS_CORETYPE; denormals as the CPU leaves them on both sides), the budgets
+//       the peer as OPENBLAS_CORETYPE; ration's bounded OpenMP spin-wait, given as GOMP_SPINCOUNT; denormals as the CPU leaves them on both sides), the budgets
 //       (ration's pre-step bytes + the per-block peer's measured peak above its baseline, calibrated once
 //       before the repetitions), the table and the JSON.
 // Does not own: the trainer (`ration train`, run as a user runs it, progress lines to /dev/null), the PyTorch
@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "ration/base/openmp.h"
 
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -122,10 +123,16 @@ json run_ration(const Args& a, const Row& row, const fs::path& dir, int steps, i
           {"load", load}};
 }
 
-// One peer run: `checkpoint` none / per-block, with ration's OpenBLAS core.
+// What `ration train` sets for its OpenMP threads when it runs more than one (base/openmp.h): the peer gets
+// the same, so both sides run with the same process settings.
+std::string spin_env(int threads) {
+  return threads > 1 ? std::string("GOMP_SPINCOUNT=") + ration::openmp::kBoundedSpinCount + " " : std::string();
+}
+
+// One peer run: `checkpoint` none / per-block, with ration's OpenBLAS core and OpenMP spin-wait.
 json run_peer(const Args& a, const Row& row, const fs::path& dir, int steps, const std::string& checkpoint,
               const std::string& core) {
-  std::string cmd = ration::bench::thread_env(a.threads) + "OPENBLAS_CORETYPE=" + core + " " +
+  std::string cmd = ration::bench::thread_env(a.threads) + "OPENBLAS_CORETYPE=" + core + " " + spin_env(a.threads) +
                     ration::bench::python_peer(RATION_SOURCE_DIR, "peer_torchscript.py") + " " + row.source + " --data " +
                     (dir / "train.pt").string() + " --batch " + std::to_string(row.batch) + " --steps " +
                     std::to_string(steps - 1) + " --warmup 1 --threads " + std::to_string(a.threads) + " --checkpoint " +

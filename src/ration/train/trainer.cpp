@@ -48,8 +48,7 @@ nlohmann::json blas_report() {
 
 // How ATen's OpenMP threads wait between parallel regions (base/openmp.h): the setting and who chose it.
 nlohmann::json openmp_report() {
-  return {{"spin", openmp::spin_setting()}, {"chosen_by", openmp::spin_chosen_by()},
-          {"busy_at_start", openmp::busy_at_start()}};
+  return {{"spin", openmp::spin_setting()}, {"chosen_by", openmp::spin_chosen_by()}};
 }
 
 // Keys that do not change the weights a run computes: a run differing only in these is the same run
@@ -181,8 +180,7 @@ class TrainingRun {
       progress_.note(detail::str("BLAS: OpenBLAS '", blas::core(), "' kernels, ", blas::threads(), " threads (chosen by ",
                                  blas::chosen_by(), ")"));
     if (!openmp::spin_setting().empty())
-      progress_.note(detail::str("OpenMP: spin-wait ", openmp::spin_setting(), " (chosen by ", openmp::spin_chosen_by(),
-                                 openmp::busy_at_start().empty() ? "" : ": " + openmp::busy_at_start() + " at start", ")"));
+      progress_.note(detail::str("OpenMP: spin-wait ", openmp::spin_setting(), " (chosen by ", openmp::spin_chosen_by(), ")"));
     // SIGINT/SIGTERM from here on: the current step finishes, then a checkpoint and the report.
     const InterruptScope interrupt;
     // Data parallel: every rank starts from rank 0's parameters (fresh or resumed).
