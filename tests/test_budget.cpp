@@ -9,6 +9,7 @@
 #include <random>
 
 #include "test_util.h"
+#include "batch_util.h"
 
 #include "ration/base/check.h"
 #include "ration/core/node.h"
@@ -32,19 +33,7 @@ struct Case {
 };
 
 data::Batch batch_for(const std::string& name) {
-  at::manual_seed(5);
-  data::Batch b;
-  if (name == "cnn") {
-    b.input = Value(at::randn({64, 1, 28, 28}));
-    b.target = Value(at::randint(0, 10, {64}, at::kLong));
-    b.items = 64;
-  } else {
-    at::Tensor tokens = at::randint(0, 256, {8, 33}, at::kLong);
-    b.input = Value(tokens.slice(1, 0, 32).contiguous());
-    b.target = Value(tokens.slice(1, 1, 33).contiguous());
-    b.items = 256;
-  }
-  return b;
+  return testing::random_batch(name == "cnn", name == "cnn" ? 64 : 8, 32, 5);
 }
 
 const std::vector<Case>& cases() {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "batch_util.h"
 
 #include "ration/base/check.h"
 #include "ration/plan/graph.h"
@@ -46,21 +47,7 @@ const std::vector<Model>& models_planned() {
   return m;
 }
 
-data::Batch batch_for(const Model& m) {
-  at::manual_seed(5);
-  data::Batch b;
-  if (m.images) {
-    b.input = Value(at::randn({64, 1, 28, 28}));
-    b.target = Value(at::randint(0, 10, {64}, at::kLong));
-    b.items = 64;
-  } else {
-    at::Tensor tokens = at::randint(0, 256, {8, 33}, at::kLong);
-    b.input = Value(tokens.slice(1, 0, 32).contiguous());
-    b.target = Value(tokens.slice(1, 1, 33).contiguous());
-    b.items = 256;
-  }
-  return b;
-}
+data::Batch batch_for(const Model& m) { return testing::random_batch(m.images, m.images ? 64 : 8, 32, 5); }
 
 memory::StepProfile profile_of(const Model& m) {
   Config cfg = Config::from_string(m.toml, m.name + ".toml");

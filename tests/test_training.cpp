@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
+#include "batch_util.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -22,19 +23,8 @@ namespace fs = std::filesystem;
 using testing::expect_error_containing;
 
 data::Batch synthetic_batch(const std::string& type, int64_t step) {
-  at::manual_seed(1000 + step);
-  data::Batch b;
-  if (type == "mlp" || type == "cnn") {
-    b.input = Value(at::randn({8, 1, 28, 28}));
-    b.target = Value(at::randint(0, 10, {8}, at::kLong));
-    b.items = 8;
-  } else {
-    at::Tensor tokens = at::randint(0, 256, {4, 17}, at::kLong);
-    b.input = Value(tokens.slice(1, 0, 16).contiguous());
-    b.target = Value(tokens.slice(1, 1, 17).contiguous());
-    b.items = 64;
-  }
-  return b;
+  const bool images = type == "mlp" || type == "cnn";
+  return testing::random_batch(images, images ? 8 : 4, 16, static_cast<uint64_t>(1000 + step));
 }
 
 const char* tiny_model(const std::string& type) {
