@@ -139,13 +139,20 @@ Out1 flatten(const NodeArgs& a) { return ops::flatten(a.value(0), a.integer(1), 
 Out1 transpose(const NodeArgs& a) { return ops::transpose(a.value(0), a.integer(1), a.integer(2)); }
 Out1 permute(const NodeArgs& a) { return ops::permute(a.value(0), a.ints(1)); }
 Out1 cat(const NodeArgs& a) { return ops::cat(a.values(0), a.integer(1)); }
+// The dimension d of x (negative counts from the end; `extra` = 1 for a position among dim() + 1), or -1.
+int64_t dim_of(const Value& x, int64_t d, int64_t extra = 0) {
+  const int64_t n = x.dim() + extra;
+  if (d < 0) d += n;
+  return d >= 0 && d < n ? d : -1;
+}
+
 // slice(input, dim, start, end, step): None bounds are the whole dimension, negative ones count from its end.
 Out1 slice(const NodeArgs& a) {
   if (a.size() != 5 || !a.is_tensor(0)) return std::nullopt;  // aten::slice.t slices a list
   const Value x = a.value(0);
   if (x.dim() == 0) return std::nullopt;
-  const int64_t dim = a.integer(1) < 0 ? a.integer(1) + x.dim() : a.integer(1);
-  if (dim < 0 || dim >= x.dim()) return std::nullopt;
+  const int64_t dim = dim_of(x, a.integer(1));
+  if (dim < 0) return std::nullopt;
   const int64_t len = x.size(dim);
   auto bound = [&](size_t i, int64_t none) {
     if (a.is_none(i)) return none;
@@ -279,13 +286,6 @@ Out lstm(const NodeArgs& a) {
   return lstm_checked(a, s, hx, params);
 }
 
-// The dimension d of x (negative counts from the end; `extra` = 1 for a position among dim() + 1), or -1.
-int64_t dim_of(const Value& x, int64_t d, int64_t extra = 0) {
-  const int64_t n = x.dim() + extra;
-  if (d < 0) d += n;
-  return d >= 0 && d < n ? d : -1;
-}
-
 std::vector<int64_t> sizes_without(const Value& x, int64_t dim) {
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.erase(sizes.begin() + dim);
@@ -327,8 +327,8 @@ Out chunk(const NodeArgs& a) {
   const Value x = a.value(0);
   const int64_t chunks = a.integer(1);
   if (x.dim() == 0 || chunks <= 0) return std::nullopt;
-  const int64_t dim = a.integer(2) < 0 ? a.integer(2) + x.dim() : a.integer(2);
-  if (dim < 0 || dim >= x.dim() || x.size(dim) == 0) return std::nullopt;
+  const int64_t dim = dim_of(x, a.integer(2));
+  if (dim < 0 || x.size(dim) == 0) return std::nullopt;
   return ops::split(x, (x.size(dim) + chunks - 1) / chunks, dim);
 }
 
