@@ -8,6 +8,8 @@
 // the same simulator (tests/test_plan_milp.cpp executes the program's plans).
 //
 // usage: bench_plan_yardstick [--time-limit S] [--out FILE.json] [--models gpt2,gpt4,cnn,lstm_lm,mlp] [--groups]
+//                             [--config FILE.toml [--set key=value ...]]   (that model instead, named "config")
+//                             [--program-floor]   (also the program's own floor, by bisection, beside the planner's)
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -80,28 +82,38 @@ int main(int argc, char** argv) {
   memory::install_counting_allocator();
   double time_limit = 120;
   std::string out = "bench/results/plan_yardstick.json", only;
-  bool list_groups = false;
+  bool list_groups = false, program_floor_everywhere = false;
+  std::vector<ModelCase> cases = model_cases();
+  ModelCase custom{"config", "", {}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--groups") {
       list_groups = true;
       continue;
     }
+    if (a == "--program-floor") {
+      program_floor_everywhere = true;
+      continue;
+    }
     if (i + 1 >= argc) break;
     if (a == "--time-limit") time_limit = std::stod(argv[i + 1]);
     else if (a == "--out") out = argv[i + 1];
     else if (a == "--models") only = "," + std::string(argv[i + 1]) + ",";
+    else if (a == "--config") custom.config = argv[i + 1];
+    else if (a == "--set") custom.overrides.push_back(argv[i + 1]);
     ++i;
   }
   const std::vector<double> fractions = {0.8, 0.6, 0.4, 0.2, 0.05};  // of the way from the floor up
   std::printf("%-8s %6s %10s %5s %8s %11s %11s %8s %9s %9s %9s %-10s %10s %5s %8s %7s %7s %4s\n", "model", "groups",
               "budget", "at", "before", "knap ms", "exact ms", "ratio", "bound ms", "plan", "plan bef.", "status", "peak",
               "=sim", "solve s", "cols", "rows", "cuts");
-  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json rows = nlohmann::json::array(), floors = nlohmann::json::array();
   double worst = 0;
-  for (const ModelCase& mc : model_cases()) {
-    if (!only.empty() && only.find("," + mc.name + ",") == std::string::npos) continue;
-    bench::ModelBench mb = bench::load_model_bench(std::string(RATION_SOURCE_DIR) + "/" + mc.config, mc.overrides);
+  if (!custom.config.empty()) cases = {custom};
+  for (const ModelCase& mc : cases) {
+    if (!only.empty() && custom.config.empty() && only.find("," + mc.name + ",") == std::string::npos) continue;
+    const std::string path = mc.config.front() == '/' ? mc.config : std::string(RATION_SOURCE_DIR) + "/" + mc.config;
+    bench::ModelBench mb = bench::load_model_bench(path, mc.overrides);
     train::StepRuntime runtime;
     const memory::StepProfile profile = with_typical_times(runtime.profile(mb.model(), mb.batch, 100));
     memory::PlanOptions loose;
@@ -110,6 +122,20 @@ int main(int argc, char** argv) {
     const int64_t hi = full.unconstrained_peak_bytes;
     const bool chain = memory::why_not_chain(profile).empty();
     const int64_t lo = chain ? program_floor(profile, full.minimum_peak_bytes, hi) : full.minimum_peak_bytes;
+    if (program_floor_everywhere && !chain) {  // the program's own floor: how far below the planner's it reaches
+      const int64_t exact_floor = program_floor(profile, full.fixed_bytes, hi);
+      memory::PlanOptions no_restarts = loose;
+      no_restarts.floor_restarts = false;
+      const int64_t before = memory::make_plan(profile, no_restarts).minimum_peak_bytes;
+      auto above = [&](int64_t b) { return static_cast<double>(b - full.fixed_bytes) / static_cast<double>(exact_floor - full.fixed_bytes); };
+      std::printf("%-8s floor: planner %s (%lld B; without restarts %s), program %s (%lld B); above fixed, planner / "
+                  "program %.4f (without restarts %.4f)\n",
+                  mc.name.c_str(), memory::format_bytes(lo).c_str(), static_cast<long long>(lo),
+                  memory::format_bytes(before).c_str(), memory::format_bytes(exact_floor).c_str(),
+                  static_cast<long long>(exact_floor), above(lo), above(before));
+      floors.push_back({{"model", mc.name}, {"planner_floor_bytes", lo}, {"planner_floor_without_restarts_bytes", before},
+                        {"program_floor_bytes", exact_floor}, {"fixed_bytes", full.fixed_bytes}});
+    }
     for (double f : fractions) {
       memory::PlanOptions o;
       o.budget_bytes = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo));
@@ -154,7 +180,7 @@ int main(int argc, char** argv) {
               " simulated peak, =sim: the program's own peak equals it; plan, plan bef. = make_plan's time with and without)\n");
   std::printf("worst ratio %.4f (target <= 1.05: %s)\n", worst, worst <= 1.05 ? "met" : "NOT met");
   bench::write_json(out, {{"benchmark", "plan_yardstick"}, {"time_limit_s", time_limit}, {"worst_ratio", worst},
-                          {"rows", rows}});
+                          {"rows", rows}, {"floors", floors}});
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

@@ -313,7 +313,8 @@ TEST_F(PlannerRules, OptimalChainRefusesANonChainNamingWhy) {
 
 // A chain (MLP of equal layers): optimal-chain re-runs exactly the binomial optimum for the slots its plan
 // uses, executes as predicted (re-runs, peak within 5%, peak within budget) with bitwise-equal gradients,
-// and knapsack stays within 10% of it from sqrt(n) slots up.
+// and knapsack stays within 10% of it from sqrt(n) slots up. At a budget where a keep/recompute plan
+// re-runs fewer nodes than every schedule that fits (a byte budget, not whole slots), that plan is taken.
 TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
   const int64_t layers = 8, width = 128, batch_size = 512;
   Config cfg = Config::from_string("[model]\ntype='mlp'\ndropout=0.0\nhidden=[128,128,128,128,128,128,128,128]\n",
@@ -336,7 +337,7 @@ TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
   const memory::Plan loose = memory::make_plan(profile, probe);
   const int64_t slot = batch_size * width * 4;
 
-  int checked = 0, within = 0;
+  int checked = 0, within = 0, knapsack_taken = 0;
   for (int64_t s : {7, 6, 5, 4, 3, 2, 1}) {
     memory::PlanOptions o;
     o.budget_bytes = loose.fixed_bytes + s * slot + slot / 2;
@@ -347,7 +348,14 @@ TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
     // The schedule's slots: activation states resident at once (the peak also holds a step's working
     // values, so they are read from the plan, not from the peak).
     const int64_t slots = chain.chain_slots;
-    ASSERT_GE(slots, 1);
+    if (slots == 0) {  // a keep/recompute plan re-runs fewer than every schedule that fits (byte budgets, below)
+      const std::vector<memory::ChainCandidate> schedules = memory::chain_candidates(profile, loose.groups, 0);
+      const memory::ChainCandidate* binomial = memory::best_chain_fit(schedules, o.budget_bytes);
+      ASSERT_NE(binomial, nullptr);
+      EXPECT_LT(chain.prediction.recomputed_nodes, binomial->prediction.recomputed_nodes);
+      ++knapsack_taken;
+      continue;
+    }
     const int64_t steps = chain.prediction.recomputed_nodes / 2;  // linear + relu per layer step
     // The 8 layer states and the head are Revolve's chain of 9 steps.
     EXPECT_EQ(steps, memory::revolve_min_recomputes(layers + 1, slots)) << "slots used " << slots;
@@ -376,8 +384,9 @@ TEST(ChainPlanner, OptimalChainIsTheBinomialOptimumKnapsackWithinTenPercent) {
     EXPECT_LE(k.peak_above_baseline(), o.budget_bytes - base);
     expect_same_gradients(k, plain);
   }
-  EXPECT_GE(checked, 5);
-  EXPECT_GE(within, 4);
+  EXPECT_GE(checked, 4);
+  EXPECT_GE(checked + knapsack_taken, 5);
+  EXPECT_GE(within, 3);
 }
 
 // A byte budget is not a whole number of slots: at some budgets the binomial schedule of m slots does not

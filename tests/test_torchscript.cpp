@@ -207,6 +207,41 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchScriptBudget,
                                            grad_case("two_inputs"), grad_case("lstm")),
                          [](const ::testing::TestParamInfo<GradCase>& i) { return i.param.name; });
 
+// torchvision's ResNet-18: the floor's descents, largest values first, release the stem's two big maps and
+// stall at the stem's own re-run in backward; the restarts keep the stem and release the blocks' values
+// (what torch.utils.checkpoint per block does by hand), for a lower floor. A budget between the two floors
+// is met: measured within it, predicted as measured (5%), gradients bitwise those of the plain step.
+TEST(TorchScriptFloor, ResNetFloorRestartsKeepTheStemAndGoLower) {
+  REQUIRE_PYTHON_TORCH(true);
+  TempDir dir("ts-floor-resnet18");
+  export_model(dir.path, "--torchvision resnet18 --input-shape 3,160,160 --data 8,8");
+  train::Setup setup = setup_of(dir.path);
+  setup.model->train();
+  const data::Batch batch = train::sample_batch(setup, 4, 3);
+  const train::StepOptions step = train::StepOptions::collecting(11);
+  train::StepRuntime runtime, plain_runtime;
+  const memory::StepProfile& profile = runtime.profile(*setup.model, batch, 11);
+  const train::StepStats plain = plain_runtime.measure_step(*setup.model, batch, step);
+  memory::PlanOptions probe;
+  probe.budget_bytes = int64_t{1} << 40;
+  const int64_t floor = memory::make_plan(profile, probe).minimum_peak_bytes;
+  probe.floor_restarts = false;
+  const int64_t without = memory::make_plan(profile, probe).minimum_peak_bytes;
+  std::printf("[ resnet18 160x160, batch 4 ] floor %lld B with restarts, %lld B without\n", static_cast<long long>(floor),
+              static_cast<long long>(without));
+  ASSERT_LT(floor, without) << "the restarts did not lower resnet18's floor";
+  memory::PlanOptions o;
+  o.budget_bytes = floor + (without - floor) / 2;
+  const memory::Plan& plan = runtime.plan(o);
+  const train::StepStats m = runtime.measure_step(*setup.model, batch, step);
+  SCOPED_TRACE(plan.to_table());
+  const int64_t base = profile.baseline_bytes, predicted = plan.prediction.peak_bytes - base;
+  EXPECT_LE(m.peak_above_baseline(), o.budget_bytes - base) << "measured peak over budget";
+  EXPECT_LE(std::abs(static_cast<double>(predicted - m.peak_above_baseline())), 0.05 * static_cast<double>(m.peak_above_baseline()))
+      << "predicted " << predicted << " measured " << m.peak_above_baseline() << " (above baseline)";
+  expect_same_gradients(m, plain);
+}
+
 // Offload (threshold mode, host tier, every saved value of at least 1 byte copied out and back): the
 // gradients of an imported model with generic nodes (aten::upsample_nearest2d) are bitwise those of the plain step, and
 // the profiled nodes carry the module paths of the PyTorch module (what traces and plans show).

@@ -121,7 +121,8 @@ TEST(ModelParallel, GptPipeline2MatchesOneProcess) {
 
 TEST(ModelParallel, GptPipeline2GPipeMatchesOneProcess) {
   if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
-  check_layout({"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=gpipe"}, 1, 8, "pipeline 2 gpipe");
+  check_layout({"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=gpipe", "parallel.split=uniform"}, 1, 8,
+               "pipeline 2 gpipe, uniform split");
 }
 
 TEST(ModelParallel, GptPipeline2Data2MatchesOneProcess) {
@@ -186,12 +187,14 @@ TEST(ModelParallel, GptTensor2Pipeline2MatchesOneProcess) {
 
 // Per-stage memory plans: each stage plans its micro-batches in flight for the same per-process budget;
 // the measured peak stays within it and equals the prediction (to 0.5%), and stage 0 (two micro-batches
-// in flight under 1F1B) recomputes where it would not fit.
+// in flight under 1F1B) recomputes where it would not fit. The stages are split by memory alone
+// (parallel.split = "bytes"), so both runs split alike: a split by measured time can differ between two
+// runs on a busy machine, and the second budget is derived from the first run's stage 0.
 TEST(ModelParallel, GptPipeline2StagePlansFitTheirBudget) {
   if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
   const World& w = world();
   auto run = [&](const std::string& budget) {
-    train::TrainOptions o = gpt_options("", 8, w, {"parallel.pipeline=2", "parallel.micro_batches=4",
+    train::TrainOptions o = gpt_options("", 8, w, {"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.split=bytes",
                                                    "memory.budget=" + budget, "model.n_embd=64"});
     o.steps = 4;
     return train::run_training(o);
@@ -213,6 +216,8 @@ TEST(ModelParallel, GptPipeline2StagePlansFitTheirBudget) {
   w.broadcast(figure, 0);
   const int64_t budget = figure.data_ptr<int64_t>()[0];
   const nlohmann::json tight = run(std::to_string(budget));
+  EXPECT_EQ(tight["parallel"]["split"], "bytes");
+  EXPECT_EQ(tight["parallel"]["stages"][0]["units"], loose["parallel"]["stages"][0]["units"]);
   if (w.rank() == 0) {
     EXPECT_GT(tight["plan"]["dropped_groups"].get<int64_t>(), 0) << "stage 0's plan recomputes";
   }
@@ -234,8 +239,8 @@ TEST(ModelParallel, GptPipeline2StagePlansOffload) {
   const World& w = world();
   auto run = [&](const std::string& budget) {
     // Wider and longer than the other cases: copies of a micro-batch's activations must be cheaper than
-    // re-running their producers for the plan to offload at all.
-    train::TrainOptions o = gpt_options("", 16, w, {"parallel.pipeline=2", "parallel.micro_batches=4",
+    // re-running their producers for the plan to offload at all. Split by memory alone, as above.
+    train::TrainOptions o = gpt_options("", 16, w, {"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.split=bytes",
                                                     "memory.budget=" + budget, "model.n_embd=128", "model.block_size=64",
                                                     "offload.enabled=true", "offload.tier=host", "offload.min_bytes=1"});
     o.steps = 4;
@@ -248,6 +253,8 @@ TEST(ModelParallel, GptPipeline2StagePlansOffload) {
   w.broadcast(figure, 0);
   const int64_t budget = figure.data_ptr<int64_t>()[0];
   const nlohmann::json tight = run(std::to_string(budget));
+  EXPECT_EQ(tight["parallel"]["split"], "bytes");
+  EXPECT_EQ(tight["parallel"]["stages"][0]["units"], loose["parallel"]["stages"][0]["units"]);
   if (w.rank() == 0) {
     EXPECT_GT(tight["plan"]["offloaded_groups"].get<int64_t>(), 0) << "stage 0's plan offloads: " << tight["plan"].dump();
     EXPECT_GT(tight["offload"]["totals"]["written_bytes"].get<int64_t>(), 0) << tight["offload"].dump();

@@ -5,6 +5,9 @@
 namespace ration::dist {
 
 const char* to_string(PipelineSchedule s) { return s == PipelineSchedule::GPipe ? "gpipe" : "1f1b"; }
+const char* to_string(PipelineSplit s) {
+  return s == PipelineSplit::Bytes ? "bytes" : s == PipelineSplit::Uniform ? "uniform" : "time";
+}
 
 ParallelSettings read_parallel_settings(Config& cfg) {
   ParallelSettings s;
@@ -19,6 +22,8 @@ ParallelSettings read_parallel_settings(Config& cfg) {
                "each batch the pipeline streams); got ", s.micro_batches);
   s.schedule = cfg.get_choice("parallel.schedule", "1f1b", {"1f1b", "gpipe"}) == "gpipe" ? PipelineSchedule::GPipe
                                                                                        : PipelineSchedule::OneFOneB;
+  const std::string split = cfg.get_choice("parallel.split", "time", {"time", "bytes", "uniform"});
+  s.split = split == "bytes" ? PipelineSplit::Bytes : split == "uniform" ? PipelineSplit::Uniform : PipelineSplit::Time;
   s.feature_split = cfg.get_choice("parallel.features", "none", {"none", "table"}) == "table";
   return s;
 }

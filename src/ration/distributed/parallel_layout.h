@@ -14,6 +14,11 @@
 //                                              divide into them)
 //   schedule       "1f1b" | "gpipe", default "1f1b"   1f1b: stage s holds at most P - s micro-batches;
 //                                              gpipe: every forward, then every backward (all M held)
+//   split          "time" | "bytes" | "uniform", default "time"   how the pipeline's units become stages:
+//                                              time: the largest share of measured time or of memory is
+//                                              smallest; bytes: memory alone (parameters and saved
+//                                              activations: the same split on every run); uniform: equal
+//                                              unit counts
 //   features       "none" | "table", default "none"   "table": the ctr model's embedding tables placed
 //                                              whole on the data-parallel ranks, lookups routed by all-to-all
 // The rest of the processes are data-parallel replicas: D = N / (T x P), an integer, else an error
@@ -30,12 +35,15 @@ namespace ration::dist {
 
 enum class PipelineSchedule { OneFOneB, GPipe };
 const char* to_string(PipelineSchedule s);  // "1f1b", "gpipe"
+enum class PipelineSplit { Time, Bytes, Uniform };
+const char* to_string(PipelineSplit s);  // "time", "bytes", "uniform"
 
 struct ParallelSettings {
   int64_t tensor = 1;
   int64_t pipeline = 1;
   int64_t micro_batches = 1;
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  PipelineSplit split = PipelineSplit::Time;
   bool feature_split = false;  // parallel.features = "table"
   // Anything but plain data parallelism: the run's steps go through train/model_parallel_step.h.
   bool model_parallel() const { return tensor > 1 || pipeline > 1 || feature_split; }

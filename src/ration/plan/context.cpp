@@ -179,6 +179,52 @@ PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
   std::vector<size_t> largest(forward.rbegin(), forward.rend());  // largest first, ties latest first
   std::stable_sort(largest.begin(), largest.end(), [&](size_t a, size_t b) { return groups_[a].bytes > groups_[b].bytes; });
   memory_orders_ = {std::move(structural), std::move(largest)};
+  restarted_.assign(kBaseOrders, 0);
+}
+
+std::vector<size_t> PlanContext::rerun_at_peak(const std::vector<Decision>& stalled) const {
+  const Prediction pr = predict(stalled);
+  const std::vector<int64_t>& bw = pr.backward_peaks;
+  const auto top = std::max_element(bw.begin(), bw.end());
+  if (top == bw.end() || *top < pr.peak_bytes) return {};  // the peak is in forward: nothing re-runs there
+  const PlanGraph& g = *graph_;
+  std::vector<int> group_of(g.storages, -1);
+  for (size_t i = 0; i < groups_.size(); ++i) group_of[static_cast<size_t>(groups_[i].storage)] = static_cast<int>(i);
+  std::vector<size_t> found;  // released groups, in the order reached
+  std::vector<char> seen(groups_.size(), 0), node_seen(g.nodes, 0);
+  std::vector<int> reruns;  // producers re-run, in the order reached
+  // A value the re-runs need, on storage s, made by `producer` (-1: a leaf): a kept group is there; a
+  // released one, or a value no backward saves, is rebuilt by re-running its producer.
+  auto need = [&](int64_t s, int producer) {
+    const int gi = s >= 0 && static_cast<size_t>(s) < g.storages ? group_of[static_cast<size_t>(s)] : -1;
+    if (gi >= 0) {
+      const auto i = static_cast<size_t>(gi);
+      if (seen[i] || stalled[i] == Decision::Keep) return;
+      seen[i] = 1;
+      found.push_back(i);
+      producer = static_cast<int>(groups_[i].producer);
+    }
+    if (producer < 0 || node_seen[static_cast<size_t>(producer)]) return;
+    node_seen[static_cast<size_t>(producer)] = 1;
+    reruns.push_back(producer);
+  };
+  const auto node = static_cast<size_t>(profile_.backward_order[static_cast<size_t>(top - bw.begin())]);
+  for (const int v : g.saved[node]) need(g.key_storage[static_cast<size_t>(v)], -1);
+  for (size_t k = 0; k < reruns.size(); ++k)
+    for (const PlanGraph::Input& in : g.inputs[static_cast<size_t>(reruns[k])]) need(g.storage_of(in), in.producer);
+  return found;
+}
+
+void PlanContext::restart_order(size_t o, const std::vector<Decision>& stalled) {
+  if (!options_.floor_restarts || o >= kBaseOrders || restarted_[o]) return;
+  restarted_[o] = 1;
+  const std::vector<size_t> held = rerun_at_peak(stalled);
+  if (held.empty()) return;
+  std::vector<size_t> order;
+  for (const size_t i : memory_orders_[o])
+    if (std::find(held.begin(), held.end(), i) == held.end()) order.push_back(i);
+  if (std::find(memory_orders_.begin(), memory_orders_.end(), order) == memory_orders_.end())
+    memory_orders_.push_back(std::move(order));
 }
 
 namespace {
@@ -429,9 +475,11 @@ int64_t PlanContext::minimum_peak() {
   if (!minimum_peak_) {
     int64_t floor = unconstrained_peak_;
     floor_trails_.assign(memory_orders_.size(), Trail{});
-    for (size_t o = 0; o < memory_orders_.size(); ++o) {
+    for (size_t o = 0; o < memory_orders_.size(); ++o) {  // restarts are added to the orders as it goes
       std::vector<Decision> lowest = all_kept().decisions;
       floor = std::min(floor, descend(lowest, 0, memory_orders_[o], nullptr, &floor_trails_[o]));
+      restart_order(o, lowest);
+      floor_trails_.resize(memory_orders_.size());
     }
     // On a chain, binomial schedules (recompute without storing) reach further down.
     for (const auto& c : chain_candidates()) floor = std::min(floor, c.prediction.peak_bytes);
@@ -512,6 +560,7 @@ bool PlanContext::budget_within_floor() {
     std::vector<Decision> d = all_kept().decisions;
     floor_trails_.emplace_back();
     if (descend(d, budget(), memory_orders_[o], nullptr, &floor_trails_.back()) <= budget()) return within_floor_known_ = true;
+    restart_order(o, d);  // the descent stalled above the budget: where the descent to 0 would
   }
   for (const auto& c : chain_candidates())
     if (c.prediction.peak_bytes <= budget()) return within_floor_known_ = true;

@@ -111,7 +111,9 @@ class PlanContext {
   // Keeps back released groups where the plan still fits, latest in `order` first (`inc` holds `decisions`
   // and follows every group kept back).
   void keep_back(IncrementalPeak& inc, std::vector<Decision>& decisions, const std::vector<size_t>& order) const;
-  // Memory orders (never measured time): fewest re-run nodes per byte first; largest first.
+  // Memory orders (never measured time): fewest re-run nodes per byte first; largest first (the first
+  // kBaseOrders); then their restarts (restart_order), added where a floor's descent in them stalls.
+  static constexpr size_t kBaseOrders = 2;
   const std::vector<std::vector<size_t>>& memory_orders() const { return memory_orders_; }
   // Throws the "below the feasible minimum" error when the budget is under minimum_peak(). Where the
   // minimum is not reported (PlanOptions::report_minimum off: a re-plan), "is the floor within the
@@ -128,6 +130,18 @@ class PlanContext {
   // Memory orders: fewest re-run nodes per byte first; largest first. Floors from the two differ by
   // model (the first is lower on transformers, the second on recurrent chains), so both are tried.
   std::vector<std::vector<size_t>> memory_orders_;
+  // A descent releases one group at a time and stops where no single release lowers the peak. Releasing
+  // the largest values first can move the peak to their own re-run in backward (a ResNet's stem, rebuilt
+  // beside its gradients), where no later release helps, while keeping them and releasing the many values
+  // live at the first peak goes lower. Where a floor's descent in one of the two memory orders stalls at a
+  // backward node that re-runs released groups, a restart of that order is added as a further memory
+  // order: the same order without those groups, which stay kept. Memory and structure only, like the
+  // orders themselves. docs/METHODS.md, "Keep / recompute / offload planning".
+  std::vector<char> restarted_;  // per base memory order: its restart was considered
+  void restart_order(size_t o, const std::vector<Decision>& stalled);
+  // The released groups a backward node re-runs to rebuild what it reads (released inputs of re-run
+  // producers included): at the stalled decisions' peak, if that peak is in backward.
+  std::vector<size_t> rerun_at_peak(const std::vector<Decision>& stalled) const;
   std::vector<Decision> release_as_;  // per group: Offload or Recompute
   bool any_offload_release_ = false;
   int64_t unconstrained_peak_ = 0;

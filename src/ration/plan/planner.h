@@ -112,6 +112,10 @@ struct PlanOptions {
   // it; the same plans either way (tests/test_plan_offload_peak.cpp compares them, bench_plan_scaling times
   // both).
   bool offload_peak = true;
+  // The floor's descents restart where they stall at their own re-runs (PlanContext's memory orders; a
+  // ResNet's stem). Off: the two memory orders alone, as before restarts (the tests' and the yardstick's
+  // comparison).
+  bool floor_restarts = true;
 };
 
 struct Prediction {

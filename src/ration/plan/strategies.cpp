@@ -329,9 +329,9 @@ void improve_from_starts(const PlanContext& ctx, std::vector<Decision>& d, bool 
   };
   if (!fell_back)
     if (std::optional<Choice> reached = ctx.reach_budget_by_memory_order()) add_start(std::move(reached->decisions));
-  for (const std::vector<size_t>& order : ctx.memory_orders()) {
-    std::vector<Decision> floor = ctx.all_kept().decisions;
-    ctx.descend(floor, 0, order);
+  for (size_t o = 0; o < PlanContext::kBaseOrders; ++o) {  // the floor's restarts are not starts (they would cost
+    std::vector<Decision> floor = ctx.all_kept().decisions;   // exchanges from far off the budget's plan)
+    ctx.descend(floor, 0, ctx.memory_orders()[o]);
     add_start(std::move(floor));
   }
   double best = 0;

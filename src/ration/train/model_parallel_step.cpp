@@ -457,7 +457,11 @@ void ModelParallelStep::split_pipeline(const data::Batch& first_batch, uint64_t 
   std::vector<int64_t> bytes(static_cast<size_t>(units));
   for (int64_t u = 0; u < units; ++u)
     bytes[static_cast<size_t>(u)] = split_.unit_saved_bytes[static_cast<size_t>(u)] + split_.unit_param_bytes[static_cast<size_t>(u)];
-  split_.first_unit = balance_units(split_.unit_ms, bytes, l.pipeline);
+  // parallel.split: what the stages balance (bytes: the same split on every run; uniform: unit counts).
+  std::vector<double> ms = split_.unit_ms;
+  if (settings_.split != dist::PipelineSplit::Time) std::fill(ms.begin(), ms.end(), settings_.split == dist::PipelineSplit::Uniform ? 1.0 : 0.0);
+  if (settings_.split == dist::PipelineSplit::Uniform) std::fill(bytes.begin(), bytes.end(), 0);
+  split_.first_unit = balance_units(ms, bytes, l.pipeline);
   if (!first_unit.empty()) {  // a resumed run keeps the split its checkpoints were made with
     RATION_CHECK(static_cast<int64_t>(first_unit.size()) == l.pipeline + 1 && first_unit.front() == 0 &&
                      first_unit.back() == units && std::is_sorted(first_unit.begin(), first_unit.end()),
@@ -737,6 +741,7 @@ nlohmann::json ModelParallelStep::report() const {
   if (pipeline_) {
     const auto m = static_cast<double>(settings_.micro_batches), p = static_cast<double>(l.pipeline);
     r["schedule"] = dist::to_string(settings_.schedule);
+    r["split"] = dist::to_string(settings_.split);
     r["micro_batches"] = settings_.micro_batches;
     r["stages"] = split_.to_json();
     r["in_flight"] = pipeline_->in_flight();
