@@ -120,13 +120,22 @@ std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision
     });
     return order;
   };
+  // A fourth: added time per byte of the producer's kept groups together (one re-run restores them all, and
+  // refill releases them together), latest first among equals: near the floor a recurrent model's cells all
+  // cost the same, and a late cell's whole set frees more at the peak than an early cell's largest value.
+  std::map<int64_t, double> set_bytes;
+  for (size_t i : kept) set_bytes[groups[i].producer] += bytes(i);
+  std::vector<size_t> by_set(kept.rbegin(), kept.rend());
+  std::stable_sort(by_set.begin(), by_set.end(), [&](size_t a, size_t b) {
+    return added[a] / set_bytes[groups[a].producer] < added[b] / set_bytes[groups[b].producer];
+  });
   const std::vector<std::vector<size_t>> orders = {
       by([&](size_t i) { return added[i] / bytes(i); }),
       by([&](size_t i) { return added[i] / std::min(bytes(i), excess); }),
-      by([&](size_t i) { return added[i]; })};
+      by([&](size_t i) { return added[i]; }), by_set};
   std::vector<Decision> best;
   double best_ms = 0;
-  for (const std::vector<size_t>* order : {&orders[0], &orders[1], &orders[2]}) {
+  for (const std::vector<size_t>* order : {&orders[0], &orders[1], &orders[2], &orders[3]}) {
     std::vector<Decision> tried = refill(ctx, d, *order, recomputed);
     if (tried.empty()) continue;
     const double ms = ctx.predict(tried).recompute_ms;
