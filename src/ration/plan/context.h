@@ -136,7 +136,7 @@ class PlanContext {
   // live at the first peak goes lower. Where a floor's descent in one of the two memory orders stalls at a
   // backward node that re-runs released groups, a restart of that order is added as a further memory
   // order: the same order without those groups, which stay kept. Memory and structure only, like the
-  // orders themselves. docs/METHODS.md, "Keep / recompute / offload planning".
+  // orders themselves. docs/METHODS.md, "Cost per byte" (*Restarts*).
   std::vector<char> restarted_;  // per base memory order: its restart was considered
   void restart_order(size_t o, const std::vector<Decision>& stalled);
   // The released groups a backward node re-runs to rebuild what it reads (released inputs of re-run
