@@ -12,6 +12,7 @@
 //                             [--program-floor]   (also the program's own floor, by bisection, beside the planner's)
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -109,6 +110,10 @@ int main(int argc, char** argv) {
               "=sim", "solve s", "cols", "rows", "cuts");
   nlohmann::json rows = nlohmann::json::array(), floors = nlohmann::json::array();
   double worst = 0;
+  if (custom.config.empty() && !custom.overrides.empty()) {
+    std::fprintf(stderr, "bench_plan_yardstick: --set applies to --config FILE.toml only\n");
+    return 2;
+  }
   if (!custom.config.empty()) cases = {custom};
   for (const ModelCase& mc : cases) {
     if (!only.empty() && custom.config.empty() && only.find("," + mc.name + ",") == std::string::npos) continue;
@@ -127,7 +132,9 @@ int main(int argc, char** argv) {
       memory::PlanOptions no_restarts = loose;
       no_restarts.floor_restarts = false;
       const int64_t before = memory::make_plan(profile, no_restarts).minimum_peak_bytes;
-      auto above = [&](int64_t b) { return static_cast<double>(b - full.fixed_bytes) / static_cast<double>(exact_floor - full.fixed_bytes); };
+      auto above = [&](int64_t b) {
+        return static_cast<double>(b - full.fixed_bytes) / static_cast<double>(std::max<int64_t>(1, exact_floor - full.fixed_bytes));
+      };
       std::printf("%-8s floor: planner %s (%lld B; without restarts %s), program %s (%lld B); above fixed, planner / "
                   "program %.4f (without restarts %.4f)\n",
                   mc.name.c_str(), memory::format_bytes(lo).c_str(), static_cast<long long>(lo),

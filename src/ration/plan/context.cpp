@@ -193,13 +193,14 @@ std::vector<size_t> PlanContext::rerun_at_peak(const std::vector<Decision>& stal
   std::vector<size_t> found;  // released groups, in the order reached
   std::vector<char> seen(groups_.size(), 0), node_seen(g.nodes, 0);
   std::vector<int> reruns;  // producers re-run, in the order reached
-  // A value the re-runs need, on storage s, made by `producer` (-1: a leaf): a kept group is there; a
-  // released one, or a value no backward saves, is rebuilt by re-running its producer.
+  // A value the re-runs need, on storage s, made by `producer` (-1: a leaf): a kept group is there (an
+  // offloaded one is fetched back); a recomputed one, or a value no backward saves, is rebuilt by re-running
+  // its producer.
   auto need = [&](int64_t s, int producer) {
     const int gi = s >= 0 && static_cast<size_t>(s) < g.storages ? group_of[static_cast<size_t>(s)] : -1;
     if (gi >= 0) {
       const auto i = static_cast<size_t>(gi);
-      if (seen[i] || stalled[i] == Decision::Keep) return;
+      if (seen[i] || stalled[i] != Decision::Recompute) return;
       seen[i] = 1;
       found.push_back(i);
       producer = static_cast<int>(groups_[i].producer);
@@ -218,11 +219,16 @@ std::vector<size_t> PlanContext::rerun_at_peak(const std::vector<Decision>& stal
 void PlanContext::restart_order(size_t o, const std::vector<Decision>& stalled) {
   if (!options_.floor_restarts || o >= kBaseOrders || restarted_[o]) return;
   restarted_[o] = 1;
-  const std::vector<size_t> held = rerun_at_peak(stalled);
-  if (held.empty()) return;
+  std::vector<char> held(groups_.size(), 0);
+  bool any = false;
+  for (const size_t i : rerun_at_peak(stalled)) {
+    held[i] = 1;
+    any = true;
+  }
+  if (!any) return;
   std::vector<size_t> order;
   for (const size_t i : memory_orders_[o])
-    if (std::find(held.begin(), held.end(), i) == held.end()) order.push_back(i);
+    if (!held[i]) order.push_back(i);
   if (std::find(memory_orders_.begin(), memory_orders_.end(), order) == memory_orders_.end())
     memory_orders_.push_back(std::move(order));
 }
@@ -560,7 +566,7 @@ bool PlanContext::budget_within_floor() {
     std::vector<Decision> d = all_kept().decisions;
     floor_trails_.emplace_back();
     if (descend(d, budget(), memory_orders_[o], nullptr, &floor_trails_.back()) <= budget()) return within_floor_known_ = true;
-    restart_order(o, d);  // the descent stalled above the budget: where the descent to 0 would
+    restart_order(o, d);  // stalled above the budget: where the descent to 0 stalls too
   }
   for (const auto& c : chain_candidates())
     if (c.prediction.peak_bytes <= budget()) return within_floor_known_ = true;

@@ -91,7 +91,7 @@ std::vector<Decision> refill(const PlanContext& ctx, std::vector<Decision> d, co
   return d;
 }
 
-// One exchange: group x kept back (none: x = d.size()), the plan refilled in both orders; the better, or
+// One exchange: group x kept back (none: x = d.size()), the plan refilled in four orders; the best, or
 // empty.
 std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision> d, size_t x) {
   const std::vector<Group>& groups = ctx.groups();
@@ -110,8 +110,8 @@ std::vector<Decision> exchange_once(const PlanContext& ctx, std::vector<Decision
   std::stable_sort(recomputed.begin(), recomputed.end(),
                    [&](size_t a, size_t b) { return groups[a].recompute_ms < groups[b].recompute_ms; });
   auto bytes = [&](size_t i) { return static_cast<double>(std::max<int64_t>(1, groups[i].bytes)); };
-  // Three orders: added time per byte; per byte counted only up to what the plan is over the budget (a
-  // group larger than the excess frees more than is needed); added time alone.
+  // Orders: added time per byte; per byte counted only up to what the plan is over the budget (a group
+  // larger than the excess frees more than is needed); added time alone; and the fourth, below.
   const double excess = static_cast<double>(std::max<int64_t>(1, ctx.incremental(d).peak() - ctx.budget()));
   auto by = [&](auto key) {
     std::vector<size_t> order = kept;
