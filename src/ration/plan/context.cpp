@@ -121,6 +121,8 @@ std::vector<double> typical_forward_ms(const PlanGraph& g) {
 PlanContext::PlanContext(const StepProfile& profile, const PlanOptions& options)
     : profile_(profile), options_(options), graph_(std::make_shared<const PlanGraph>(profile)) {
   groups_ = groups_of(*graph_, rerun_nodes_);
+  group_of_storage_.assign(graph_->storages, -1);
+  for (size_t i = 0; i < groups_.size(); ++i) group_of_storage_[static_cast<size_t>(groups_[i].storage)] = static_cast<int>(i);
   const size_t n = groups_.size();
   // Everything kept: the incremental peak equals the simulator's (no offload, no transient re-runs), and
   // the descents start from it.
@@ -188,8 +190,6 @@ std::vector<size_t> PlanContext::rerun_at_peak(const std::vector<Decision>& stal
   const auto top = std::max_element(bw.begin(), bw.end());
   if (top == bw.end() || *top < pr.peak_bytes) return {};  // the peak is in forward: nothing re-runs there
   const PlanGraph& g = *graph_;
-  std::vector<int> group_of(g.storages, -1);
-  for (size_t i = 0; i < groups_.size(); ++i) group_of[static_cast<size_t>(groups_[i].storage)] = static_cast<int>(i);
   std::vector<size_t> found;  // released groups, in the order reached
   std::vector<char> seen(groups_.size(), 0), node_seen(g.nodes, 0);
   std::vector<int> reruns;  // producers re-run, in the order reached
@@ -197,7 +197,7 @@ std::vector<size_t> PlanContext::rerun_at_peak(const std::vector<Decision>& stal
   // offloaded one is fetched back); a recomputed one, or a value no backward saves, is rebuilt by re-running
   // its producer.
   auto need = [&](int64_t s, int producer) {
-    const int gi = s >= 0 && static_cast<size_t>(s) < g.storages ? group_of[static_cast<size_t>(s)] : -1;
+    const int gi = group_of_storage(s);
     if (gi >= 0) {
       const auto i = static_cast<size_t>(gi);
       if (seen[i] || stalled[i] != Decision::Recompute) return;

@@ -43,6 +43,10 @@ class PlanContext {
   const PlanOptions& options() const { return options_; }
   int64_t budget() const { return options_.budget_bytes; }
   const std::vector<Group>& groups() const { return groups_; }  // decisions all Keep
+  // The group saved on storage s (-1: none, or s out of range).
+  int group_of_storage(int64_t s) const {
+    return s >= 0 && static_cast<size_t>(s) < group_of_storage_.size() ? group_of_storage_[static_cast<size_t>(s)] : -1;
+  }
   size_t size() const { return groups_.size(); }
   Choice all_kept() const;
 
@@ -125,6 +129,7 @@ class PlanContext {
   const PlanOptions& options_;
   std::shared_ptr<const PlanGraph> graph_;
   std::vector<Group> groups_;
+  std::vector<int> group_of_storage_;  // by storage: its group (-1: none)
   std::vector<int64_t> rerun_nodes_;  // per group: nodes a single release re-runs
   std::vector<size_t> by_ratio_;
   // Memory orders: fewest re-run nodes per byte first; largest first. Floors from the two differ by

@@ -620,15 +620,13 @@ Choice keep_outputs_of_every_kth_block(PlanContext& ctx, const std::vector<std::
   Choice c = ctx.all_kept();
   const std::vector<Group>& groups = ctx.groups();
   const PlanGraph& g = ctx.graph();
-  std::vector<int64_t> group_of_storage(g.storages, -1);
-  for (size_t i = 0; i < groups.size(); ++i) group_of_storage[static_cast<size_t>(groups[i].storage)] = static_cast<int64_t>(i);
   std::vector<char> used_outside(groups.size(), 0);
   for (size_t o = 0; o < g.nodes; ++o) {
     std::optional<std::string> set;  // the node's set, named once it reads a group
     for (const auto& in : g.inputs[o]) {
-      const int64_t st = g.storage_of(in);
-      if (st < 0 || group_of_storage[static_cast<size_t>(st)] < 0) continue;
-      const auto gi = static_cast<size_t>(group_of_storage[static_cast<size_t>(st)]);
+      const int group = ctx.group_of_storage(g.storage_of(in));
+      if (group < 0) continue;
+      const auto gi = static_cast<size_t>(group);
       if (!set) set = node_set_of(g.profile.nodes[o].scope);
       if (groups[gi].node_set != *set) used_outside[gi] = 1;
     }
