@@ -10,10 +10,17 @@
 // usage: bench_plan_yardstick [--time-limit S] [--out FILE.json] [--models gpt2,gpt4,cnn,lstm_lm,mlp] [--groups]
 //                             [--config FILE.toml [--set key=value ...]]   (that model instead, named "config")
 //                             [--program-floor]   (also the program's own floor, by bisection, beside the planner's)
+//                             [--profiles N]      (each model profiled N times: the node times, so the instance,
+//                                                  differ from profile to profile; the worst ratio over all)
+//                             [--fractions 0.8,0.6,...]  (the budgets, as fractions of the way from the floor up)
+//                             [--save-times PREFIX]  (each profile's node times to PREFIX.<model>.<k>.json)
+//                             [--times FILE]      (the node times from such a file instead of the profile's:
+//                                                  one instance again, for a planner change judged on it)
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,6 +91,9 @@ int main(int argc, char** argv) {
   double time_limit = 120;
   std::string out = "bench/results/plan_yardstick.json", only;
   bool list_groups = false, program_floor_everywhere = false;
+  int profiles = 1;
+  std::string save_times, load_times;
+  std::vector<double> fractions = {0.8, 0.6, 0.4, 0.2, 0.05};  // of the way from the floor up
   std::vector<ModelCase> cases = model_cases();
   ModelCase custom{"config", "", {}};
   for (int i = 1; i < argc; ++i) {
@@ -102,9 +112,16 @@ int main(int argc, char** argv) {
     else if (a == "--models") only = "," + std::string(argv[i + 1]) + ",";
     else if (a == "--config") custom.config = argv[i + 1];
     else if (a == "--set") custom.overrides.push_back(argv[i + 1]);
+    else if (a == "--save-times") save_times = argv[i + 1];
+    else if (a == "--times") load_times = argv[i + 1];
+    else if (a == "--profiles") profiles = std::max(1, std::stoi(argv[i + 1]));
+    else if (a == "--fractions") {
+      fractions.clear();
+      std::stringstream list(argv[i + 1]);
+      for (std::string f; std::getline(list, f, ',');) fractions.push_back(std::stod(f));
+    }
     ++i;
   }
-  const std::vector<double> fractions = {0.8, 0.6, 0.4, 0.2, 0.05};  // of the way from the floor up
   std::printf("%-8s %6s %10s %5s %8s %11s %11s %8s %9s %9s %9s %-10s %10s %5s %8s %7s %7s %4s\n", "model", "groups",
               "budget", "at", "before", "knap ms", "exact ms", "ratio", "bound ms", "plan", "plan bef.", "status", "peak",
               "=sim", "solve s", "cols", "rows", "cuts");
@@ -115,12 +132,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!custom.config.empty()) cases = {custom};
-  for (const ModelCase& mc : cases) {
-    if (!only.empty() && custom.config.empty() && only.find("," + mc.name + ",") == std::string::npos) continue;
+  std::vector<std::pair<ModelCase, int>> runs;  // each model case once per profile
+  for (const ModelCase& mc : cases)
+    if (only.empty() || !custom.config.empty() || only.find("," + mc.name + ",") != std::string::npos)
+      for (int k = 0; k < profiles; ++k) runs.emplace_back(mc, k);
+  for (const auto& [mc, profile_index] : runs) {
     const std::string path = mc.config.front() == '/' ? mc.config : std::string(RATION_SOURCE_DIR) + "/" + mc.config;
     bench::ModelBench mb = bench::load_model_bench(path, mc.overrides);
     train::StepRuntime runtime;
-    const memory::StepProfile profile = with_typical_times(runtime.profile(mb.model(), mb.batch, 100));
+    memory::StepProfile profile = with_typical_times(runtime.profile(mb.model(), mb.batch, 100));
+    if (!load_times.empty()) {
+      std::ifstream in(load_times);
+      const nlohmann::json times = nlohmann::json::parse(in);
+      RATION_CHECK(times.size() == profile.nodes.size(), "bench_plan_yardstick: ", load_times, " has ", times.size(),
+                   " node times, the profile ", profile.nodes.size(), " nodes");
+      for (size_t k = 0; k < profile.nodes.size(); ++k) profile.nodes[k].forward_ms = times[k].get<double>();
+    }
+    if (!save_times.empty()) {
+      nlohmann::json times = nlohmann::json::array();
+      for (const auto& n : profile.nodes) times.push_back(n.forward_ms);
+      bench::write_json(save_times + "." + mc.name + "." + std::to_string(profile_index) + ".json", times);
+    }
     memory::PlanOptions loose;
     loose.budget_bytes = int64_t{1} << 40;
     const memory::Plan full = memory::make_plan(profile, loose);
@@ -170,7 +202,7 @@ int main(int argc, char** argv) {
           std::printf("   %3zu %-28s %-12s %9s %8.3f  knap %-9s exact %s\n", i, knap.groups[i].op.c_str(), knap.groups[i].node_set.c_str(),
                       memory::format_bytes(knap.groups[i].bytes).c_str(), knap.groups[i].recompute_ms,
                       memory::to_string(knap.groups[i].decision), memory::to_string(exact.decisions[i]));
-      rows.push_back({{"model", mc.name}, {"groups", full.groups.size()}, {"nodes", profile.nodes.size()},
+      rows.push_back({{"model", mc.name}, {"profile", profile_index}, {"groups", full.groups.size()}, {"nodes", profile.nodes.size()},
                       {"budget_bytes", o.budget_bytes}, {"fraction_above_floor", f}, {"floor_bytes", lo},
                       {"unconstrained_bytes", hi}, {"knapsack_recompute_ms", k}, {"exact_recompute_ms", e},
                       {"ratio", ratio}, {"solver_bound_ms", exact.bound_ms}, {"knapsack_plan_ms", knap.plan_ms},
