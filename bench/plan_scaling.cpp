@@ -18,8 +18,11 @@
 // offload-aware incremental peak), "offload-sim@0.5" with a whole-step simulation per try (as before it,
 // PlanOptions::offload_peak off); the two plans must be the same plan (checked on every repetition).
 //
+// With --copy-in pooled the tier reads copies back into the engine's copy-in pool, as `ration train` with an
+// offload tier does (CopyInMemory::Pooled; the offload-aware peak then also counts the pool's idle buffers).
+//
 // usage: bench_plan_scaling [--layers 4,12,...] [--reps N] [--offload-layers N] [--out FILE.json] [CONFIG.toml]
-//                           [--set k=v ...]
+//                           [--set k=v ...] [--copy-in fresh|pooled]
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -63,6 +66,7 @@ int main(int argc, char** argv) {
   std::vector<double> fractions = {0.1, 0.5, 0.9};  // budget = minimum + f * (unconstrained - minimum)
   int reps = 1;
   int offload_layers = 192;  // the offload columns are planned up to this depth
+  bool pooled = false;       // --copy-in pooled
   std::string out = "bench/results/plan_scaling.json", config = "configs/gpt.toml";
   std::vector<std::string> overrides = {"model.n_embd=64", "model.n_head=4"};
   for (int i = 1; i < argc; ++i) {
@@ -75,6 +79,10 @@ int main(int argc, char** argv) {
       offload_layers = std::stoi(argv[++i]);
     } else if (a == "--out" && i + 1 < argc) {
       out = argv[++i];
+    } else if (a == "--copy-in" && i + 1 < argc) {
+      const std::string c = argv[++i];
+      RATION_CHECK(c == "fresh" || c == "pooled", "bench_plan_scaling: --copy-in takes fresh or pooled, not '", c, "'");
+      pooled = c == "pooled";
     } else if (a == "--set" && i + 1 < argc) {
       overrides.push_back(argv[++i]);
     } else {
@@ -113,7 +121,8 @@ int main(int argc, char** argv) {
     const size_t kOffloadColumn = columns.size() - 2, kOffloadSimColumn = columns.size() - 1;
     // The offload column: a tier of 200 MB/s each way (slow enough that copies compete for the queues and
     // prefetches run many nodes ahead), 0.01 ms a copy, groups of 4 KiB and more.
-    const memory::OffloadCosts kOffloadCosts{2e5, 2e5, 0.01, 4096, 2};
+    memory::OffloadCosts kOffloadCosts{2e5, 2e5, 0.01, 4096, 2};
+    if (pooled) kOffloadCosts.copy_in = memory::CopyInMemory::Pooled;
     // Every depth is profiled first; then the repetitions are interleaved (each repetition plans every
     // depth and column once), so that the machine's speed drifting between minutes moves every depth's
     // times alike instead of one depth's.
@@ -252,7 +261,7 @@ int main(int argc, char** argv) {
                     exponent(um), um <= nlogn ? "" : "  > n log n");
       }
     }
-    nlohmann::json j = {{"bench", "plan_scaling"}, {"config", config}, {"overrides", overrides}, {"reps", reps},
+    nlohmann::json j = {{"bench", "plan_scaling"}, {"config", config}, {"overrides", overrides}, {"reps", reps}, {"copy_in", pooled ? "pooled" : "fresh"},
                         {"machine", bench::machine()}, {"rows", rows}};
     bench::write_json(out, j);
     std::printf("wrote %s\n", out.c_str());

@@ -398,7 +398,7 @@ int64_t PlanContext::descend(std::vector<Decision>& d, int64_t target, const std
 }
 
 bool PlanContext::offload_peak_applies(const std::vector<Decision>& d) const {
-  return options_.offload && options_.offload_peak && options_.offload->copy_in == CopyInMemory::Fresh &&
+  return options_.offload && options_.offload_peak &&
          std::find(d.begin(), d.end(), Decision::Offload) == d.end();
 }
 

@@ -246,6 +246,11 @@ class IncrementalPeak {
   void set_backward_value(size_t j, int64_t value);
   // The first backward step that touches group storage `s` in the committed plan (steps() where none).
   int64_t first_touch(size_t s) const;
+  // The last backward step during which a key of storage `s` is held (-1: none is read in backward).
+  int64_t last_release(size_t s) const {
+    const auto steps = release_steps_[s];
+    return steps.empty() ? -1 : *(steps.end() - 1);
+  }
   // Watch re-runs' reads: where a step a later peak_if re-simulates has a re-run read a value of storage s
   // before step (*held_from)[s], last_read_early() says so (an offloaded group the simulator would fetch on
   // demand there). Null: not watched.

@@ -12,13 +12,18 @@ OffloadPeak::OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vec
                          const OffloadCosts& costs, const std::vector<Decision>& decisions, const Prediction* simulated,
                          const std::vector<int64_t>* on_demand)
     : inc_(std::move(inc)), g_(g), groups_(groups), costs_(costs) {
-  RATION_ASSERT(costs.copy_in == CopyInMemory::Fresh, "offload peak: copy-ins into the pool are simulated");
+  pooled_ = costs.copy_in == CopyInMemory::Pooled;
   by_storage_.assign(g.storages, Decision::Keep);
   held_.assign(g.storages, 0);
   demand_.assign(g.storages, -1);
   read_back_.assign(g.storages, 0);
   for (size_t v = 0; v < g.key_storage.size(); ++v)
     if (g.backward_reads[v] > 0 && g.key_storage[v] >= 0) read_back_[static_cast<size_t>(g.key_storage[v])] = 1;
+  if (pooled_) {
+    release_.assign(g.storages, -1);
+    for (size_t s = 0; s < g.storages; ++s)
+      if (read_back_[s]) release_[s] = inc_.last_release(s);
+  }
   for (size_t i = 0; i < groups.size(); ++i) {
     const auto s = static_cast<size_t>(groups[i].storage);
     by_storage_[s] = decisions[i];
@@ -49,7 +54,15 @@ void OffloadPeak::hold_copies(const Prediction& p, const std::vector<int64_t>& o
     held_[t] = demand_[t] >= 0 ? demand_[t] + 1 : fetched_at(t, schedule_.prefetch[t]);
     if (demand_[t] >= 0) demand_step[static_cast<size_t>(demand_[t])] = 1;
     inc_.add_backward(0, static_cast<size_t>(held_[t]), -b);
+    if (pooled_ && release_[t] >= 0) pool_[b].copies.push_back(ti);
   }
+  for (auto& [bytes, size] : pool_) {  // each size's idle buffers
+    size.idle = idle_bytes(bytes, size.copies, [&](size_t t) { return pool_start(t); });
+    shifts_.clear();
+    add_idle(std::vector<int64_t>(g_.steps, 0), size.idle);
+    apply(shifts_, 1);
+  }
+  shifts_.clear();
   in_step_ = p.forward_peaks.size() == g_.nodes && p.backward_peaks.size() == g_.steps;
   for (size_t k = 0; in_step_ && k < g_.nodes; ++k) in_step_ = inc_.forward_value(k) == p.forward_peaks[k];
   for (size_t j = 0; in_step_ && j < g_.steps; ++j) {
@@ -72,8 +85,68 @@ int64_t OffloadPeak::fetched_at(size_t s, int prefetch) const {
 
 void OffloadPeak::apply(const std::vector<Shift>& shifts, int64_t sign) {
   for (const Shift& sh : shifts) {
-    if (sh.forward) inc_.add_forward(sh.at, sign * sh.delta);
-    else inc_.add_backward(0, sh.at, sign * sh.delta);
+    if (sh.forward) inc_.add_forward(sh.from, sign * sh.delta);
+    else inc_.add_backward(sh.from, sh.until, sign * sh.delta);
+  }
+}
+
+// A copy fetched on demand holds its buffer from inside that step (the model holds its bytes from the next).
+int64_t OffloadPeak::pool_start(size_t t) const {
+  return demand_[t] >= 0 ? std::min(demand_[t], held_[t]) : held_[t];
+}
+
+// As the simulator's pool: a buffer made where every one of its size is in use, kept to the step's end.
+template <class Start>
+std::vector<int64_t> OffloadPeak::idle_bytes(int64_t bytes, const std::vector<int>& copies, Start start) const {
+  std::vector<int64_t> change(g_.steps + 1, 0), idle(g_.steps, 0);
+  for (const int ti : copies) {
+    const auto t = static_cast<size_t>(ti);
+    const int64_t from = start(t);
+    if (from > release_[t]) continue;
+    ++change[static_cast<size_t>(from)];
+    --change[static_cast<size_t>(release_[t]) + 1];
+  }
+  int64_t in_use = 0, made = 0;
+  for (size_t j = 0; j < g_.steps; ++j) {
+    in_use += change[j];
+    made = std::max(made, in_use);
+    idle[j] = bytes * (made - in_use);
+  }
+  return idle;
+}
+
+// The change from `was` to `now`, as ranges of equal change.
+void OffloadPeak::add_idle(const std::vector<int64_t>& was, const std::vector<int64_t>& now) {
+  for (size_t j = 0; j < now.size();) {
+    const int64_t delta = now[j] - was[j];
+    size_t k = j + 1;
+    while (k < now.size() && now[k] - was[k] == delta) ++k;
+    if (delta != 0) shifts_.push_back({false, j, k, delta});
+    j = k;
+  }
+}
+
+void OffloadPeak::pool_shifts_to_tried(size_t s) {
+  tried_idle_.clear();
+  // Each copy's buffer in the tried timeline: moved with its prefetch, or kept where a fetch on demand comes first.
+  auto start = [&](size_t t) {
+    if (t == s) return fetched_at(s, tried_.prefetch[s]);
+    if (tried_.prefetch[t] == schedule_.prefetch[t]) return pool_start(t);
+    const int64_t now = fetched_at(t, tried_.prefetch[t]);
+    return demand_[t] >= 0 && now > demand_[t] ? pool_start(t) : now;
+  };
+  const int64_t bs = g_.profile.storages[s].bytes;
+  if (release_[s] >= 0) tried_idle_[bs];
+  for (const int ti : offloaded_) {
+    const auto t = static_cast<size_t>(ti);
+    if (release_[t] >= 0 && start(t) != pool_start(t)) tried_idle_[g_.profile.storages[t].bytes];
+  }
+  for (auto& [bytes, idle] : tried_idle_) {
+    auto it = pool_.find(bytes);
+    std::vector<int> copies = it != pool_.end() ? it->second.copies : std::vector<int>{};
+    if (bytes == bs && release_[s] >= 0) copies.push_back(static_cast<int>(s));
+    idle = idle_bytes(bytes, copies, start);
+    add_idle(it != pool_.end() ? it->second.idle : std::vector<int64_t>(g_.steps, 0), idle);
   }
 }
 
@@ -82,10 +155,10 @@ bool OffloadPeak::shifts_to_tried(size_t s) {
   bool exact = true;
   const auto nn = static_cast<int64_t>(g_.nodes);
   auto forward = [&](int64_t after, int64_t delta) {
-    if (after + 1 < nn) shifts_.push_back({true, static_cast<size_t>(after + 1), delta});
+    if (after + 1 < nn) shifts_.push_back({true, static_cast<size_t>(after + 1), 0, delta});
   };
   auto backward = [&](int64_t until, int64_t delta) {
-    if (until > 0) shifts_.push_back({false, static_cast<size_t>(until), delta});
+    if (until > 0) shifts_.push_back({false, 0, static_cast<size_t>(until), delta});
   };
   const int64_t b = g_.profile.storages[s].bytes;
   forward(freed_after(s, tried_.deadline[s]), -b);
@@ -123,6 +196,7 @@ bool OffloadPeak::shifts_to_tried(size_t s) {
       backward(now, -bt);
     }
   }
+  if (pooled_) pool_shifts_to_tried(s);
   return exact;
 }
 
@@ -161,6 +235,10 @@ void OffloadPeak::commit(size_t g, Decision to) {
   apply(shifts_, 1);
   inc_.mark_offloaded(g);
   offloaded_.push_back(static_cast<int>(s));
+  const int64_t bs = g_.profile.storages[s].bytes;
+  if (pooled_ && release_[s] >= 0) pool_[bs].copies.push_back(static_cast<int>(s));
+  for (auto& [bytes, idle] : tried_idle_) pool_[bytes].idle = std::move(idle);
+  tried_idle_.clear();
   std::swap(schedule_, tried_);  // tried_ now holds the entries of the copies before s: written_ minus s
   // The shifts moved each copy's held range as priced: to its new prefetch step, or kept where a fetch on
   // demand comes first.

@@ -19,8 +19,15 @@
 // the try moves later before that fetch, or a prefetch moves to or before a fetch on demand. After such a try
 // is taken the model is built again for the plan, with the simulator's fetches on demand: such a copy held
 // from the next step on, the step's own figure the simulator's.
+// With copy-ins into the engine's pool (CopyInMemory::Pooled) a fetched copy lives in a pool buffer of its size
+// from its fetch (or the step that fetched it on demand) to its release in backward, and the pool keeps every
+// buffer it made to the step's end: a backward step also holds, per size, its idle buffers (the most copies of
+// that size in use at once so far, less those in use now). A try re-counts the sizes whose copies it moves (a
+// sweep over the steps per size) and adds the change as ranges; the model's copies are held no longer than the
+// simulator's, so its idle buffers are no more either, and its peaks stay lower bounds.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "ration/plan/graph.h"
@@ -31,7 +38,7 @@ namespace ration::memory {
 
 class OffloadPeak {
  public:
-  // `decisions` per group (`inc` holds them with every Offload as Keep); `costs.copy_in` must be Fresh. A plan
+  // `decisions` per group (`inc` holds them with every Offload as Keep). A plan
   // with copies comes with the simulator's prediction for it and the steps at which it fetched copies on
   // demand (by storage, -1 none): each such copy is held from the next step on, and the step takes the
   // simulator's figure (the model's is below it: the copy arrives inside the step).
@@ -57,10 +64,10 @@ class OffloadPeak {
   void commit(size_t g, Decision to);
 
  private:
-  // A range add on the committed peaks: forward nodes from `at` on, or backward steps before `at`.
+  // A range add on the committed peaks: forward nodes from `from` on, or backward steps [from, until).
   struct Shift {
     bool forward;
-    size_t at;
+    size_t from, until;
     int64_t delta;
   };
   void apply(const std::vector<Shift>& shifts, int64_t sign);
@@ -72,6 +79,14 @@ class OffloadPeak {
   // The shifts from the committed timeline to `tried_`, the released storage s among its copies; false
   // where a copy would be read before the model holds it (inexact).
   bool shifts_to_tried(size_t s);
+  // Pooled copy-ins: the backward step from which copy t holds a pool buffer in the committed plan; the idle
+  // pool bytes of one size by backward step, its copies holding buffers from `start` to their release; the
+  // sizes whose copies the tried timeline (released storage s) moves, re-counted, their changes into shifts_.
+  int64_t pool_start(size_t t) const;
+  template <class Start>
+  std::vector<int64_t> idle_bytes(int64_t bytes, const std::vector<int>& copies, Start start) const;
+  void pool_shifts_to_tried(size_t s);
+  void add_idle(const std::vector<int64_t>& was, const std::vector<int64_t>& now);
 
   IncrementalPeak inc_;
   const PlanGraph& g_;
@@ -89,6 +104,17 @@ class OffloadPeak {
   OffloadSchedule tried_;
   std::vector<int> written_;
   std::vector<Shift> shifts_;
+  // Pooled copy-ins (pooled_): by storage, the last backward step a copy of it is in use; by size, the
+  // committed copies read back and the idle bytes by step; the last offload priced's idle bytes of the sizes
+  // it changes.
+  struct PoolSize {
+    std::vector<int> copies;
+    std::vector<int64_t> idle;
+  };
+  bool pooled_ = false;
+  std::vector<int64_t> release_;
+  std::map<int64_t, PoolSize> pool_;
+  std::map<int64_t, std::vector<int64_t>> tried_idle_;
 };
 
 }  // namespace ration::memory

@@ -108,7 +108,7 @@ struct PlanOptions {
   // "The exact yardstick"). Off: the descent's plan, as before exchanges (the yardstick's comparison).
   bool exchanges = true;
   // Knapsack with offload: a descent prices its tries by the offload-aware incremental peak
-  // (plan/offload_peak.h; copy-ins into fresh buffers only). Off: a whole-step simulation per try, as before
+  // (plan/offload_peak.h; copy-ins into fresh buffers or the pool). Off: a whole-step simulation per try, as before
   // it; the same plans either way (tests/test_plan_offload_peak.cpp compares them, bench_plan_scaling times
   // both).
   bool offload_peak = true;
