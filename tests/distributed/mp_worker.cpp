@@ -64,8 +64,12 @@ void expect_same_weights(const train::NamedTensors& a, const train::NamedTensors
 // `layout` splits the world's N processes into T x P shards and stages and D = N / (T x P) replicas of
 // `batch` each; the reference is one process with the global batch D x batch. `both`: overrides of both
 // runs (e.g. a dropout, which equals one process's where every replica's masks are one process's).
-void check_layout(const std::vector<std::string>& layout, int replicas, int64_t batch, const std::string& name,
-                  const std::vector<std::string>& both = {}) {
+// Returns the split run's report and the resumed run's (which adds `resume_with` to the layout).
+struct Reports {
+  nlohmann::json split, resumed;
+};
+Reports check_layout(const std::vector<std::string>& layout, int replicas, int64_t batch, const std::string& name,
+                     const std::vector<std::string>& both = {}, const std::vector<std::string>& resume_with = {}) {
   const World& w = world();
   const std::filesystem::path dir = shared_dir(name);
   const std::filesystem::path mine = dir.string() + "-single-" + std::to_string(w.rank());
@@ -74,7 +78,8 @@ void check_layout(const std::vector<std::string>& layout, int replicas, int64_t 
   const nlohmann::json split = train::run_training(gpt_options(dir / "split", batch, w, split_layout));
   const nlohmann::json one =
       train::run_training(gpt_options(mine / "one", batch * replicas, World::init_single(), both));
-  ASSERT_EQ(split["loss"].size(), 20u);
+  EXPECT_EQ(split["loss"].size(), 20u);
+  if (split["loss"].size() != 20u) return {split, {}};
   double worst = 0;
   for (size_t s = 0; s < 20; ++s) {
     const double a = split["loss"][s].get<double>(), b = one["loss"][s].get<double>();
@@ -101,15 +106,25 @@ void check_layout(const std::vector<std::string>& layout, int replicas, int64_t 
     }
   }
   w.barrier();
-  train::TrainOptions again = gpt_options(dir / "resumed", batch, w, split_layout);
+  std::vector<std::string> resumed_layout = split_layout;
+  resumed_layout.insert(resumed_layout.end(), resume_with.begin(), resume_with.end());
+  train::TrainOptions again = gpt_options(dir / "resumed", batch, w, resumed_layout);
   again.resume = from10.string();
-  (void)train::run_training(again);
+  const nlohmann::json resumed = train::run_training(again);
   w.barrier();
   expect_same_weights(train::merge_checkpoint_shards((dir / "resumed").string(), 20), merged, 1e-6,
                       name + " resumed at step 10 vs uninterrupted");
   w.barrier();
   std::filesystem::remove_all(mine);
   if (w.rank() == 0) std::filesystem::remove_all(dir);
+  return {split, resumed};
+}
+
+// The units of each stage, from a report.
+std::vector<std::vector<std::string>> stage_units(const nlohmann::json& report) {
+  std::vector<std::vector<std::string>> units;
+  for (const auto& stage : report["parallel"]["stages"]) units.push_back(stage["units"].get<std::vector<std::string>>());
+  return units;
 }
 
 bool world_is(int n) { return world().size() == n; }
@@ -121,8 +136,27 @@ TEST(ModelParallel, GptPipeline2MatchesOneProcess) {
 
 TEST(ModelParallel, GptPipeline2GPipeMatchesOneProcess) {
   if (!world_is(2)) GTEST_SKIP() << "needs 2 processes";
-  check_layout({"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=gpipe", "parallel.split=uniform"}, 1, 8,
-               "pipeline 2 gpipe, uniform split");
+  // Resumed with parallel.split = "bytes": the checkpoint's (uniform) split is kept, and the report says
+  // "checkpoint" exactly where "bytes" alone splits otherwise (a run of its own shows how it splits).
+  const Reports r = check_layout({"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=gpipe",
+                                  "parallel.split=uniform"},
+                                 1, 8, "pipeline 2 gpipe, uniform split", {"model.n_layer=3"}, {"parallel.split=bytes"});
+  const std::vector<std::vector<std::string>> uniform = stage_units(r.split);
+  ASSERT_EQ(uniform.size(), 2u);
+  EXPECT_EQ(uniform[0].size() + uniform[1].size(), 5u) << "gpt at 3 layers: the embedding, 3 blocks, the head";
+  EXPECT_LE(std::max(uniform[0].size(), uniform[1].size()), 3u) << "uniform: unit counts within one";
+  EXPECT_EQ(r.split["parallel"]["split"], "uniform");
+  EXPECT_EQ(stage_units(r.resumed), uniform) << "a resumed run keeps its checkpoint's split";
+  const std::filesystem::path dir = shared_dir("pipeline 2 bytes split");
+  const nlohmann::json bytes = train::run_training(gpt_options(
+      dir, 8, world(),
+      {"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=gpipe", "parallel.split=bytes", "model.n_layer=3"}));
+  EXPECT_EQ(bytes["parallel"]["split"], "bytes");
+  EXPECT_EQ(r.resumed["parallel"]["split"], stage_units(bytes) == uniform ? "bytes" : "checkpoint");
+  std::printf("[rank %d] the bytes split is %s the uniform one; the resumed run reports %s\n", world().rank(),
+              stage_units(bytes) == uniform ? "" : "not", r.resumed["parallel"]["split"].dump().c_str());
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(ModelParallel, GptPipeline2Data2MatchesOneProcess) {

@@ -301,8 +301,8 @@ Program::Solved Program::solve(int64_t budget, double time_limit_s, const std::v
 // Builds the program for one profile's graph and groups, step by step as the simulator runs.
 class Builder {
  public:
-  Builder(const PlanGraph& g, const std::vector<Group>& groups, int64_t extra, int64_t budget)
-      : g_(g), groups_(groups), extra_(extra), budget_(budget) {}
+  Builder(const PlanContext& ctx, int64_t extra, int64_t budget)
+      : ctx_(ctx), g_(ctx.graph()), groups_(ctx.groups()), extra_(extra), budget_(budget) {}
   void build();
   Program& program() { return p_; }
   const std::vector<int>& decision_columns() const { return d_; }
@@ -318,12 +318,12 @@ class Builder {
   void step_memory(size_t j, const std::vector<int>& reruns, const std::vector<int>& rerun_col);
   Lit unusable(size_t j, int v, int producer);
 
+  const PlanContext& ctx_;               // its storage-to-group map
   const PlanGraph& g_;
   const std::vector<Group>& groups_;
   int64_t extra_, budget_;
   Program p_;
   std::vector<int> d_;                   // by group: its decision's column
-  std::vector<int> group_of_;            // by storage: its group (-1: none)
   std::vector<int64_t> last_read_;       // by value: its last backward step (-1: never read)
   std::vector<int64_t> storage_last_;    // by storage: the last step reading one of its values
   std::vector<std::vector<int>> keys_;   // by storage: its saved values
@@ -334,9 +334,7 @@ class Builder {
 
 void Builder::prepare() {
   const size_t nv = g_.values();
-  group_of_.assign(g_.storages, -1);
   for (size_t i = 0; i < groups_.size(); ++i) {
-    group_of_[static_cast<size_t>(groups_[i].storage)] = static_cast<int>(i);
     d_.push_back(p_.column(0, true));
     p_.decision(d_.back(), i);
   }
@@ -384,8 +382,8 @@ Lit Builder::unusable(size_t j, int v, int producer) {
   if (g_.backward_reads[vu] == 0) answer = Lit::of(true);             // never saved: Absent
   else if (s < 0) answer = Lit::of(false);                             // Kept, never released
   else if (last_read_[vu] < static_cast<int64_t>(j)) answer = Lit::of(true);  // Released
-  else if (droppable(s) && group_of_[static_cast<size_t>(s)] >= 0)
-    answer = p_.but_not(Lit::column(d_[static_cast<size_t>(group_of_[static_cast<size_t>(s)])]),
+  else if (droppable(s) && ctx_.group_of_storage(s) >= 0)
+    answer = p_.but_not(Lit::column(d_[static_cast<size_t>(ctx_.group_of_storage(s))]),
                         restored_[static_cast<size_t>(producer)]);
   stamp_at_[vu] = j + 1;
   unusable_at_[vu] = answer;
@@ -483,7 +481,7 @@ ExactPlan solve_exact_plan(const StepProfile& profile, const PlanOptions& option
   o.offload.reset();
   o.report_minimum = false;
   PlanContext ctx(profile, o);
-  Builder builder(ctx.graph(), ctx.groups(), o.extra_fixed_bytes, o.budget_bytes);
+  Builder builder(ctx, o.extra_fixed_bytes, o.budget_bytes);
   builder.build();
   Program& program = builder.program();
   const std::vector<int>& d_cols = builder.decision_columns();

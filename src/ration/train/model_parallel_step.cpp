@@ -466,6 +466,7 @@ void ModelParallelStep::split_pipeline(const data::Batch& first_batch, uint64_t 
     RATION_CHECK(static_cast<int64_t>(first_unit.size()) == l.pipeline + 1 && first_unit.front() == 0 &&
                      first_unit.back() == units && std::is_sorted(first_unit.begin(), first_unit.end()),
                  origin_, ": the saved pipeline split does not fit ", l.pipeline, " stages of ", units, " units");
+    split_.from_checkpoint = split_.first_unit != first_unit;
     split_.first_unit = first_unit;
   }
   const int64_t begin = split_.first_unit[static_cast<size_t>(l.stage)];
@@ -741,7 +742,8 @@ nlohmann::json ModelParallelStep::report() const {
   if (pipeline_) {
     const auto m = static_cast<double>(settings_.micro_batches), p = static_cast<double>(l.pipeline);
     r["schedule"] = dist::to_string(settings_.schedule);
-    r["split"] = dist::to_string(settings_.split);
+    // A resumed run whose checkpoint was split otherwise keeps that split: the report says so.
+    r["split"] = split_.from_checkpoint ? "checkpoint" : dist::to_string(settings_.split);
     r["micro_batches"] = settings_.micro_batches;
     r["stages"] = split_.to_json();
     r["in_flight"] = pipeline_->in_flight();

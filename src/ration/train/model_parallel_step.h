@@ -34,6 +34,7 @@ struct PipelineSplit {
   std::vector<int64_t> unit_saved_bytes;     // measured saved activations of one micro-batch, per unit
   std::vector<int64_t> unit_param_bytes;
   std::vector<std::vector<int64_t>> unit_output_sizes;  // each unit's output shape for one micro-batch
+  bool from_checkpoint = false;              // a resumed run's saved split, not parallel.split's
   int64_t stages() const { return static_cast<int64_t>(first_unit.size()) - 1; }
   double stage_ms(int64_t s) const;
   int64_t stage_bytes(int64_t s) const;      // parameters and one micro-batch's saved activations
