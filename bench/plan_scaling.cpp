@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
       memory::Strategy strategy;
       double fraction;  // < 0: the loose budget
       bool report_minimum = true;
-      bool offload = false;  // with a tier (kOffloadCosts), planned up to --offload-layers only
+      bool offload = false;  // with a tier (offload_costs), planned up to --offload-layers only
       bool offload_peak = true;  // PlanOptions::offload_peak
     };
     const std::vector<Column> columns = {{"minimum", memory::Strategy::Knapsack, -1},
@@ -121,8 +121,8 @@ int main(int argc, char** argv) {
     const size_t kOffloadColumn = columns.size() - 2, kOffloadSimColumn = columns.size() - 1;
     // The offload column: a tier of 200 MB/s each way (slow enough that copies compete for the queues and
     // prefetches run many nodes ahead), 0.01 ms a copy, groups of 4 KiB and more.
-    memory::OffloadCosts kOffloadCosts{2e5, 2e5, 0.01, 4096, 2};
-    if (pooled) kOffloadCosts.copy_in = memory::CopyInMemory::Pooled;
+    memory::OffloadCosts offload_costs{2e5, 2e5, 0.01, 4096, 2};
+    if (pooled) offload_costs.copy_in = memory::CopyInMemory::Pooled;
     // Every depth is profiled first; then the repetitions are interleaved (each repetition plans every
     // depth and column once), so that the machine's speed drifting between minutes moves every depth's
     // times alike instead of one depth's.
@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
         po.strategy = col.strategy;
         po.report_minimum = col.report_minimum;
         if (col.fraction >= 0) po.budget_bytes = lo + static_cast<int64_t>(col.fraction * static_cast<double>(hi - lo));
-        if (col.offload) po.offload = kOffloadCosts;
+        if (col.offload) po.offload = offload_costs;
         po.offload_peak = col.offload_peak;
         d.options.push_back(po);
       }
@@ -261,8 +261,8 @@ int main(int argc, char** argv) {
                     exponent(um), um <= nlogn ? "" : "  > n log n");
       }
     }
-    nlohmann::json j = {{"bench", "plan_scaling"}, {"config", config}, {"overrides", overrides}, {"reps", reps}, {"copy_in", pooled ? "pooled" : "fresh"},
-                        {"machine", bench::machine()}, {"rows", rows}};
+    nlohmann::json j = {{"bench", "plan_scaling"}, {"config", config}, {"overrides", overrides}, {"reps", reps},
+                        {"copy_in", pooled ? "pooled" : "fresh"}, {"machine", bench::machine()}, {"rows", rows}};
     bench::write_json(out, j);
     std::printf("wrote %s\n", out.c_str());
   } catch (const Error& e) {

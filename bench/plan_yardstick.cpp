@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
     memory::StepProfile profile = with_typical_times(runtime.profile(mb.model(), mb.batch, 100));
     if (!load_times.empty()) {
       std::ifstream in(load_times);
+      RATION_CHECK(in.good(), "bench_plan_yardstick: cannot read --times ", load_times);
       const nlohmann::json times = nlohmann::json::parse(in);
       RATION_CHECK(times.size() == profile.nodes.size(), "bench_plan_yardstick: ", load_times, " has ", times.size(),
                    " node times, the profile ", profile.nodes.size(), " nodes");

@@ -2,8 +2,8 @@
 // whether the knapsack's descents price their tries by it or by a whole-step simulation each
 // (PlanOptions::offload_peak off, the planner before it) — every decision, copy deadline and prefetch
 // distance, and every predicted figure — over gpt at several depths, cnn, lstm_lm and mlp, at budgets from
-// the floor up, with tiers fast enough for every copy to hide, slow enough for many not to, and with little
-// room. And the model itself: where it calls its answer exact it is the simulator's, elsewhere a lower
+// the floor up, with tiers fast enough for every copy to hide, slow enough for many not to, with little room,
+// and with copy-ins into the engine's pool. And the model itself: where it calls its answer exact it is the simulator's, elsewhere a lower
 // bound of it.
 #include <gtest/gtest.h>
 

@@ -141,6 +141,7 @@ TEST(ModelParallel, GptPipeline2GPipeMatchesOneProcess) {
   const Reports r = check_layout({"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=gpipe",
                                   "parallel.split=uniform"},
                                  1, 8, "pipeline 2 gpipe, uniform split", {"model.n_layer=3"}, {"parallel.split=bytes"});
+  ASSERT_FALSE(r.resumed.is_null()) << "the uniform run did not finish its 20 steps";
   const std::vector<std::vector<std::string>> uniform = stage_units(r.split);
   ASSERT_EQ(uniform.size(), 2u);
   EXPECT_EQ(uniform[0].size() + uniform[1].size(), 5u) << "gpt at 3 layers: the embedding, 3 blocks, the head";
@@ -152,6 +153,7 @@ TEST(ModelParallel, GptPipeline2GPipeMatchesOneProcess) {
       dir, 8, world(),
       {"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=gpipe", "parallel.split=bytes", "model.n_layer=3"}));
   EXPECT_EQ(bytes["parallel"]["split"], "bytes");
+  EXPECT_NE(stage_units(bytes), uniform) << "at 3 layers bytes splits otherwise (the resumed run keeps the checkpoint's)";
   EXPECT_EQ(r.resumed["parallel"]["split"], stage_units(bytes) == uniform ? "bytes" : "checkpoint");
   std::printf("[rank %d] the bytes split is %s the uniform one; the resumed run reports %s\n", world().rank(),
               stage_units(bytes) == uniform ? "" : "not", r.resumed["parallel"]["split"].dump().c_str());

@@ -126,8 +126,13 @@ void OffloadPeak::add_idle(const std::vector<int64_t>& was, const std::vector<in
   }
 }
 
-void OffloadPeak::pool_shifts_to_tried(size_t s) {
+bool OffloadPeak::pool_shifts_to_tried(size_t s) {
   tried_idle_.clear();
+  std::map<int64_t, int64_t> first_change;  // by re-counted size: the first step whose buffers the try changes
+  auto changes = [&](int64_t bytes, int64_t step) {
+    auto [it, fresh] = first_change.emplace(bytes, step);
+    if (!fresh) it->second = std::min(it->second, step);
+  };
   // Each copy's buffer in the tried timeline: moved with its prefetch, or kept where a fetch on demand comes first.
   auto start = [&](size_t t) {
     if (t == s) return fetched_at(s, tried_.prefetch[s]);
@@ -136,18 +141,25 @@ void OffloadPeak::pool_shifts_to_tried(size_t s) {
     return demand_[t] >= 0 && now > demand_[t] ? pool_start(t) : now;
   };
   const int64_t bs = g_.profile.storages[s].bytes;
-  if (release_[s] >= 0) tried_idle_[bs];
+  if (release_[s] >= 0) changes(bs, start(s));
   for (const int ti : offloaded_) {
     const auto t = static_cast<size_t>(ti);
-    if (release_[t] >= 0 && start(t) != pool_start(t)) tried_idle_[g_.profile.storages[t].bytes];
+    if (release_[t] >= 0 && start(t) != pool_start(t))
+      changes(g_.profile.storages[t].bytes, std::min(start(t), pool_start(t)));
   }
-  for (auto& [bytes, idle] : tried_idle_) {
+  bool exact = true;
+  for (const auto& [bytes, first] : first_change) {
+    std::vector<int64_t>& idle = tried_idle_[bytes];
     auto it = pool_.find(bytes);
     std::vector<int> copies = it != pool_.end() ? it->second.copies : std::vector<int>{};
+    // A fetch on demand takes or makes its buffer inside its step, after the step's start: where the try changes
+    // this size's buffers before or at that step, the step's figure changes unevenly (inexact).
+    for (const int t : copies) exact = exact && demand_[static_cast<size_t>(t)] < first;
     if (bytes == bs && release_[s] >= 0) copies.push_back(static_cast<int>(s));
     idle = idle_bytes(bytes, copies, start);
     add_idle(it != pool_.end() ? it->second.idle : std::vector<int64_t>(g_.steps, 0), idle);
   }
+  return exact;
 }
 
 bool OffloadPeak::shifts_to_tried(size_t s) {
@@ -196,7 +208,7 @@ bool OffloadPeak::shifts_to_tried(size_t s) {
       backward(now, -bt);
     }
   }
-  if (pooled_) pool_shifts_to_tried(s);
+  if (pooled_ && !pool_shifts_to_tried(s)) exact = false;
   return exact;
 }
 

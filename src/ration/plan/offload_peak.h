@@ -23,8 +23,10 @@
 // from its fetch (or the step that fetched it on demand) to its release in backward, and the pool keeps every
 // buffer it made to the step's end: a backward step also holds, per size, its idle buffers (the most copies of
 // that size in use at once so far, less those in use now). A try re-counts the sizes whose copies it moves (a
-// sweep over the steps per size) and adds the change as ranges; the model's copies are held no longer than the
-// simulator's, so its idle buffers are no more either, and its peaks stay lower bounds.
+// sweep over the steps per size) and adds the change as ranges. The model's copies are held no longer than the
+// simulator's, so per size its held and idle buffers together (the running maximum in use) are no more than the
+// simulator's, and its peaks stay lower bounds. A fetch on demand takes or makes its buffer inside its step, so a
+// try that changes that size's buffers at or before such a step is inexact.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -38,8 +40,7 @@ namespace ration::memory {
 
 class OffloadPeak {
  public:
-  // `decisions` per group (`inc` holds them with every Offload as Keep). A plan
-  // with copies comes with the simulator's prediction for it and the steps at which it fetched copies on
+  // `decisions` per group (`inc` holds them with every Offload as Keep). A plan with copies comes with the simulator's prediction for it and the steps at which it fetched copies on
   // demand (by storage, -1 none): each such copy is held from the next step on, and the step takes the
   // simulator's figure (the model's is below it: the copy arrives inside the step).
   OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vector<Group>& groups, const OffloadCosts& costs,
@@ -85,7 +86,7 @@ class OffloadPeak {
   int64_t pool_start(size_t t) const;
   template <class Start>
   std::vector<int64_t> idle_bytes(int64_t bytes, const std::vector<int>& copies, Start start) const;
-  void pool_shifts_to_tried(size_t s);
+  bool pool_shifts_to_tried(size_t s);  // false: inexact (a fetch on demand in or after a changed step)
   void add_idle(const std::vector<int64_t>& was, const std::vector<int64_t>& now);
 
   IncrementalPeak inc_;

@@ -196,7 +196,7 @@ void exchange_releases(const PlanContext& ctx, std::vector<Decision>& d) {
 // plan can differ from theirs in several groups at once (a recurrent model's cells: a cell re-run late in the
 // sequence frees what two re-run early ones do), reached by a run of such swaps. Pairs are tried in order of
 // their estimated gain (the saving of the kept-back set alone less the added time of the released set alone,
-// both simulated against the plan), the first that fits and gains is taken, then what still fits is kept back;
+// both simulated against the plan); the first that fits and, with what still fits kept back, gains is taken;
 // at most kSwapRounds swaps (docs/METHODS.md, "The exact yardstick").
 constexpr size_t kSwapRounds = 32;
 
