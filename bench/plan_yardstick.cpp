@@ -132,6 +132,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!custom.config.empty()) cases = {custom};
+  nlohmann::json times;  // --times: read once, applied to every profile
+  if (!load_times.empty()) {
+    std::ifstream in(load_times);
+    RATION_CHECK(in.good(), "bench_plan_yardstick: cannot read --times ", load_times);
+    times = nlohmann::json::parse(in);
+  }
   std::vector<std::pair<ModelCase, int>> runs;  // each model case once per profile
   for (const ModelCase& mc : cases)
     if (only.empty() || !custom.config.empty() || only.find("," + mc.name + ",") != std::string::npos)
@@ -141,18 +147,15 @@ int main(int argc, char** argv) {
     bench::ModelBench mb = bench::load_model_bench(path, mc.overrides);
     train::StepRuntime runtime;
     memory::StepProfile profile = with_typical_times(runtime.profile(mb.model(), mb.batch, 100));
-    if (!load_times.empty()) {
-      std::ifstream in(load_times);
-      RATION_CHECK(in.good(), "bench_plan_yardstick: cannot read --times ", load_times);
-      const nlohmann::json times = nlohmann::json::parse(in);
+    if (!times.is_null()) {
       RATION_CHECK(times.size() == profile.nodes.size(), "bench_plan_yardstick: ", load_times, " has ", times.size(),
                    " node times, the profile ", profile.nodes.size(), " nodes");
       for (size_t k = 0; k < profile.nodes.size(); ++k) profile.nodes[k].forward_ms = times[k].get<double>();
     }
     if (!save_times.empty()) {
-      nlohmann::json times = nlohmann::json::array();
-      for (const auto& n : profile.nodes) times.push_back(n.forward_ms);
-      bench::write_json(save_times + "." + mc.name + "." + std::to_string(profile_index) + ".json", times);
+      nlohmann::json saved = nlohmann::json::array();
+      for (const auto& n : profile.nodes) saved.push_back(n.forward_ms);
+      bench::write_json(save_times + "." + mc.name + "." + std::to_string(profile_index) + ".json", saved);
     }
     memory::PlanOptions loose;
     loose.budget_bytes = int64_t{1} << 40;

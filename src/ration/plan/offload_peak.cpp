@@ -12,14 +12,13 @@ OffloadPeak::OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vec
                          const OffloadCosts& costs, const std::vector<Decision>& decisions, const Prediction* simulated,
                          const std::vector<int64_t>* on_demand)
     : inc_(std::move(inc)), g_(g), groups_(groups), costs_(costs) {
-  pooled_ = costs.copy_in == CopyInMemory::Pooled;
   by_storage_.assign(g.storages, Decision::Keep);
   held_.assign(g.storages, 0);
   demand_.assign(g.storages, -1);
   read_back_.assign(g.storages, 0);
   for (size_t v = 0; v < g.key_storage.size(); ++v)
     if (g.backward_reads[v] > 0 && g.key_storage[v] >= 0) read_back_[static_cast<size_t>(g.key_storage[v])] = 1;
-  if (pooled_) {
+  if (pooled()) {
     release_.assign(g.storages, -1);
     for (size_t s = 0; s < g.storages; ++s)
       if (read_back_[s]) release_[s] = inc_.last_release(s);
@@ -54,10 +53,10 @@ void OffloadPeak::hold_copies(const Prediction& p, const std::vector<int64_t>& o
     held_[t] = demand_[t] >= 0 ? demand_[t] + 1 : fetched_at(t, schedule_.prefetch[t]);
     if (demand_[t] >= 0) demand_step[static_cast<size_t>(demand_[t])] = 1;
     inc_.add_backward(0, static_cast<size_t>(held_[t]), -b);
-    if (pooled_ && release_[t] >= 0) pool_[b].copies.push_back(ti);
+    if (pooled() && release_[t] >= 0) pool_[b].copies.push_back(ti);
   }
   for (auto& [bytes, size] : pool_) {  // each size's idle buffers
-    size.idle = idle_bytes(bytes, size.copies, [&](size_t t) { return pool_start(t); });
+    size.idle = idle_bytes(bytes, size.copies, -1, [&](size_t t) { return pool_start(t); });
     shifts_.clear();
     add_idle(std::vector<int64_t>(g_.steps, 0), size.idle);
     apply(shifts_, 1);
@@ -97,15 +96,16 @@ int64_t OffloadPeak::pool_start(size_t t) const {
 
 // As the simulator's pool: a buffer made where every one of its size is in use, kept to the step's end.
 template <class Start>
-std::vector<int64_t> OffloadPeak::idle_bytes(int64_t bytes, const std::vector<int>& copies, Start start) const {
+std::vector<int64_t> OffloadPeak::idle_bytes(int64_t bytes, const std::vector<int>& copies, int also, Start start) const {
   std::vector<int64_t> change(g_.steps + 1, 0), idle(g_.steps, 0);
-  for (const int ti : copies) {
-    const auto t = static_cast<size_t>(ti);
+  auto hold = [&](size_t t) {
     const int64_t from = start(t);
-    if (from > release_[t]) continue;
+    if (from > release_[t]) return;
     ++change[static_cast<size_t>(from)];
     --change[static_cast<size_t>(release_[t]) + 1];
-  }
+  };
+  for (const int t : copies) hold(static_cast<size_t>(t));
+  if (also >= 0) hold(static_cast<size_t>(also));
   int64_t in_use = 0, made = 0;
   for (size_t j = 0; j < g_.steps; ++j) {
     in_use += change[j];
@@ -150,14 +150,13 @@ bool OffloadPeak::pool_shifts_to_tried(size_t s) {
   bool exact = true;
   for (const auto& [bytes, first] : first_change) {
     std::vector<int64_t>& idle = tried_idle_[bytes];
-    auto it = pool_.find(bytes);
-    std::vector<int> copies = it != pool_.end() ? it->second.copies : std::vector<int>{};
+    PoolSize& committed = pool_[bytes];  // a size new to the pool: no copies, nothing idle
+    if (committed.idle.empty()) committed.idle.assign(g_.steps, 0);
     // A fetch on demand takes or makes its buffer inside its step, after the step's start: where the try changes
     // this size's buffers before or at that step, the step's figure changes unevenly (inexact).
-    for (const int t : copies) exact = exact && demand_[static_cast<size_t>(t)] < first;
-    if (bytes == bs && release_[s] >= 0) copies.push_back(static_cast<int>(s));
-    idle = idle_bytes(bytes, copies, start);
-    add_idle(it != pool_.end() ? it->second.idle : std::vector<int64_t>(g_.steps, 0), idle);
+    for (const int t : committed.copies) exact = exact && demand_[static_cast<size_t>(t)] < first;
+    idle = idle_bytes(bytes, committed.copies, bytes == bs && release_[s] >= 0 ? static_cast<int>(s) : -1, start);
+    add_idle(committed.idle, idle);
   }
   return exact;
 }
@@ -208,7 +207,7 @@ bool OffloadPeak::shifts_to_tried(size_t s) {
       backward(now, -bt);
     }
   }
-  if (pooled_ && !pool_shifts_to_tried(s)) exact = false;
+  if (pooled() && !pool_shifts_to_tried(s)) exact = false;
   return exact;
 }
 
@@ -248,7 +247,7 @@ void OffloadPeak::commit(size_t g, Decision to) {
   inc_.mark_offloaded(g);
   offloaded_.push_back(static_cast<int>(s));
   const int64_t bs = g_.profile.storages[s].bytes;
-  if (pooled_ && release_[s] >= 0) pool_[bs].copies.push_back(static_cast<int>(s));
+  if (pooled() && release_[s] >= 0) pool_[bs].copies.push_back(static_cast<int>(s));
   for (auto& [bytes, idle] : tried_idle_) pool_[bytes].idle = std::move(idle);
   tried_idle_.clear();
   std::swap(schedule_, tried_);  // tried_ now holds the entries of the copies before s: written_ minus s

@@ -40,9 +40,10 @@ namespace ration::memory {
 
 class OffloadPeak {
  public:
-  // `decisions` per group (`inc` holds them with every Offload as Keep). A plan with copies comes with the simulator's prediction for it and the steps at which it fetched copies on
-  // demand (by storage, -1 none): each such copy is held from the next step on, and the step takes the
-  // simulator's figure (the model's is below it: the copy arrives inside the step).
+  // `decisions` per group (`inc` holds them with every Offload as Keep). A plan with copies comes with the
+  // simulator's prediction for it and the steps at which it fetched copies on demand (by storage, -1 none): each
+  // such copy is held from the next step on, and the step takes the simulator's figure (the model's is below it:
+  // the copy arrives inside the step).
   OffloadPeak(IncrementalPeak inc, const PlanGraph& g, const std::vector<Group>& groups, const OffloadCosts& costs,
               const std::vector<Decision>& decisions, const Prediction* simulated = nullptr,
               const std::vector<int64_t>* on_demand = nullptr);
@@ -81,11 +82,12 @@ class OffloadPeak {
   // where a copy would be read before the model holds it (inexact).
   bool shifts_to_tried(size_t s);
   // Pooled copy-ins: the backward step from which copy t holds a pool buffer in the committed plan; the idle
-  // pool bytes of one size by backward step, its copies holding buffers from `start` to their release; the
+  // pool bytes of one size by backward step, its copies (and `also`, -1 none) holding buffers from `start` to
+  // their release; the
   // sizes whose copies the tried timeline (released storage s) moves, re-counted, their changes into shifts_.
   int64_t pool_start(size_t t) const;
   template <class Start>
-  std::vector<int64_t> idle_bytes(int64_t bytes, const std::vector<int>& copies, Start start) const;
+  std::vector<int64_t> idle_bytes(int64_t bytes, const std::vector<int>& copies, int also, Start start) const;
   bool pool_shifts_to_tried(size_t s);  // false: inexact (a fetch on demand in or after a changed step)
   void add_idle(const std::vector<int64_t>& was, const std::vector<int64_t>& now);
 
@@ -105,14 +107,14 @@ class OffloadPeak {
   OffloadSchedule tried_;
   std::vector<int> written_;
   std::vector<Shift> shifts_;
-  // Pooled copy-ins (pooled_): by storage, the last backward step a copy of it is in use; by size, the
+  // Pooled copy-ins (pooled()): by storage, the last backward step a copy of it is in use; by size, the
   // committed copies read back and the idle bytes by step; the last offload priced's idle bytes of the sizes
   // it changes.
   struct PoolSize {
     std::vector<int> copies;
     std::vector<int64_t> idle;
   };
-  bool pooled_ = false;
+  bool pooled() const { return costs_.copy_in == CopyInMemory::Pooled; }
   std::vector<int64_t> release_;
   std::map<int64_t, PoolSize> pool_;
   std::map<int64_t, std::vector<int64_t>> tried_idle_;

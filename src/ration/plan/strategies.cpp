@@ -226,10 +226,9 @@ double recompute_ms_with(const PlanContext& ctx, std::vector<Decision>& d, const
 
 // With `tried`'s peak in `inc` (d with sets changed): where it fits, it takes back what still fits; where its
 // recompute time is then below `best` it becomes d (true); else false (`inc` is left holding `tried` as given,
-// without what was kept back). Kept back
-// before it is judged: a swap whose sets alone gain nothing can leave room for groups its estimate did not count
-// (gpt at 2 layers near its floor: one block's attention weights re-run where its first linear, its residual sum
-// and its last dropout were).
+// without what was kept back). Kept back before it is judged: a swap whose sets alone gain nothing can leave room
+// for groups its estimate did not count (gpt at 2 layers near its floor: one block's attention weights re-run
+// where its first linear, its residual sum and its last dropout were).
 bool take_if_better(const PlanContext& ctx, std::vector<Decision>& d, double& best, std::vector<Decision>& tried,
                     IncrementalPeak& inc) {
   if (inc.peak() > ctx.budget()) return false;
@@ -237,9 +236,10 @@ bool take_if_better(const PlanContext& ctx, std::vector<Decision>& d, double& be
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   IncrementalPeak kept = inc;  // `inc` stays at `tried` as given: a caller undoes its own changes where it is not taken
   ctx.keep_back(kept, tried, order);
-  if (ctx.predict(tried).recompute_ms >= best - 1e-9) return false;
+  const double ms = ctx.predict(tried).recompute_ms;
+  if (ms >= best - 1e-9) return false;
   d = std::move(tried);
-  best = ctx.predict(d).recompute_ms;
+  best = ms;
   return true;
 }
 
